@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the tiny test guest from Debian packages alone (no image download): the cloud kernel,
+# the virtio/scsi modules it needs, and a busybox initramfs whose /init reports on the serial
+# console. Cached: the output is rebuilt only when the kernel package or the init script changes.
+# Output: $VMLAUNCHER_GUEST_DIR (default /var/cache/vmlauncher/test-guest)/{vmlinuz,initrd.img}
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${VMLAUNCHER_GUEST_DIR:-/var/cache/vmlauncher/test-guest}
+kpkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+[ -n "$kpkg" ] || { echo "build-test-guest: no linux-image-cloud-amd64 dependency found (apt-get update?)" >&2; exit 1; }
+stamp="$kpkg $(cat "$here/guest/init" "$here/build-test-guest.sh" | sha256sum | cut -c1-16)"
+if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ]; then
+  echo "test guest up to date in $out ($kpkg)"; exit 0
+fi
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+(cd "$work" && apt-get download -q "$kpkg" 2>/dev/null) || (cd "$work" && apt-get download "$kpkg")
+dpkg-deb -x "$work"/linux-image-*.deb "$work/k"
+kver=$(ls "$work/k/lib/modules")
+moddir="$work/k/lib/modules/$kver"
+root="$work/root"
+mkdir -p "$root"/{bin,proc,sys,dev,modules}
+cp /bin/busybox "$root/bin/busybox"
+install -m 0755 "$here/guest/init" "$root/init"
+# Order modules so that each comes after what it depends on (the .deb carries no modules.dep).
+declare -A seen=()
+order=()
+add() {
+  local name=$1 path dep
+  [ -n "${seen[$name]:-}" ] && return 0
+  seen[$name]=1
+  path=$(find "$moddir" -name "$name.ko" -o -name "${name//_/-}.ko" | head -n1)
+  [ -n "$path" ] || return 0   # built in
+  for dep in $(modinfo -F depends "$path" | tr ',' ' '); do add "$dep"; done
+  cp "$path" "$root/modules/"
+  order+=("$(basename "$path")")
+}
+for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev; do add "$m"; done
+printf '%s\n' "${order[@]}" > "$root/modules.order"
+(cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible | gzip -9n) > "$work/initrd.img"
+mkdir -p "$out"
+cp "$work/k/boot/vmlinuz-$kver" "$out/vmlinuz.new" && mv "$out/vmlinuz.new" "$out/vmlinuz"
+cp "$work/initrd.img" "$out/initrd.img.new" && mv "$out/initrd.img.new" "$out/initrd.img"
+echo "$stamp" > "$out/stamp"
+echo "test guest built in $out ($kpkg, modules: ${order[*]})"

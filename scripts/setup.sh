@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One idempotent set-up for a fresh Debian 12 machine (root): the packages vmlauncher and its tests
+# need, the users libvirt expects (the packages' post-install scripts do not run everywhere), and the
+# test guest. Safe to run again: it only does what is missing.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+# qemu-utils is NOT listed: a newer one may be preinstalled, and naming it makes apt refuse the set.
+packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev qemu-system-x86
+          busybox-static cpio kmod libxml2-utils pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# What libvirt-daemon's post-install would have made.
+getent group kvm >/dev/null || groupadd --system kvm
+getent group libvirt-qemu >/dev/null || groupadd --system libvirt-qemu
+getent passwd libvirt-qemu >/dev/null || useradd --system -g libvirt-qemu -G kvm -d /var/lib/libvirt -s /usr/sbin/nologin libvirt-qemu
+# Mount points the launcher's private libvirtd covers with its own directories.
+mkdir -p /var/log/libvirt/qemu /run/libvirt /var/lib/libvirt /var/cache/libvirt /etc/libvirt
+# apt-cache needs lists to find the kernel package for the test guest.
+apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 || apt-get update -q
+"$here/build-test-guest.sh"

@@ -1,0 +1,241 @@
+//! Reading the guest's serial console log as it grows, line by line, woken by inotify rather than
+//! by polling. `run --console` mirrors it to the terminal; tests wait on its lines.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+#[derive(Debug)]
+pub struct ConsoleLog {
+    path: PathBuf,
+    inotify: Inotify,
+    file: Option<File>,
+    /// Where to start reading when the file first appears: 0, or the end at open time.
+    start_at: u64,
+    partial: Vec<u8>,
+    lines: VecDeque<String>,
+    /// The last lines returned, for error messages.
+    recent: VecDeque<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    #[error("cannot watch {path}")]
+    Watch {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("timed out waiting for {what} on the console {path}; its last lines were:\n{recent}")]
+    Timeout {
+        what: String,
+        path: PathBuf,
+        recent: String,
+    },
+}
+
+impl ConsoleLog {
+    /// Follows `path` from its beginning (it need not exist yet).
+    pub fn from_start(path: &Path) -> Result<Self, ConsoleError> {
+        Self::open(path, false)
+    }
+
+    /// Follows `path` from what is appended after now.
+    pub fn from_end(path: &Path) -> Result<Self, ConsoleError> {
+        Self::open(path, true)
+    }
+
+    fn open(path: &Path, at_end: bool) -> Result<Self, ConsoleError> {
+        let watch_err = |source| ConsoleError::Watch {
+            path: path.into(),
+            source,
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| watch_err(e.into()))?;
+        inotify
+            .add_watch(
+                dir,
+                AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_MOVED_TO,
+            )
+            .map_err(|e| watch_err(e.into()))?;
+        let start_at = if at_end {
+            std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+        } else {
+            0
+        };
+        Ok(ConsoleLog {
+            path: path.into(),
+            inotify,
+            file: None,
+            start_at,
+            partial: Vec::new(),
+            lines: VecDeque::new(),
+            recent: VecDeque::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn read_available(&mut self) -> Result<(), ConsoleError> {
+        let read_err = |source| ConsoleError::Read {
+            path: self.path.clone(),
+            source,
+        };
+        if self.file.is_none() {
+            match File::open(&self.path) {
+                Ok(mut f) => {
+                    f.seek(SeekFrom::Start(self.start_at)).map_err(read_err)?;
+                    self.file = Some(f);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(read_err(e)),
+            }
+        }
+        let file = self.file.as_mut().expect("opened above");
+        let mut chunk = Vec::new();
+        file.read_to_end(&mut chunk)
+            .map_err(|source| ConsoleError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        self.partial.extend_from_slice(&chunk);
+        while let Some(pos) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=pos).collect();
+            let text = String::from_utf8_lossy(&line);
+            self.lines
+                .push_back(text.trim_end_matches(['\r', '\n']).to_string());
+        }
+        Ok(())
+    }
+
+    /// The next complete line, or `None` if none came before `deadline`.
+    pub fn next_line(&mut self, deadline: Instant) -> Result<Option<String>, ConsoleError> {
+        loop {
+            self.read_available()?;
+            if let Some(line) = self.lines.pop_front() {
+                self.recent.push_back(line.clone());
+                if self.recent.len() > 20 {
+                    self.recent.pop_front();
+                }
+                return Ok(Some(line));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let ms = (deadline - now).as_millis().min(i32::MAX as u128) as i32;
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, timeout) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    return Err(ConsoleError::Read {
+                        path: self.path.clone(),
+                        source: e.into(),
+                    })
+                }
+            }
+            // Drain the notifications; which file changed does not matter, the read tells.
+            while let Ok(events) = self.inotify.read_events() {
+                if events.is_empty() {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Reads lines until one satisfies `matches`, returning it; fails at `deadline` with the
+    /// last lines seen, so a failing test says what the guest did instead.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        deadline: Instant,
+        mut matches: impl FnMut(&str) -> bool,
+    ) -> Result<String, ConsoleError> {
+        loop {
+            match self.next_line(deadline)? {
+                Some(line) if matches(&line) => return Ok(line),
+                Some(_) => {}
+                None => {
+                    return Err(ConsoleError::Timeout {
+                        what: what.into(),
+                        path: self.path.clone(),
+                        recent: self.recent.iter().cloned().collect::<Vec<_>>().join("\n"),
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::time::Duration;
+
+    #[test]
+    fn follows_a_file_that_appears_and_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let writer = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut f = File::create(&path).unwrap();
+                f.write_all(b"first\r\nsec").unwrap();
+                f.flush().unwrap();
+                f.write_all(b"ond\nBOOTED\n").unwrap();
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let line = console
+            .wait_for("boot marker", deadline, |l| l == "BOOTED")
+            .unwrap();
+        assert_eq!(line, "BOOTED");
+        writer.join().unwrap();
+        assert!(console
+            .recent
+            .iter()
+            .eq(["first", "second", "BOOTED"].iter()));
+    }
+
+    #[test]
+    fn times_out_with_the_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        std::fs::write(&path, "old line\n").unwrap();
+        let mut console = ConsoleLog::from_end(&path).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"new line\n")
+            .unwrap();
+        let err = console
+            .wait_for("never", Instant::now() + Duration::from_millis(300), |_| {
+                false
+            })
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("new line") && !text.contains("old line"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! The hotplug plan: which scsi disks to attach and which to detach so that the live domain matches
+//! the desired one, keyed by volume name through the user alias `ua-<volume>`.
+//!
+//! Planning is pure and complete before anything is touched: a spec that asks for a change that
+//! cannot be made live is refused as a whole. Execution lives in the launcher.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::domain::{target_name, Bus, DiskDef, DomainDef, DriveAddress, LiveDisk};
+
+/// Units on controller 0 that a plan may hand out (virtio-scsi allows 16,384 LUNs per target).
+pub const MAX_SCSI_UNITS: u32 = 16_384;
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// New disks, with their target and drive address already chosen.
+    pub attach: Vec<DiskDef>,
+    /// Live disks to remove, with libvirt's own element.
+    pub detach: Vec<LiveDisk>,
+}
+
+impl Plan {
+    pub fn is_empty(&self) -> bool {
+        self.attach.is_empty() && self.detach.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error("volume {volume:?}: disks on bus {bus} cannot be {action} while the VM runs (only scsi disks can)")]
+    NotHotpluggable {
+        volume: String,
+        bus: String,
+        action: &'static str,
+    },
+    #[error("volume {volume:?}: {field} changed from {live:?} to {desired:?}; remove the volume and add it again to change it")]
+    Changed {
+        volume: String,
+        field: &'static str,
+        live: String,
+        desired: String,
+    },
+    #[error("no free scsi unit left on controller 0 ({MAX_SCSI_UNITS} in use)")]
+    NoFreeUnit,
+}
+
+/// Diffs the live disks against the desired domain.
+pub fn plan(live: &[LiveDisk], desired: &DomainDef) -> Result<Plan, PlanError> {
+    let live_by_volume: BTreeMap<&str, &LiveDisk> =
+        live.iter().filter_map(|d| Some((d.volume()?, d))).collect();
+    let desired_by_volume: BTreeMap<&str, &DiskDef> = desired
+        .disks
+        .iter()
+        .map(|d| (d.volume.as_str(), d))
+        .collect();
+
+    let mut plan = Plan::default();
+    for disk in &desired.disks {
+        match live_by_volume.get(disk.volume.as_str()) {
+            Some(live) => check_unchanged(live, disk)?,
+            None if disk.bus == Bus::Scsi => plan.attach.push(disk.clone()),
+            None => {
+                return Err(PlanError::NotHotpluggable {
+                    volume: disk.volume.clone(),
+                    bus: disk.bus.as_str().into(),
+                    action: "added",
+                })
+            }
+        }
+    }
+    for (volume, live) in &live_by_volume {
+        if desired_by_volume.contains_key(volume) {
+            continue;
+        }
+        if live.bus != Bus::Scsi.as_str() {
+            return Err(PlanError::NotHotpluggable {
+                volume: volume.to_string(),
+                bus: live.bus.clone(),
+                action: "removed",
+            });
+        }
+        plan.detach.push((*live).clone());
+    }
+    allocate(live, &mut plan.attach)?;
+    Ok(plan)
+}
+
+/// The parts of a domain that a running VM cannot change, by name, where `desired` differs.
+pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |field, same: bool| {
+        if !same {
+            changed.push(field);
+        }
+    };
+    check("metadata.uid / firmware.uuid", current.uuid == desired.uuid);
+    check(
+        "spec.domain.memory",
+        current.memory_kib == desired.memory_kib,
+    );
+    check("spec.domain.cpu", current.topology == desired.topology);
+    check("spec.domain.machine", current.machine == desired.machine);
+    check(
+        "spec.domain.firmware.kernelBoot",
+        current.kernel_boot == desired.kernel_boot,
+    );
+    check("emulation", current.virt_type == desired.virt_type);
+    changed
+}
+
+fn check_unchanged(live: &LiveDisk, desired: &DiskDef) -> Result<(), PlanError> {
+    let source = desired.source.path().to_string_lossy();
+    let fields = [
+        ("bus", Some(live.bus.as_str()), Some(desired.bus.as_str())),
+        ("serial", live.serial.as_deref(), desired.serial.as_deref()),
+        ("source", live.source.as_deref(), Some(source.as_ref())),
+    ];
+    let changed = fields.into_iter().find(|(_, was, want)| was != want);
+    match changed {
+        Some((field, was, want)) => Err(PlanError::Changed {
+            volume: desired.volume.clone(),
+            field,
+            live: was.unwrap_or("").into(),
+            desired: want.unwrap_or("").into(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Gives each new scsi disk the lowest unit on controller 0 that neither a live disk nor an
+/// earlier new disk holds, and the target name of that unit (unit 2 → `sdc`) unless a live disk
+/// already uses that name. Targets in use are never reused, so a disk keeps its name across Syncs.
+fn allocate(live: &[LiveDisk], attach: &mut [DiskDef]) -> Result<(), PlanError> {
+    let mut used_units: BTreeSet<u32> = live
+        .iter()
+        .filter(|d| d.bus == Bus::Scsi.as_str())
+        .filter_map(|d| d.address.filter(|a| a.controller == 0).map(|a| a.unit))
+        .collect();
+    let mut used_targets: BTreeSet<String> = live.iter().map(|d| d.target.clone()).collect();
+    for disk in attach {
+        let unit = (0..MAX_SCSI_UNITS)
+            .find(|u| !used_units.contains(u) && !used_targets.contains(&target_name("sd", *u)))
+            .ok_or(PlanError::NoFreeUnit)?;
+        used_units.insert(unit);
+        disk.target = target_name("sd", unit);
+        used_targets.insert(disk.target.clone());
+        disk.address = Some(DriveAddress {
+            controller: 0,
+            unit,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{CpuTopology, DiskSource, InstanceMetadata, VirtType};
+
+    fn disk(volume: &str, bus: Bus, serial: &str) -> DiskDef {
+        DiskDef {
+            volume: volume.into(),
+            source: DiskSource::File(format!("/d/{volume}.img").into()),
+            bus,
+            target: "sda".into(),
+            serial: Some(serial.into()),
+            address: None,
+        }
+    }
+
+    fn domain(disks: Vec<DiskDef>) -> DomainDef {
+        DomainDef {
+            name: "default_vm".into(),
+            uuid: None,
+            virt_type: VirtType::Qemu,
+            memory_kib: 1024,
+            topology: CpuTopology {
+                sockets: 1,
+                cores: 1,
+                threads: 1,
+            },
+            machine: "q35".into(),
+            kernel_boot: None,
+            disks,
+            console_log: "/c".into(),
+            instance: InstanceMetadata {
+                namespace: "default".into(),
+                name: "vm".into(),
+                uid: None,
+            },
+        }
+    }
+
+    fn live(volume: &str, bus: &str, target: &str, unit: Option<u32>, serial: &str) -> LiveDisk {
+        LiveDisk {
+            alias: Some(format!("ua-{volume}")),
+            target: target.into(),
+            bus: bus.into(),
+            serial: Some(serial.into()),
+            source: Some(format!("/d/{volume}.img")),
+            address: unit.map(|unit| DriveAddress {
+                controller: 0,
+                unit,
+            }),
+            xml: format!("<disk>{volume}</disk>"),
+        }
+    }
+
+    #[test]
+    fn attaches_new_and_detaches_removed_scsi_disks() {
+        let live_disks = [
+            live("boot", "virtio", "vda", None, "B"),
+            live("old", "scsi", "sda", Some(0), "O"),
+        ];
+        let desired = domain(vec![
+            disk("boot", Bus::Virtio, "B"),
+            disk("new1", Bus::Scsi, "N1"),
+            disk("new2", Bus::Scsi, "N2"),
+        ]);
+        let plan = plan(&live_disks, &desired).unwrap();
+        let attached: Vec<_> = plan
+            .attach
+            .iter()
+            .map(|d| {
+                (
+                    d.volume.as_str(),
+                    d.target.as_str(),
+                    d.address.unwrap().unit,
+                )
+            })
+            .collect();
+        // Unit 0 is still held by "old" until its detach completes: never reuse it in one plan.
+        assert_eq!(attached, [("new1", "sdb", 1), ("new2", "sdc", 2)]);
+        assert_eq!(plan.detach.len(), 1);
+        assert_eq!(plan.detach[0].xml, "<disk>old</disk>");
+    }
+
+    #[test]
+    fn same_spec_twice_plans_nothing() {
+        let live_disks = [live("a", "scsi", "sda", Some(0), "A")];
+        let desired = domain(vec![disk("a", Bus::Scsi, "A")]);
+        assert!(plan(&live_disks, &desired).unwrap().is_empty());
+    }
+
+    #[test]
+    fn fills_holes_but_skips_targets_in_use() {
+        // unit 1 is free, but a disk without an address already took the name sdb.
+        let live_disks = [
+            live("a", "scsi", "sda", Some(0), "A"),
+            live("c", "scsi", "sdb", Some(2), "C"),
+        ];
+        let desired = domain(vec![
+            disk("a", Bus::Scsi, "A"),
+            disk("c", Bus::Scsi, "C"),
+            disk("d", Bus::Scsi, "D"),
+        ]);
+        let plan = plan(&live_disks, &desired).unwrap();
+        assert_eq!(plan.attach[0].target, "sdd");
+        assert_eq!(plan.attach[0].address.unwrap().unit, 3);
+    }
+
+    #[test]
+    fn virtio_disks_cannot_come_or_go() {
+        let err = plan(&[], &domain(vec![disk("v", Bus::Virtio, "V")])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PlanError::NotHotpluggable {
+                    action: "added",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = plan(&[live("v", "virtio", "vda", None, "V")], &domain(vec![])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PlanError::NotHotpluggable {
+                    action: "removed",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn changed_serial_is_refused() {
+        let err = plan(
+            &[live("a", "scsi", "sda", Some(0), "A")],
+            &domain(vec![disk("a", Bus::Scsi, "Other")]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "volume \"a\": serial changed from \"A\" to \"Other\"; remove the volume and add it again to change it"
+        );
+    }
+
+    #[test]
+    fn disks_libvirt_added_without_our_alias_are_left_alone() {
+        let mut foreign = live("x", "scsi", "sda", Some(0), "X");
+        foreign.alias = Some("scsi0-0-0-0".into());
+        let plan = plan(&[foreign], &domain(vec![disk("b", Bus::Scsi, "B")])).unwrap();
+        assert!(plan.detach.is_empty());
+        assert_eq!(plan.attach[0].target, "sdb");
+    }
+}

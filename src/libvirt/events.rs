@@ -1,0 +1,304 @@
+//! libvirt domain events and the connection-close callback, through `virt::sys` (the `virt` crate
+//! has no wrapper for event registration). This is the only FFI in vmlauncher besides the state
+//! query in `super`.
+//!
+//! libvirt calls the callbacks on the event-loop thread ([`ensure_event_loop`]). Each callback only
+//! turns its arguments into a [`HypervisorEvent`] and sends it on an *unbounded* channel: an event is
+//! never dropped (KubeVirt's bounded queue of 10 drops them), and the async side decides what to do.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+use tokio::sync::mpsc::UnboundedSender;
+use virt::connect::Connect;
+use virt::sys;
+
+/// What libvirt told us, with the domain by name (the launcher filters for its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HypervisorEvent {
+    /// `VIR_DOMAIN_EVENT_*` with its detail code.
+    Lifecycle {
+        domain: String,
+        event: i32,
+        detail: i32,
+    },
+    DeviceAdded {
+        domain: String,
+        alias: String,
+    },
+    /// The truth about a detach: QEMU and the guest are done with the device.
+    DeviceRemoved {
+        domain: String,
+        alias: String,
+    },
+    /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
+    ConnectionClosed {
+        reason: i32,
+    },
+}
+
+/// libvirt's lifecycle event codes (`virDomainEventType`).
+pub mod lifecycle_event {
+    pub const DEFINED: i32 = 0;
+    pub const UNDEFINED: i32 = 1;
+    pub const STARTED: i32 = 2;
+    pub const SUSPENDED: i32 = 3;
+    pub const RESUMED: i32 = 4;
+    pub const STOPPED: i32 = 5;
+    pub const SHUTDOWN: i32 = 6;
+    pub const PMSUSPENDED: i32 = 7;
+    pub const CRASHED: i32 = 8;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EventError {
+    #[error("cannot register libvirt's default event loop: {0}")]
+    EventLoop(String),
+    #[error("cannot register for libvirt event {event_id}")]
+    Register {
+        event_id: i32,
+        #[source]
+        source: virt::error::Error,
+    },
+}
+
+/// Registers libvirt's default event loop implementation and runs it on a thread of its own.
+/// Must run before the first connection is opened (libvirt's rule); later calls do nothing.
+pub fn ensure_event_loop() -> Result<(), EventError> {
+    static LOOP: OnceLock<Result<(), String>> = OnceLock::new();
+    LOOP.get_or_init(|| {
+        // libvirt prints every error to stderr by default; vmlauncher reports them itself.
+        virt::error::clear_error_callback();
+        virt::event::event_register_default_impl().map_err(|e| e.to_string())?;
+        std::thread::Builder::new()
+            .name("libvirt-events".into())
+            .spawn(|| loop {
+                if let Err(e) = virt::event::event_run_default_impl() {
+                    tracing::error!(error = %e, "libvirt event loop iteration failed");
+                }
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    })
+    .clone()
+    .map_err(EventError::EventLoop)
+}
+
+/// Callback registrations on one connection; dropping it deregisters them.
+#[derive(Debug)]
+pub struct EventRegistration {
+    conn: Connect,
+    callback_ids: Vec<c_int>,
+    close_callback: bool,
+}
+
+type Sender = UnboundedSender<HypervisorEvent>;
+
+impl EventRegistration {
+    /// Subscribes to lifecycle, device-added and device-removed events of every domain on `conn`,
+    /// and to the connection-close callback.
+    pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {
+        let mut reg = EventRegistration {
+            conn: conn.clone(),
+            callback_ids: Vec::new(),
+            close_callback: false,
+        };
+        // SAFETY: each callback below has the exact C signature libvirt documents for its event id
+        // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 3] = unsafe {
+            [
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE as i32,
+                    Some(std::mem::transmute::<
+                        unsafe extern "C" fn(
+                            sys::virConnectPtr,
+                            sys::virDomainPtr,
+                            c_int,
+                            c_int,
+                            *mut c_void,
+                        ) -> c_int,
+                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
+                    >(on_lifecycle)),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
+                    Some(std::mem::transmute::<
+                        unsafe extern "C" fn(
+                            sys::virConnectPtr,
+                            sys::virDomainPtr,
+                            *const c_char,
+                            *mut c_void,
+                        ),
+                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
+                    >(on_device_added)),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED as i32,
+                    Some(std::mem::transmute::<
+                        unsafe extern "C" fn(
+                            sys::virConnectPtr,
+                            sys::virDomainPtr,
+                            *const c_char,
+                            *mut c_void,
+                        ),
+                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
+                    >(on_device_removed)),
+                ),
+            ]
+        };
+        for (event_id, callback) in callbacks {
+            let opaque = Box::into_raw(Box::new(tx.clone())) as *mut c_void;
+            // SAFETY: the connection pointer is valid while `conn` lives; `opaque` is a leaked Box
+            // that libvirt hands back to `free_sender` exactly once when the callback is removed.
+            let id = unsafe {
+                sys::virConnectDomainEventRegisterAny(
+                    conn.as_ptr(),
+                    std::ptr::null_mut(),
+                    event_id,
+                    callback,
+                    opaque,
+                    Some(free_sender),
+                )
+            };
+            if id < 0 {
+                let source = virt::error::Error::last_error();
+                // SAFETY: libvirt did not take ownership of `opaque` when registration failed.
+                drop(unsafe { Box::from_raw(opaque as *mut Sender) });
+                return Err(EventError::Register { event_id, source });
+            }
+            reg.callback_ids.push(id);
+        }
+        let opaque = Box::into_raw(Box::new(tx)) as *mut c_void;
+        // SAFETY: as above; libvirt frees `opaque` through `free_sender` when unregistered.
+        let rc = unsafe {
+            sys::virConnectRegisterCloseCallback(
+                conn.as_ptr(),
+                Some(on_close),
+                opaque,
+                Some(free_sender),
+            )
+        };
+        if rc < 0 {
+            let source = virt::error::Error::last_error();
+            // SAFETY: registration failed, so the Box is still ours.
+            drop(unsafe { Box::from_raw(opaque as *mut Sender) });
+            return Err(EventError::Register {
+                event_id: -1,
+                source,
+            });
+        }
+        reg.close_callback = true;
+        Ok(reg)
+    }
+}
+
+impl Drop for EventRegistration {
+    fn drop(&mut self) {
+        for id in self.callback_ids.drain(..) {
+            // SAFETY: `id` came from a successful registration on this still-open connection.
+            unsafe { sys::virConnectDomainEventDeregisterAny(self.conn.as_ptr(), id) };
+        }
+        if self.close_callback {
+            // SAFETY: the callback was registered on this connection with this function.
+            unsafe { sys::virConnectUnregisterCloseCallback(self.conn.as_ptr(), Some(on_close)) };
+        }
+    }
+}
+
+unsafe extern "C" fn free_sender(opaque: *mut c_void) {
+    // SAFETY: every opaque pointer vmlauncher registers is a `Box<Sender>` made by `register`.
+    drop(unsafe { Box::from_raw(opaque as *mut Sender) });
+}
+
+/// # Safety
+/// `opaque` must be a live `Sender` from `register`.
+unsafe fn send(opaque: *mut c_void, event: HypervisorEvent) {
+    // SAFETY: guaranteed by the caller; libvirt keeps it alive until `free_sender`.
+    let tx = unsafe { &*(opaque as *const Sender) };
+    // A closed receiver means the launcher is shutting down: nothing is left to tell.
+    let _ = tx.send(event);
+}
+
+/// # Safety
+/// `dom` must be a valid domain pointer for the duration of the call.
+unsafe fn domain_name(dom: sys::virDomainPtr) -> String {
+    // SAFETY: libvirt returns a pointer owned by `dom`, valid during the callback, or null.
+    let name = unsafe { sys::virDomainGetName(dom) };
+    if name.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated, owned by `dom`.
+    unsafe { CStr::from_ptr(name) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// # Safety
+/// `s` must be null or a NUL-terminated string valid for the duration of the call.
+unsafe fn c_string(s: *const c_char) -> String {
+    if s.is_null() {
+        return String::new();
+    }
+    // SAFETY: guaranteed by the caller.
+    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
+}
+
+unsafe extern "C" fn on_lifecycle(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    event: c_int,
+    detail: c_int,
+    opaque: *mut c_void,
+) -> c_int {
+    // SAFETY: libvirt passes a valid domain and the opaque pointer given at registration.
+    unsafe {
+        let domain = domain_name(dom);
+        send(
+            opaque,
+            HypervisorEvent::Lifecycle {
+                domain,
+                event,
+                detail,
+            },
+        );
+    }
+    0
+}
+
+unsafe extern "C" fn on_device_added(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    alias: *const c_char,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
+    unsafe {
+        let event = HypervisorEvent::DeviceAdded {
+            domain: domain_name(dom),
+            alias: c_string(alias),
+        };
+        send(opaque, event);
+    }
+}
+
+unsafe extern "C" fn on_device_removed(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    alias: *const c_char,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
+    unsafe {
+        let event = HypervisorEvent::DeviceRemoved {
+            domain: domain_name(dom),
+            alias: c_string(alias),
+        };
+        send(opaque, event);
+    }
+}
+
+unsafe extern "C" fn on_close(_conn: sys::virConnectPtr, reason: c_int, opaque: *mut c_void) {
+    // SAFETY: `opaque` is the Sender given at registration.
+    unsafe { send(opaque, HypervisorEvent::ConnectionClosed { reason }) };
+}

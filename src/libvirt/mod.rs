@@ -1,0 +1,299 @@
+//! The only place that touches the `virt` crate: a connection to one hypervisor (a private
+//! libvirtd, or any URI), the domain calls the launcher needs, and the event subscription.
+//!
+//! Every call here blocks: async callers run them with `spawn_blocking`.
+
+pub mod daemon;
+pub mod events;
+
+use tokio::sync::mpsc::UnboundedSender;
+use virt::connect::Connect;
+use virt::domain::Domain;
+use virt::error::ErrorNumber;
+use virt::sys;
+
+use crate::lifecycle::{DomainState, PowerState};
+use events::{EventRegistration, HypervisorEvent};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LibvirtError {
+    #[error("cannot connect to libvirt at {uri}")]
+    Connect {
+        uri: String,
+        #[source]
+        source: virt::error::Error,
+    },
+    #[error(transparent)]
+    Events(#[from] events::EventError),
+    #[error("libvirt {call} on domain {domain} failed")]
+    Call {
+        call: &'static str,
+        domain: String,
+        #[source]
+        source: virt::error::Error,
+    },
+    #[error("domain {domain} does not exist")]
+    NoDomain { domain: String },
+}
+
+impl LibvirtError {
+    /// libvirt's own message, for status reports that show one line.
+    pub fn libvirt_message(&self) -> String {
+        match self {
+            LibvirtError::Connect { source, .. } | LibvirtError::Call { source, .. } => {
+                source.message().to_string()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The failure is about reaching libvirt, not about the request.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            LibvirtError::Connect { .. } => true,
+            LibvirtError::Call { source, .. } => matches!(
+                source.code(),
+                virt::enumutil::Enum::Known(
+                    ErrorNumber::SystemError | ErrorNumber::Rpc | ErrorNumber::NoConnect
+                )
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// An open connection with its event subscription.
+#[derive(Debug)]
+pub struct Hypervisor {
+    uri: String,
+    // Dropped before `conn`: deregisters the callbacks while the connection is still open.
+    _events: EventRegistration,
+    conn: Connect,
+}
+
+impl Hypervisor {
+    /// Opens `uri` and sends every domain event of that connection to `events`.
+    pub fn open(uri: &str, events: UnboundedSender<HypervisorEvent>) -> Result<Self, LibvirtError> {
+        events::ensure_event_loop()?;
+        let conn = Connect::open(Some(uri)).map_err(|source| LibvirtError::Connect {
+            uri: uri.into(),
+            source,
+        })?;
+        // Notice a dead daemon within seconds rather than at the next call (remote URIs only;
+        // local drivers refuse keepalive, which is fine).
+        let _ = conn.set_keep_alive(5, 3);
+        let registration = EventRegistration::register(&conn, events)?;
+        Ok(Hypervisor {
+            uri: uri.into(),
+            _events: registration,
+            conn,
+        })
+    }
+
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn call_err<'a>(
+        call: &'static str,
+        domain: &'a str,
+    ) -> impl FnOnce(virt::error::Error) -> LibvirtError + 'a {
+        move |source| {
+            if matches!(
+                source.code(),
+                virt::enumutil::Enum::Known(ErrorNumber::NoDomain)
+            ) {
+                LibvirtError::NoDomain {
+                    domain: domain.into(),
+                }
+            } else {
+                LibvirtError::Call {
+                    call,
+                    domain: domain.into(),
+                    source,
+                }
+            }
+        }
+    }
+
+    fn domain(&self, name: &str) -> Result<Domain, LibvirtError> {
+        self.conn
+            .lookup_domain_by_name(name)
+            .map_err(Self::call_err("lookup", name))
+    }
+
+    pub fn exists(&self, name: &str) -> Result<bool, LibvirtError> {
+        match self.domain(name) {
+            Ok(_) => Ok(true),
+            Err(LibvirtError::NoDomain { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Defines the domain persistently and starts it (what KubeVirt does; a persistent domain
+    /// keeps its state and reason after it stops, so the launcher can read how it ended).
+    pub fn define_and_start(&self, name: &str, xml: &str) -> Result<(), LibvirtError> {
+        let dom = self
+            .conn
+            .define_domain_xml(xml)
+            .map_err(Self::call_err("define", name))?;
+        if let Err(e) = dom.create() {
+            let _ = dom.undefine();
+            return Err(Self::call_err("start", name)(e));
+        }
+        Ok(())
+    }
+
+    /// Checks an XML the way a define would, then removes the definition again.
+    pub fn define_and_undefine(&self, name: &str, xml: &str) -> Result<(), LibvirtError> {
+        let dom = self
+            .conn
+            .define_domain_xml(xml)
+            .map_err(Self::call_err("define", name))?;
+        dom.undefine().map_err(Self::call_err("undefine", name))
+    }
+
+    /// State and reason, with libvirt errors reported (the `virt` crate's `state()` hides them).
+    pub fn power_state(&self, name: &str) -> Result<PowerState, LibvirtError> {
+        let dom = self.domain(name)?;
+        let (mut state, mut reason) = (-1, -1);
+        // SAFETY: `dom` is a valid domain for the duration of the call; both out-pointers are valid.
+        let rc = unsafe { sys::virDomainGetState(dom.as_ptr(), &mut state, &mut reason, 0) };
+        if rc < 0 {
+            return Err(Self::call_err("get state", name)(
+                virt::error::Error::last_error(),
+            ));
+        }
+        Ok(power_state_from_raw(state, reason))
+    }
+
+    pub fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
+        self.domain(name)?
+            .xml_desc(0)
+            .map_err(Self::call_err("get XML", name))
+    }
+
+    pub fn attach(&self, name: &str, disk_xml: &str, persist: bool) -> Result<(), LibvirtError> {
+        let mut flags = sys::VIR_DOMAIN_AFFECT_LIVE;
+        if persist {
+            flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
+        }
+        self.domain(name)?
+            .attach_device_flags(disk_xml, flags)
+            .map_err(Self::call_err("attach", name))
+    }
+
+    /// Asks for a detach; the device is gone only when libvirt sends DEVICE_REMOVED.
+    pub fn detach(&self, name: &str, disk_xml: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .detach_device_flags(disk_xml, sys::VIR_DOMAIN_AFFECT_LIVE)
+            .map_err(Self::call_err("detach", name))
+    }
+
+    /// Presses the ACPI power button.
+    pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .shutdown_flags(sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+            .map_err(Self::call_err("shutdown", name))
+    }
+
+    pub fn destroy(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .destroy()
+            .map_err(Self::call_err("destroy", name))
+    }
+
+    /// Removes the persistent definition (the domain must be stopped).
+    pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .undefine()
+            .map_err(Self::call_err("undefine", name))
+    }
+}
+
+/// libvirt's numeric state and reason, in libvirt's own words (`virsh domstate --reason`).
+pub fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
+    let (state, reasons): (DomainState, &[&str]) = match state {
+        1 => (
+            DomainState::Running,
+            &[
+                "unknown",
+                "booted",
+                "migrated",
+                "restored",
+                "from-snapshot",
+                "unpaused",
+                "migration-canceled",
+                "save-canceled",
+                "wakeup",
+                "crashed",
+                "post-copy",
+                "post-copy-failed",
+            ],
+        ),
+        2 => (DomainState::Blocked, &["unknown"]),
+        3 => (
+            DomainState::Paused,
+            &[
+                "unknown",
+                "user",
+                "migration",
+                "save",
+                "dump",
+                "ioerror",
+                "watchdog",
+                "from-snapshot",
+                "shutdown",
+                "snapshot",
+                "api-error",
+                "starting-up",
+                "post-copy",
+                "postcopy-failed",
+            ],
+        ),
+        4 => (DomainState::ShuttingDown, &["unknown", "user"]),
+        5 => (
+            DomainState::Shutoff,
+            &[
+                "unknown",
+                "shutdown",
+                "destroyed",
+                "crashed",
+                "migrated",
+                "saved",
+                "failed",
+                "from-snapshot",
+                "daemon",
+            ],
+        ),
+        6 => (DomainState::Crashed, &["unknown", "panicked"]),
+        7 => (DomainState::PmSuspended, &["unknown"]),
+        _ => (DomainState::NoState, &["unknown"]),
+    };
+    let reason = usize::try_from(reason)
+        .ok()
+        .and_then(|r| reasons.get(r))
+        .copied()
+        .unwrap_or("unknown");
+    PowerState {
+        state,
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_states_read_as_virsh_says_them() {
+        assert_eq!(power_state_from_raw(1, 1).to_string(), "running (booted)");
+        assert_eq!(power_state_from_raw(3, 5).to_string(), "paused (ioerror)");
+        assert_eq!(
+            power_state_from_raw(5, 2).to_string(),
+            "shutoff (destroyed)"
+        );
+        assert_eq!(power_state_from_raw(5, 99).to_string(), "shutoff (unknown)");
+        assert_eq!(power_state_from_raw(42, 0).to_string(), "nostate (unknown)");
+    }
+}
