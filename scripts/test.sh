@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite, from a clean checkout on a fresh Debian 12 machine (root): set-up, format
+# and lint checks, then every test — unit, CLI, and end-to-end against a real private libvirtd and
+# a real TCG guest. Nothing is skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --all-targets --locked

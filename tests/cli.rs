@@ -1,0 +1,139 @@
+//! The command-line contract (`docs/DESIGN.md` §6) on the real binary: validate, convert, and a
+//! `run` with a bad spec, which must fail before touching any hypervisor.
+
+mod common;
+
+use std::process::Command;
+
+fn vmlauncher(args: &[&str], stdin: Option<&str>) -> std::process::Output {
+    use std::io::Write;
+    let mut child = Command::new(common::bin())
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.unwrap_or("").as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+const BAD: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: bad}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      disks:
+      - {name: a, disk: {bus: scsi}, serial: "0123456789012345678901234567890123456"}
+      - {name: b, disk: {bus: floppy}}
+  volumes:
+  - {name: a, hostDisk: {path: /a.img, type: Disk}}
+  - {name: b, hostDisk: {path: /b.img, type: Disk}}
+"#;
+
+#[test]
+fn validate_accepts_the_bundled_example() {
+    let out = vmlauncher(
+        &[
+            "validate",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml"),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn validate_names_every_bad_field_and_exits_2() {
+    let out = vmlauncher(&["validate", "-"], Some(BAD));
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .contains("spec.domain.devices.disks[0].serial: 37 characters, at most 36 on bus scsi"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("spec.domain.devices.disks[1].disk.bus: unknown bus \"floppy\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn malformed_yaml_and_json_are_named() {
+    let out = vmlauncher(
+        &["validate", "-"],
+        Some("apiVersion: kubevirt.io/v1\nkind: [\n"),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let out = vmlauncher(
+        &["validate", "-"],
+        Some(
+            r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"x"},"spec":{"domain":{},"nodeSelector":{}}}"#,
+        ),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("spec.nodeSelector: unknown field `nodeSelector`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn run_with_a_bad_spec_fails_before_reaching_libvirt() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("bad.yaml");
+    std::fs::write(&spec, BAD).unwrap();
+    let rt = dir.path().join("rt");
+    let out = vmlauncher(
+        &[
+            "run",
+            spec.to_str().unwrap(),
+            "--runtime-dir",
+            rt.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("disks[0].serial"));
+    assert!(!rt.exists(), "a bad spec must not create anything");
+}
+
+#[test]
+fn convert_prints_deterministic_xml() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let a = vmlauncher(&["convert", example, "--emulation", "tcg"], None);
+    let b = vmlauncher(&["convert", example, "--emulation", "tcg"], None);
+    assert!(a.status.success());
+    assert_eq!(a.stdout, b.stdout);
+    let xml = String::from_utf8(a.stdout).unwrap();
+    assert!(xml.starts_with("<domain type=\"qemu\">"), "{xml}");
+    assert!(xml.contains("<name>default_testguest</name>"));
+}
+
+#[test]
+fn usage_errors_exit_64() {
+    let out = vmlauncher(&["frobnicate"], None);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn client_without_a_launcher_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("none.sock");
+    let out = vmlauncher(&["status", "--socket", socket.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect to the launcher"));
+}

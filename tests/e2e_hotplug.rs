@@ -1,0 +1,289 @@
+//! The walking skeleton, end to end, against a real private libvirtd and a real TCG guest:
+//! boot → the guest's boot line → Sync two new scsi disks → the guest reports both serials →
+//! Sync without one → the guest reports it gone → the same spec again changes nothing → bad Syncs
+//! are refused and change nothing → SIGTERM → the domain is gone and the launcher exited 0.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{alive, guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use vmlauncher::api::{self, proto};
+
+fn live_xml(uri: &str, domain: &str) -> String {
+    let conn = virt::connect::Connect::open(Some(uri)).expect("connect to the private libvirtd");
+    let dom = conn.lookup_domain_by_name(domain).expect("domain exists");
+    dom.xml_desc(0).expect("live XML")
+}
+
+fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+    path
+}
+
+/// The guest's `VMLTEST-DISKS` line lists `dev:serial:sectors` for every disk it sees.
+fn serials(line: &str) -> Vec<String> {
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
+    let name = "e2e-hotplug";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let running = vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    eprintln!("{running}");
+    let mut console = vm.console();
+    let deadline = Instant::now() + BOOT_DEADLINE;
+    console
+        .wait_for("the guest's boot line", deadline, |l| l == "VMLTEST-BOOTED")
+        .unwrap();
+    console
+        .wait_for("the guest's first disk report", deadline, |l| {
+            l == "VMLTEST-DISKS"
+        })
+        .unwrap();
+    let qemu_pid = vm
+        .pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
+        .expect("QEMU's pid file");
+    let daemon_pid = vm
+        .pid_from("libvirt/libvirtd.pid")
+        .expect("libvirtd's pid file");
+    assert!(alive(qemu_pid) && alive(daemon_pid));
+
+    let one = disk_image(vm.dir(), "one.img", 8);
+    let two = disk_image(vm.dir(), "two.img", 16);
+    // Mixed case on purpose: KubeVirt lower-cases serials; we keep them as written.
+    let both = guest_spec(
+        name,
+        "",
+        &[
+            ("one", "E2E-Serial-One", &one),
+            ("two", "e2e.serial_TWO", &two),
+        ],
+    );
+    let only_one = guest_spec(name, "", &[("one", "E2E-Serial-One", &one)]);
+
+    let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
+    let started = Instant::now();
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: both.clone(),
+            dry_run: false,
+        })
+        .await
+        .expect("Sync with two new disks")
+        .into_inner();
+    eprintln!("Sync attaching 2 disks took {:?}", started.elapsed());
+    let ready: Vec<_> = reply
+        .volumes
+        .iter()
+        .map(|v| {
+            (
+                v.name.as_str(),
+                v.target.as_str(),
+                v.serial.as_str(),
+                v.phase,
+            )
+        })
+        .collect();
+    let ready_phase = proto::volume_status::Phase::Ready as i32;
+    assert_eq!(
+        ready,
+        [
+            ("one", "sda", "E2E-Serial-One", ready_phase),
+            ("two", "sdb", "e2e.serial_TWO", ready_phase)
+        ]
+    );
+    let line = console
+        .wait_for(
+            "both hot-plugged serials in the guest",
+            Instant::now() + GUEST_DEADLINE,
+            |l| {
+                let s = serials(l);
+                l.starts_with("VMLTEST-DISKS")
+                    && s.contains(&"E2E-Serial-One".into())
+                    && s.contains(&"e2e.serial_TWO".into())
+            },
+        )
+        .unwrap();
+    assert!(
+        line.contains("sda:E2E-Serial-One:16384") && line.contains("sdb:e2e.serial_TWO:32768"),
+        "{line}"
+    );
+
+    let started = Instant::now();
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: only_one.clone(),
+            dry_run: false,
+        })
+        .await
+        .expect("Sync without disk two")
+        .into_inner();
+    eprintln!(
+        "Sync detaching 1 disk (until DEVICE_REMOVED) took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(reply.plan.len(), 1);
+    assert_eq!(reply.plan[0].volume, "two");
+    assert_eq!(
+        reply.plan[0].action,
+        proto::planned_change::Action::Detach as i32
+    );
+    assert_eq!(
+        reply
+            .volumes
+            .iter()
+            .map(|v| v.name.as_str())
+            .collect::<Vec<_>>(),
+        ["one"]
+    );
+    console
+        .wait_for(
+            "disk two gone from the guest",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l.starts_with("VMLTEST-DISKS") && serials(l) == ["E2E-Serial-One"],
+        )
+        .unwrap();
+
+    // The same spec again: no plan, and libvirt's live XML is byte for byte the same.
+    let uri = vm.libvirt_uri();
+    let domain = format!("default_{name}");
+    let before = live_xml(&uri, &domain);
+    let status_before = client
+        .get_status(proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: only_one.clone(),
+            dry_run: false,
+        })
+        .await
+        .expect("the same Sync again")
+        .into_inner();
+    assert!(reply.plan.is_empty(), "{:?}", reply.plan);
+    assert_eq!(live_xml(&uri, &domain), before);
+    assert_eq!(
+        client
+            .get_status(proto::GetStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner(),
+        status_before
+    );
+
+    // Bad Syncs: refused with the field named, and nothing changes.
+    let too_long = only_one.replace("E2E-Serial-One", &"S".repeat(37));
+    let err = client
+        .sync(proto::SyncRequest {
+            spec: too_long,
+            dry_run: false,
+        })
+        .await
+        .expect_err("a 37-character scsi serial");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("spec.domain.devices.disks[0].serial: 37 characters, at most 36 on bus scsi"),
+        "{}",
+        err.message()
+    );
+    let unknown_field = only_one.replace("    memory:\n", "    memory:\n      overcommit: true\n");
+    let err = client
+        .sync(proto::SyncRequest {
+            spec: unknown_field,
+            dry_run: false,
+        })
+        .await
+        .expect_err("an unknown field");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message()
+            .contains("spec.domain.memory.overcommit: unknown field"),
+        "{}",
+        err.message()
+    );
+    let more_memory = both.replace("guest: 256Mi", "guest: 512Mi");
+    let err = client
+        .sync(proto::SyncRequest {
+            spec: more_memory,
+            dry_run: false,
+        })
+        .await
+        .expect_err("a memory change");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains("spec.domain.memory"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(
+        live_xml(&uri, &domain),
+        before,
+        "a refused Sync touched the domain"
+    );
+
+    // A dry run plans without doing.
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: both.clone(),
+            dry_run: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reply
+            .plan
+            .iter()
+            .map(|c| c.volume.as_str())
+            .collect::<Vec<_>>(),
+        ["two"]
+    );
+    assert_eq!(
+        live_xml(&uri, &domain),
+        before,
+        "a dry run touched the domain"
+    );
+
+    // The CLI client sees the same state.
+    let out = std::process::Command::new(common::bin())
+        .args(["status", "--output", "json", "--socket"])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["phase"], "Running");
+    assert_eq!(status["volumes"][0]["name"], "one");
+    assert_eq!(status["volumes"][0]["phase"], "Ready");
+    assert_eq!(status["volumes"][0]["serial"], "E2E-Serial-One");
+
+    drop(client);
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    console
+        .wait_for(
+            "the guest powering off on ACPI",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l == "VMLTEST-ACPI-POWEROFF",
+        )
+        .unwrap();
+    vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
+    let status = vm.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "exit status");
+    assert!(!alive(qemu_pid), "QEMU {qemu_pid} still runs");
+    assert!(
+        !alive(daemon_pid),
+        "the private libvirtd {daemon_pid} still runs"
+    );
+    assert!(!vm.socket().exists(), "the socket was left behind");
+}

@@ -1,0 +1,90 @@
+//! Every `xml-fixtures/*/vmi.yaml` converts to exactly its `domain.xml`, and libvirt accepts that
+//! XML: `virt-xml-validate` passes and a real private libvirtd defines it. A fixture libvirt
+//! rejects is a bug. `VMLAUNCHER_REGENERATE_FIXTURES=1` rewrites the expected files.
+
+use std::path::{Path, PathBuf};
+
+use vmlauncher::convert::{convert, ConvertOptions};
+use vmlauncher::domain::VirtType;
+use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+use vmlauncher::libvirt::Hypervisor;
+
+fn fixtures() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("xml-fixtures");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("vmi.yaml").exists())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no fixtures in {}", root.display());
+    dirs
+}
+
+fn converted(dir: &Path) -> (String, String) {
+    let text = std::fs::read_to_string(dir.join("vmi.yaml")).unwrap();
+    let vmi = vmlauncher::spec::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let opts = ConvertOptions {
+        virt_type: VirtType::Qemu,
+        console_log: "/var/run/vmlauncher/console.log".into(),
+    };
+    let def = convert(&vmi, &opts).unwrap();
+    (def.name.clone(), def.to_xml())
+}
+
+#[test]
+fn fixtures_convert_exactly() {
+    let regenerate = std::env::var_os("VMLAUNCHER_REGENERATE_FIXTURES").is_some();
+    for dir in fixtures() {
+        let (_, xml) = converted(&dir);
+        let expected_path = dir.join("domain.xml");
+        if regenerate {
+            std::fs::write(&expected_path, &xml).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path).unwrap_or_else(|_| {
+            panic!(
+                "{} missing: regenerate (see xml-fixtures/README.md)",
+                expected_path.display()
+            )
+        });
+        assert_eq!(xml, expected, "{} differs from its fixture", dir.display());
+    }
+}
+
+#[test]
+fn libvirt_accepts_every_fixture() {
+    let state = tempfile::tempdir().unwrap();
+    let daemon = PrivateDaemon::start(
+        &state.path().join("libvirt"),
+        DaemonOptions { pod_cgroups: true },
+    )
+    .unwrap();
+    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+    let hv = Hypervisor::open(daemon.uri(), tx).unwrap();
+    for dir in fixtures() {
+        let (name, xml) = converted(&dir);
+        let file = state.path().join("domain.xml");
+        std::fs::write(&file, &xml).unwrap();
+        let out = std::process::Command::new("virt-xml-validate")
+            .arg(&file)
+            .arg("domain")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: virt-xml-validate: {}{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        hv.define_and_undefine(&name, &xml).unwrap_or_else(|e| {
+            panic!(
+                "{}: libvirt refused it: {}",
+                dir.display(),
+                vmlauncher::error_chain(&e)
+            )
+        });
+    }
+}
