@@ -33,6 +33,17 @@ fn serials(line: &str) -> Vec<String> {
         .collect()
 }
 
+/// `(serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
+fn sized_serials(line: &str) -> Vec<(String, u64)> {
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|d| {
+            let mut parts = d.split(':').skip(1);
+            Some((parts.next()?.to_string(), parts.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let name = "e2e-hotplug";
