@@ -14,7 +14,15 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response};
 
-use crate::launcher::{self, Launcher, LauncherError, PlannedAction, VolumePhase};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use tokio_stream::Stream;
+
+use crate::launcher::{
+    self, EventKind, Launcher, LauncherError, PlannedAction, TaskOutcome, VolumePhase,
+};
+use crate::lifecycle::Command;
 
 /// The generated protobuf and gRPC types.
 #[allow(missing_debug_implementations, clippy::all)]
@@ -46,16 +54,18 @@ pub enum ApiError {
 fn to_status(e: LauncherError) -> tonic::Status {
     use tonic::Code;
     let code = match &e {
+        _ if e.is_unavailable() => Code::Unavailable,
         LauncherError::InvalidSpec(_) | LauncherError::WrongInstance { .. } => {
             Code::InvalidArgument
         }
-        LauncherError::FrozenFieldsChanged { .. } | LauncherError::NotRunning { .. } => {
+        LauncherError::FrozenFieldsChanged { .. } | LauncherError::Refused(_) => {
             Code::FailedPrecondition
         }
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,
         LauncherError::Plan(_) => Code::FailedPrecondition,
-        LauncherError::Libvirt(l) if l.is_unavailable() => Code::Unavailable,
         LauncherError::HostDisk { .. }
+        | LauncherError::Unreachable
+        | LauncherError::Connect(_)
         | LauncherError::Libvirt(_)
         | LauncherError::LiveXml(_)
         | LauncherError::Join(_) => Code::Internal,
@@ -84,6 +94,7 @@ fn volume_to_proto(v: &launcher::VolumeStatus) -> proto::VolumeStatus {
 }
 
 pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
+    let now = Instant::now();
     proto::Status {
         phase: s.phase.as_str().into(),
         printable_status: s.printable_status.into(),
@@ -92,21 +103,68 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_default(),
-        vm_state: s.vm_state.into(),
-        task_state: s.task_state.unwrap_or_default().into(),
+        vm_state: s.vm_state.as_str().into(),
+        task_state: s
+            .task
+            .map(|t| t.command.task().as_str())
+            .unwrap_or_default()
+            .into(),
+        task_id: s.task.map(|t| t.id).unwrap_or_default(),
         conditions: s
             .conditions
             .iter()
-            .map(|(kind, status, reason, message)| proto::Condition {
-                r#type: kind.clone(),
-                status: *status,
-                reason: reason.clone(),
-                message: message.clone(),
+            .map(|c| proto::Condition {
+                r#type: c.kind.into(),
+                status: c.status,
+                reason: c.reason.clone(),
+                message: c.message.clone(),
             })
             .collect(),
         volumes: s.volumes.iter().map(volume_to_proto).collect(),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
+        phase_reason: s.phase_reason.unwrap_or_default().into(),
+        run_strategy: s.run_strategy.as_str().into(),
+        restart_count: s.restart_count,
+        next_restart_in_ms: s
+            .next_restart
+            .map(|t| t.saturating_duration_since(now).as_millis() as u64)
+            .unwrap_or_default(),
+        finished: s.finished,
+    }
+}
+
+fn event_to_proto(e: launcher::LauncherEvent) -> proto::Event {
+    use proto::event::Kind;
+    let kind = match e.kind {
+        EventKind::Resync(s) => Kind::Resync(status_to_proto(&s)),
+        EventKind::Status(s) => Kind::Status(status_to_proto(&s)),
+        EventKind::Volume(v) => Kind::Volume(volume_to_proto(&v)),
+        EventKind::VolumeRemoved(name) => Kind::VolumeRemoved(name),
+        EventKind::Hypervisor { event, detail } => {
+            Kind::Hypervisor(proto::HypervisorEvent { event, detail })
+        }
+        EventKind::Task {
+            id,
+            command,
+            outcome,
+        } => {
+            let (outcome, message) = match outcome {
+                TaskOutcome::Started => ("Started", String::new()),
+                TaskOutcome::Succeeded => ("Succeeded", String::new()),
+                TaskOutcome::Failed(m) => ("Failed", m),
+            };
+            Kind::Task(proto::TaskEvent {
+                id,
+                command: command.as_str().into(),
+                outcome: outcome.into(),
+                message,
+            })
+        }
+    };
+    proto::Event {
+        seq: e.seq,
+        kind: Some(kind),
     }
 }
 
@@ -114,6 +172,26 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
 struct Service {
     launcher: Arc<Launcher>,
 }
+
+impl Service {
+    async fn run(
+        &self,
+        command: Command,
+        grace: Option<Duration>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        let task_id = self
+            .launcher
+            .command(command, grace)
+            .await
+            .map_err(to_status)?;
+        Ok(Response::new(proto::CommandResponse {
+            task_id,
+            status: Some(status_to_proto(&self.launcher.status())),
+        }))
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;
 
 #[tonic::async_trait]
 impl proto::launcher_server::Launcher for Service {
@@ -149,6 +227,92 @@ impl proto::launcher_server::Launcher for Service {
         _request: Request<proto::GetStatusRequest>,
     ) -> Result<Response<proto::Status>, tonic::Status> {
         Ok(Response::new(status_to_proto(&self.launcher.status())))
+    }
+
+    async fn start(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::Start, None).await
+    }
+
+    async fn pause(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::Pause, None).await
+    }
+
+    async fn unpause(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::Unpause, None).await
+    }
+
+    async fn soft_reboot(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::SoftReboot, None).await
+    }
+
+    async fn reset(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::Reset, None).await
+    }
+
+    async fn shutdown(
+        &self,
+        request: Request<proto::ShutdownRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        let grace = request
+            .into_inner()
+            .grace_period_seconds
+            .map(|s| Duration::from_secs(s.into()));
+        self.run(Command::Shutdown, grace).await
+    }
+
+    async fn kill(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        self.run(Command::Kill, None).await
+    }
+
+    type WatchEventsStream = EventStream;
+
+    async fn watch_events(
+        &self,
+        _request: Request<proto::WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, tonic::Status> {
+        let (first, mut rx) = self.launcher.watch_events();
+        let launcher = self.launcher.clone();
+        let (tx, out) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            if tx.send(Ok(event_to_proto(first))).await.is_err() {
+                return;
+            }
+            loop {
+                let event = match rx.recv().await {
+                    Ok(e) => e,
+                    // Fell behind: the full status replaces what was missed.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::info!(missed, "event subscriber fell behind; sending a resync");
+                        launcher.resync_event()
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(Ok(event_to_proto(event))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(out),
+        )))
     }
 }
 

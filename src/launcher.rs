@@ -1,32 +1,45 @@
 //! The core: one launcher, one domain. It creates (or adopts) the domain, keeps the observed state
-//! true by re-reading libvirt after every event, applies `Sync` (hotplug), and stops the VM
-//! gracefully. Front ends (CLI, gRPC, the `run` entrypoint) only call into it.
+//! true by re-reading libvirt after every event and on a periodic resync, reconciles it with what
+//! the owner asked for (run strategy, vm_state), runs the owner's commands as tasks, applies `Sync`
+//! (hotplug), and reconnects when libvirt goes away. Front ends (gRPC, the `run` entrypoint) only
+//! call into it.
 //!
-//! libvirt calls block, so they run on the blocking pool; one task (start, sync, stop) runs at a
-//! time, serialised by `task_slot`.
+//! libvirt calls block, so they run on the blocking pool. One task at a time holds `task_slot`;
+//! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
+//! rules live in `lifecycle`; this module executes them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
 
 use crate::convert::{self, ConvertOptions};
 use crate::domain::{self, DiskDef, DomainDef};
 use crate::host::{self, HostError};
 use crate::hotplug::{self, Plan, PlanError};
-use crate::libvirt::events::{lifecycle_event, HypervisorEvent};
-use crate::libvirt::{Hypervisor, LibvirtError};
-use crate::lifecycle::{self, Observation, Phase, PowerState};
+use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
+use crate::libvirt::{ConnectError, Connector, Hypervisor, LibvirtError};
+use crate::lifecycle::{
+    self, AfterStop, Command, Observation, Phase, PowerState, Progress, Reaction, Refusal,
+    RunStrategy, VmState,
+};
 use crate::spec::{self, SpecErrors, VirtualMachineInstance};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// KubeVirt's default grace period.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+/// A stop followed by a start within this window is a reboot, not a stop.
+pub const REBOOT_WINDOW: Duration = Duration::from_secs(1);
+/// A VM that ran this long since its last (re)start has its back-off reset.
+pub const STABLE_RUN: Duration = Duration::from_secs(60);
 /// How long libvirt may take to report a destroyed domain as stopped.
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Events kept for slow `WatchEvents` subscribers before they get a resync instead.
+const EVENT_BUFFER: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LauncherError {
@@ -44,14 +57,31 @@ pub enum LauncherError {
         #[source]
         source: HostError,
     },
-    #[error("the VM is not running (phase {phase})")]
-    NotRunning { phase: Phase },
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("the hypervisor is unreachable")]
+    Unreachable,
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     #[error(transparent)]
     Libvirt(#[from] LibvirtError),
     #[error(transparent)]
     LiveXml(#[from] domain::LiveXmlError),
     #[error("a libvirt call panicked")]
     Join(#[source] tokio::task::JoinError),
+}
+
+impl LauncherError {
+    /// The failure is about reaching libvirt, not about the request.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            LauncherError::Unreachable
+            | LauncherError::Connect(_)
+            | LauncherError::Refused(Refusal::Unreachable { .. }) => true,
+            LauncherError::Libvirt(l) => l.is_unavailable(),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -107,6 +137,21 @@ pub struct SyncOutcome {
     pub volumes: Vec<VolumeStatus>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub id: u64,
+    pub command: Command,
+}
+
+/// A condition, KubeVirt style.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub kind: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
 /// Everything `GetStatus` reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -114,37 +159,137 @@ pub struct Status {
     pub phase_reason: Option<&'static str>,
     pub printable_status: &'static str,
     pub power_state: Option<PowerState>,
-    pub vm_state: &'static str,
-    pub task_state: Option<&'static str>,
-    /// `(type, status, reason, message)`
-    pub conditions: Vec<(String, bool, String, String)>,
+    pub vm_state: VmState,
+    pub task: Option<TaskInfo>,
+    pub conditions: Vec<Condition>,
     pub volumes: Vec<VolumeStatus>,
     pub domain_name: String,
     pub libvirt_uri: String,
+    pub run_strategy: RunStrategy,
+    /// Restarts by the run strategy since the VM last ran stably.
+    pub restart_count: u32,
+    /// When the pending restart happens (CrashLoopBackOff).
+    pub next_restart: Option<Instant>,
+    /// The VM will not run again under this launcher; a pod's launcher exits.
+    pub finished: bool,
+}
+
+impl Status {
+    /// What the stream reports as a status change: everything but the volumes (they have their
+    /// own events).
+    fn summary_differs(&self, other: &Status) -> bool {
+        (
+            self.phase,
+            self.printable_status,
+            &self.power_state,
+            self.vm_state,
+            self.task,
+            &self.conditions,
+            self.restart_count,
+            self.finished,
+        ) != (
+            other.phase,
+            other.printable_status,
+            &other.power_state,
+            other.vm_state,
+            other.task,
+            &other.conditions,
+            other.restart_count,
+            other.finished,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskOutcome {
+    Started,
+    Succeeded,
+    Failed(String),
+}
+
+/// One entry of the `WatchEvents` stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// The whole current status: first on every stream, and instead of anything a slow
+    /// subscriber missed.
+    Resync(Box<Status>),
+    /// The status (phase, printable status, power/vm/task state, conditions) changed.
+    Status(Box<Status>),
+    Volume(VolumeStatus),
+    VolumeRemoved(String),
+    /// A libvirt event about the domain, in libvirt's words.
+    Hypervisor {
+        event: String,
+        detail: String,
+    },
+    Task {
+        id: u64,
+        command: Command,
+        outcome: TaskOutcome,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherEvent {
+    /// Strictly increasing, without gaps on a stream that was not resynced.
+    pub seq: u64,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    pub strategy: RunStrategy,
+    pub convert: ConvertOptions,
+    /// The periodic safety-net re-read of the real state.
+    pub resync_interval: Duration,
 }
 
 #[derive(Debug)]
 struct State {
     observation: Observation,
+    vm_state: VmState,
+    task: Option<TaskInfo>,
     destroyed_after_grace: bool,
-    stopping: bool,
-    task: Option<&'static str>,
+    terminating: bool,
+    finished: bool,
+    /// When the domain was first seen stopped without a task (reboot window).
+    stop_seen: Option<Instant>,
+    restart_at: Option<Instant>,
+    restarts: u32,
+    last_started: Option<Instant>,
     volumes: BTreeMap<String, VolumeStatus>,
     /// The last Sync's failure, shown as condition `Synchronized=false`.
     sync_failure: Option<String>,
-    /// The spec the running domain was made from or last synced to.
+    /// The last I/O error libvirt reported, shown with the `Paused` condition.
+    io_error: Option<String>,
+    /// The spec the domain was made from or last synced to.
     spec: VirtualMachineInstance,
 }
 
+impl State {
+    /// When the reconciler must look again without an event.
+    fn timer(&self) -> Option<Instant> {
+        let window = self.stop_seen.map(|t| t + REBOOT_WINDOW);
+        match (window, self.restart_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 #[derive(Debug)]
-pub struct Launcher {
-    hv: Arc<Hypervisor>,
-    domain_name: String,
-    convert_options: ConvertOptions,
-    state: Mutex<State>,
-    changes: watch::Sender<Status>,
-    task_slot: tokio::sync::Mutex<()>,
-    removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+struct EventLog {
+    tx: broadcast::Sender<LauncherEvent>,
+    seq: Mutex<u64>,
+}
+
+impl EventLog {
+    fn publish(&self, kind: EventKind) {
+        let mut seq = self.seq.lock().expect("seq lock");
+        *seq += 1;
+        // No subscriber is fine: the stream is for whoever listens.
+        let _ = self.tx.send(LauncherEvent { seq: *seq, kind });
+    }
 }
 
 /// What `start` did with the domain.
@@ -152,66 +297,111 @@ pub struct Launcher {
 pub enum StartKind {
     Created,
     Adopted,
+    /// The run strategy (Manual, Halted) waits for a Start call.
+    NotStarted,
+}
+
+#[derive(Debug)]
+pub struct Launcher {
+    connector: Arc<Connector>,
+    hv: RwLock<Option<Arc<Hypervisor>>>,
+    domain_name: String,
+    options: LaunchOptions,
+    state: Mutex<State>,
+    changes: watch::Sender<Status>,
+    events: EventLog,
+    task_slot: tokio::sync::Mutex<()>,
+    next_task_id: AtomicU64,
+    /// Bumped by Kill so that a graceful stop in flight gives way.
+    preempt: watch::Sender<u64>,
+    /// Asks the reconciler to re-read and reconcile now.
+    wake: Notify,
+    removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+}
+
+/// Holds the task slot for one command; `Launcher::end_task` records how it went.
+struct TaskGuard<'a> {
+    _slot: tokio::sync::MutexGuard<'a, ()>,
+    info: TaskInfo,
 }
 
 impl Launcher {
-    /// Creates the domain from `vmi` (or adopts a running one of the same name) and starts
-    /// following `events`, which must carry the events of `hv`'s connection.
+    /// Connects, then creates the domain from `vmi` (or adopts a running one of the same name,
+    /// rebuilding the volume statuses from its live XML), unless the run strategy waits for a
+    /// Start call. `events` must be the receiving end of the connector's channel.
     pub async fn start(
-        hv: Arc<Hypervisor>,
+        connector: Arc<Connector>,
         vmi: VirtualMachineInstance,
-        convert_options: ConvertOptions,
+        options: LaunchOptions,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
     ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
-        let def = convert::convert(&vmi, &convert_options)
+        let def = convert::convert(&vmi, &options.convert)
             .map_err(|convert::ConvertError::Invalid(e)| e)?;
         let name = def.name.clone();
+        let c = connector.clone();
+        let hv = tokio::task::spawn_blocking(move || c.connect())
+            .await
+            .map_err(LauncherError::Join)??;
         let state = State {
             observation: Observation::NotCreated,
+            vm_state: VmState::Building,
+            task: None,
             destroyed_after_grace: false,
-            stopping: false,
-            task: Some("Starting"),
+            terminating: false,
+            finished: false,
+            stop_seen: None,
+            restart_at: None,
+            restarts: 0,
+            last_started: None,
             volumes: BTreeMap::new(),
             sync_failure: None,
-            spec: vmi.clone(),
+            io_error: None,
+            spec: vmi,
         };
-        let (changes, _) = watch::channel(initial_status(&name, hv.uri()));
+        let uri = connector.uri();
         let launcher = Arc::new(Launcher {
-            hv,
+            connector,
+            hv: RwLock::new(Some(Arc::new(hv))),
             domain_name: name.clone(),
-            convert_options,
+            changes: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
+            options,
             state: Mutex::new(state),
-            changes,
+            events: EventLog {
+                tx: broadcast::channel(EVENT_BUFFER).0,
+                seq: Mutex::new(0),
+            },
             task_slot: tokio::sync::Mutex::new(()),
+            next_task_id: AtomicU64::new(1),
+            preempt: watch::channel(0).0,
+            wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
         });
-        let pump = Arc::downgrade(&launcher);
-        tokio::spawn(pump_events(pump, events));
-
-        let slot = launcher.task_slot.lock().await;
-        let existing = {
-            let n = name.clone();
-            launcher.blocking(move |hv| hv.exists(&n)).await?
-        };
-        let kind = if existing && launcher.is_active().await? {
-            StartKind::Adopted
-        } else {
-            if existing {
-                // A stopped leftover of an earlier run: start afresh from the spec.
-                let n = name.clone();
-                launcher.blocking(move |hv| hv.undefine(&n)).await?;
-            }
-            prepare_disks(&vmi, &def.disks)?;
-            let (n, xml) = (name.clone(), def.to_xml());
-            launcher
-                .blocking(move |hv| hv.define_and_start(&n, &xml))
-                .await?;
-            StartKind::Created
-        };
-        launcher.rebuild_volumes(kind == StartKind::Created).await?;
-        launcher.update(|s| s.task = None);
+        launcher.update(|_| {});
+        let n = name.clone();
+        let exists = launcher.call(move |hv| hv.exists(&n)).await?;
         launcher.refresh().await;
-        drop(slot);
+        let active =
+            matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
+        let kind = if exists && active {
+            let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
+            launcher.update(|s| {
+                s.vm_state = if paused {
+                    VmState::Paused
+                } else {
+                    VmState::Active
+                };
+                s.last_started = Some(Instant::now());
+            });
+            launcher.rebuild_volumes().await?;
+            StartKind::Adopted
+        } else if launcher.options.strategy.starts_at_launch() {
+            launcher.command(Command::Start, None).await?;
+            StartKind::Created
+        } else {
+            launcher.update(|s| s.vm_state = VmState::Stopped);
+            StartKind::NotStarted
+        };
+        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
         Ok((launcher, kind))
     }
 
@@ -228,32 +418,77 @@ impl Launcher {
         self.changes.borrow().clone()
     }
 
-    async fn blocking<T, F>(&self, f: F) -> Result<T, LauncherError>
+    /// The event stream: a resync with the current status first, then every event after it.
+    pub fn watch_events(&self) -> (LauncherEvent, broadcast::Receiver<LauncherEvent>) {
+        // Under the sequence lock, so no event falls between the snapshot and the subscription.
+        let seq = self.events.seq.lock().expect("seq lock");
+        let rx = self.events.tx.subscribe();
+        let first = LauncherEvent {
+            seq: *seq,
+            kind: EventKind::Resync(Box::new(self.status())),
+        };
+        (first, rx)
+    }
+
+    /// A resync for a subscriber that fell behind.
+    pub fn resync_event(&self) -> LauncherEvent {
+        let seq = self.events.seq.lock().expect("seq lock");
+        LauncherEvent {
+            seq: *seq,
+            kind: EventKind::Resync(Box::new(self.status())),
+        }
+    }
+
+    fn observation(&self) -> Observation {
+        self.state.lock().expect("state lock").observation.clone()
+    }
+
+    fn hypervisor(&self) -> Result<Arc<Hypervisor>, LauncherError> {
+        self.hv
+            .read()
+            .expect("hv lock")
+            .clone()
+            .ok_or(LauncherError::Unreachable)
+    }
+
+    /// Runs a blocking libvirt call on the blocking pool.
+    async fn call<T, F>(&self, f: F) -> Result<T, LauncherError>
     where
         T: Send + 'static,
         F: FnOnce(&Hypervisor) -> Result<T, LibvirtError> + Send + 'static,
     {
-        let hv = self.hv.clone();
+        let hv = self.hypervisor()?;
         tokio::task::spawn_blocking(move || f(&hv))
             .await
             .map_err(LauncherError::Join)?
             .map_err(LauncherError::from)
     }
 
-    async fn is_active(&self) -> Result<bool, LauncherError> {
-        let n = self.domain_name.clone();
-        let power = self.blocking(move |hv| hv.power_state(&n)).await?;
-        Ok(power.state.is_active())
-    }
-
-    /// Changes the state and publishes the new status.
+    /// Changes the state, publishes the new status, and tells the stream what changed.
     fn update(&self, change: impl FnOnce(&mut State)) {
-        let status = {
+        let (old, new) = {
             let mut state = self.state.lock().expect("state lock");
             change(&mut state);
-            self.status_of(&state)
+            let new = self.status_of(&state);
+            (self.changes.send_replace(new.clone()), new)
         };
-        self.changes.send_replace(status);
+        if new.summary_differs(&old) {
+            self.events
+                .publish(EventKind::Status(Box::new(new.clone())));
+        }
+        let old_volumes: BTreeMap<&str, &VolumeStatus> =
+            old.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
+        for v in &new.volumes {
+            if old_volumes.get(v.name.as_str()) != Some(&v) {
+                self.events.publish(EventKind::Volume(v.clone()));
+            }
+        }
+        for v in &old.volumes {
+            if !new.volumes.iter().any(|n| n.name == v.name) {
+                self.events
+                    .publish(EventKind::VolumeRemoved(v.name.clone()));
+            }
+        }
     }
 
     fn status_of(&self, s: &State) -> Status {
@@ -262,81 +497,108 @@ impl Launcher {
             Observation::Domain(p) => Some(p.clone()),
             _ => None,
         };
-        let vm_state = match (&s.observation, phase) {
-            (_, Phase::Failed) => "Error",
-            (_, Phase::Succeeded) => "Stopped",
-            (Observation::Domain(p), _) if p.state == lifecycle::DomainState::Paused => "Paused",
-            (Observation::NotCreated, _) => "Building",
-            _ => "Active",
-        };
         let mut conditions = Vec::new();
-        if let Some(p) = &power_state {
-            if p.state == lifecycle::DomainState::Paused {
-                conditions.push(("Paused".into(), true, p.reason.clone(), String::new()));
-            }
+        if let Some(p) = power_state
+            .as_ref()
+            .filter(|p| p.state == lifecycle::DomainState::Paused)
+        {
+            conditions.push(Condition {
+                kind: "Paused",
+                status: true,
+                reason: pause_reason(&p.reason).into(),
+                message: match (&s.io_error, p.reason.as_str()) {
+                    (Some(e), "ioerror") => e.clone(),
+                    _ => format!("libvirt reports paused ({})", p.reason),
+                },
+            });
         }
         conditions.push(match &s.sync_failure {
-            None => ("Synchronized".into(), true, String::new(), String::new()),
-            Some(msg) => (
-                "Synchronized".into(),
-                false,
-                "SyncFailed".into(),
-                msg.clone(),
-            ),
+            None => Condition {
+                kind: "Synchronized",
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            },
+            Some(msg) => Condition {
+                kind: "Synchronized",
+                status: false,
+                reason: "SyncFailed".into(),
+                message: msg.clone(),
+            },
         });
+        let progress = Progress {
+            vm_state: s.vm_state,
+            task: s.task.map(|t| t.command.task()),
+            terminating: s.terminating,
+            restart_pending: s.restart_at.is_some(),
+            finished: s.finished,
+        };
         Status {
             phase,
             phase_reason: lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
-            printable_status: lifecycle::printable_status(&s.observation, phase, s.stopping),
+            printable_status: lifecycle::printable_status(&s.observation, phase, progress),
             power_state,
-            vm_state,
-            task_state: s.task,
+            vm_state: s.vm_state,
+            task: s.task,
             conditions,
             volumes: s.volumes.values().cloned().collect(),
             domain_name: self.domain_name.clone(),
-            libvirt_uri: self.hv.uri().to_string(),
+            libvirt_uri: self.connector.uri(),
+            run_strategy: self.options.strategy,
+            restart_count: s.restarts,
+            next_restart: s.restart_at,
+            finished: s.finished,
         }
     }
 
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
     async fn refresh(&self) {
         let n = self.domain_name.clone();
-        let observation = match self.blocking(move |hv| hv.power_state(&n)).await {
+        let observation = match self.call(move |hv| hv.power_state(&n)).await {
             Ok(power) => Observation::Domain(power),
-            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => Observation::Vanished,
+            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
+                match self.observation() {
+                    // Never created (Manual before its first Start): still not created.
+                    Observation::NotCreated => Observation::NotCreated,
+                    _ => Observation::Vanished,
+                }
+            }
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read the domain's state");
                 Observation::Unreachable
             }
         };
-        self.update(|s| s.observation = observation);
+        self.update(|s| {
+            if matches!(&observation, Observation::Domain(p) if p.state.is_active()) {
+                s.stop_seen = None;
+            }
+            s.observation = observation;
+        });
     }
 
-    /// Rebuilds the volume list from the live XML (at start, and when adopting a domain).
-    async fn rebuild_volumes(&self, all_boot: bool) -> Result<(), LauncherError> {
+    /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
+    async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
-        let xml = self.blocking(move |hv| hv.live_xml(&n)).await?;
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
         let live = domain::live_disks(&xml)?;
-        let boot: Vec<String> = {
-            let s = self.state.lock().expect("state lock");
-            s.spec
+        self.update(|s| {
+            let boot: Vec<&str> = s
+                .spec
                 .spec
                 .domain
                 .devices
                 .disks
                 .iter()
-                .map(|d| d.name.clone())
-                .collect()
-        };
-        self.update(|s| {
-            s.volumes = live
+                .map(|d| d.name.as_str())
+                .collect();
+            let volumes = live
                 .iter()
                 .filter_map(|d| {
                     let name = d.volume()?.to_string();
                     Some((
                         name.clone(),
                         VolumeStatus {
-                            boot: all_boot && boot.contains(&name),
+                            boot: boot.contains(&name.as_str()),
                             name,
                             target: d.target.clone(),
                             serial: d.serial.clone().unwrap_or_default(),
@@ -348,13 +610,16 @@ impl Launcher {
                     ))
                 })
                 .collect();
+            s.volumes = volumes;
         });
         Ok(())
     }
 
-    fn handle_event(&self, event: HypervisorEvent) -> Option<bool> {
+    /// Handles one libvirt event; true if the state must be re-read.
+    async fn on_event(&self, event: HypervisorEvent) -> bool {
+        let ours = |domain: &str| domain == self.domain_name;
         match event {
-            HypervisorEvent::DeviceRemoved { domain, alias } if domain == self.domain_name => {
+            HypervisorEvent::DeviceRemoved { domain, alias } if ours(&domain) => {
                 let waiters = self
                     .removal_waiters
                     .lock()
@@ -364,19 +629,374 @@ impl Launcher {
                 for w in waiters {
                     let _ = w.send(());
                 }
-                Some(false)
+                false
             }
-            // Definitions coming and going (ours, at exit) do not change the power state.
-            HypervisorEvent::Lifecycle { domain, event, .. } if domain == self.domain_name => Some(
-                !matches!(event, lifecycle_event::DEFINED | lifecycle_event::UNDEFINED),
-            ),
+            HypervisorEvent::Lifecycle {
+                domain,
+                event,
+                detail,
+            } if ours(&domain) => {
+                let (name, detail) = lifecycle_names(event, detail);
+                self.events.publish(EventKind::Hypervisor {
+                    event: name.into(),
+                    detail: detail.into(),
+                });
+                // Definitions coming and going (ours, at exit) do not change the power state.
+                !matches!(event, lifecycle_event::DEFINED | lifecycle_event::UNDEFINED)
+            }
+            HypervisorEvent::Reboot { domain } if ours(&domain) => {
+                self.events.publish(EventKind::Hypervisor {
+                    event: "Reboot".into(),
+                    detail: String::new(),
+                });
+                true
+            }
+            HypervisorEvent::IoError {
+                domain,
+                alias,
+                path,
+                action,
+                reason,
+            } if ours(&domain) => {
+                let message = format!("I/O error on {alias} ({path}): {reason}; action {action}");
+                tracing::warn!(%message);
+                self.events.publish(EventKind::Hypervisor {
+                    event: "IOError".into(),
+                    detail: message.clone(),
+                });
+                self.update(|s| s.io_error = Some(message));
+                true
+            }
+            HypervisorEvent::ControlError { domain } if ours(&domain) => {
+                self.events.publish(EventKind::Hypervisor {
+                    event: "ControlError".into(),
+                    detail: String::new(),
+                });
+                true
+            }
             HypervisorEvent::ConnectionClosed { reason } => {
                 tracing::error!(reason, "the libvirt connection closed");
-                self.update(|s| s.observation = Observation::Unreachable);
-                Some(false)
+                self.reconnect().await;
+                true
             }
-            _ => None,
+            _ => false,
         }
+    }
+
+    /// Marks the state Unknown and reconnects with back-off (restarting a private libvirtd that
+    /// died), then rebuilds what it knows from libvirt.
+    async fn reconnect(&self) {
+        let old = self.hv.write().expect("hv lock").take();
+        self.update(|s| s.observation = Observation::Unreachable);
+        // Dropping the old connection deregisters its callbacks; off the async threads.
+        if let Some(old) = old {
+            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        }
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let c = self.connector.clone();
+            match tokio::task::spawn_blocking(move || c.connect()).await {
+                Ok(Ok(hv)) => {
+                    *self.hv.write().expect("hv lock") = Some(Arc::new(hv));
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::error_chain(&e), ?delay, "reconnecting to libvirt")
+                }
+                Err(e) => tracing::error!(error = %e, "reconnect panicked"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        tracing::info!("reconnected to libvirt");
+        if let Err(e) = self.rebuild_volumes().await {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot rebuild volumes after reconnecting");
+        }
+    }
+
+    /// Applies `lifecycle::reconcile` when no task runs (a running task wakes the reconciler
+    /// when it ends, so nothing is missed).
+    async fn reconcile(&self) {
+        let Ok(slot) = self.task_slot.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let (vm_state, observation, restart_due) = {
+            let s = self.state.lock().expect("state lock");
+            (
+                s.vm_state,
+                s.observation.clone(),
+                s.restart_at.is_some_and(|t| t <= now),
+            )
+        };
+        if restart_due {
+            drop(slot);
+            self.update(|s| s.restart_at = None);
+            tracing::info!(
+                "restarting the VM (run strategy {})",
+                self.options.strategy.as_str()
+            );
+            if let Err(e) = self.command(Command::Start, None).await {
+                tracing::warn!(error = %crate::error_chain(&e), "restart failed");
+            }
+            return;
+        }
+        match lifecycle::reconcile(vm_state, &observation) {
+            Reaction::Nothing | Reaction::KeepPaused { .. } => {}
+            Reaction::Stopped { failed } => self.stopped_by_itself(failed, now),
+            Reaction::ForceStop => {
+                tracing::warn!("the VM runs although it was stopped; stopping it");
+                let n = self.domain_name.clone();
+                if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+                    tracing::warn!(error = %crate::error_chain(&e), "force stop failed");
+                }
+            }
+            Reaction::MarkStopped => self.update(|s| s.vm_state = VmState::Stopped),
+            Reaction::Lost => {
+                tracing::error!("the domain vanished");
+                self.update(|s| {
+                    s.vm_state = VmState::Error;
+                    s.finished = true;
+                });
+            }
+        }
+        drop(slot);
+    }
+
+    /// The VM stopped without a task: wait out the reboot window, then apply the run strategy.
+    fn stopped_by_itself(&self, failed: bool, now: Instant) {
+        let strategy = self.options.strategy;
+        self.update(|s| {
+            let Some(seen) = s.stop_seen else {
+                s.stop_seen = Some(now);
+                return;
+            };
+            if now < seen + REBOOT_WINDOW || s.restart_at.is_some() || s.finished {
+                return;
+            }
+            let stable = s
+                .last_started
+                .is_some_and(|t| now.duration_since(t) >= STABLE_RUN);
+            let restarts = if stable { 0 } else { s.restarts };
+            match lifecycle::after_stop(strategy, failed, restarts) {
+                AfterStop::Restart { delay } => {
+                    s.restarts = restarts + 1;
+                    s.restart_at = Some(now + delay);
+                }
+                AfterStop::WaitForStart => s.vm_state = VmState::Stopped,
+                AfterStop::Finish => {
+                    s.vm_state = if failed {
+                        VmState::Error
+                    } else {
+                        VmState::Stopped
+                    };
+                    s.finished = true;
+                }
+            }
+            s.stop_seen = None;
+        });
+    }
+
+    /// Takes the task slot for `command` (waiting for a task in flight), re-checks it against the
+    /// real state, and announces it.
+    async fn begin_task(&self, command: Command) -> Result<TaskGuard<'_>, LauncherError> {
+        // Fail fast, before waiting for the slot...
+        lifecycle::admit(command, &self.observation())?;
+        let slot = self.task_slot.lock().await;
+        // ...and check again: the state may have moved while we waited.
+        self.refresh().await;
+        lifecycle::admit(command, &self.observation())?;
+        let info = TaskInfo {
+            id: self.next_task_id.fetch_add(1, Ordering::Relaxed),
+            command,
+        };
+        self.update(|s| s.task = Some(info));
+        self.events.publish(EventKind::Task {
+            id: info.id,
+            command,
+            outcome: TaskOutcome::Started,
+        });
+        Ok(TaskGuard { _slot: slot, info })
+    }
+
+    /// Settles the vm_state by how the task went (`failure` is its error, if any).
+    fn end_task(&self, guard: TaskGuard<'_>, failure: Option<String>) {
+        let TaskGuard { _slot, info } = guard;
+        self.update(|s| {
+            s.vm_state = lifecycle::settle(s.vm_state, info.command, failure.is_none());
+            s.task = None;
+        });
+        self.events.publish(EventKind::Task {
+            id: info.id,
+            command: info.command,
+            outcome: match failure {
+                None => TaskOutcome::Succeeded,
+                Some(message) => TaskOutcome::Failed(message),
+            },
+        });
+        drop(_slot);
+        self.wake.notify_one();
+    }
+
+    /// Runs an owner's command as a task. `grace` overrides the grace period of a Shutdown.
+    /// Returns the task id.
+    pub async fn command(
+        &self,
+        command: Command,
+        grace: Option<Duration>,
+    ) -> Result<u64, LauncherError> {
+        if command == Command::Kill {
+            self.preempt.send_modify(|n| *n += 1);
+        }
+        let guard = self.begin_task(command).await?;
+        let id = guard.info.id;
+        let result = self.perform(command, grace).await;
+        self.end_task(guard, result.as_ref().err().map(|e| crate::error_chain(e)));
+        result.map(|()| id)
+    }
+
+    async fn perform(
+        &self,
+        command: Command,
+        grace: Option<Duration>,
+    ) -> Result<(), LauncherError> {
+        let n = self.domain_name.clone();
+        match command {
+            Command::Start => self.start_domain().await,
+            Command::Pause => self.call(move |hv| hv.suspend(&n)).await,
+            Command::Unpause => self.call(move |hv| hv.resume(&n)).await,
+            Command::SoftReboot => self.call(move |hv| hv.reboot_acpi(&n)).await,
+            Command::Reset => self.call(move |hv| hv.reset(&n)).await,
+            Command::Shutdown => {
+                let grace = grace.unwrap_or_else(|| self.grace_period());
+                self.graceful_stop(grace).await
+            }
+            Command::Kill => {
+                self.call(move |hv| hv.destroy(&n)).await?;
+                self.wait_stopped(DESTROY_TIMEOUT).await;
+                Ok(())
+            }
+            Command::Sync => unreachable!("Sync runs through Launcher::sync"),
+        }
+    }
+
+    /// The spec's grace period, or KubeVirt's default.
+    pub fn grace_period(&self) -> Duration {
+        let s = self.state.lock().expect("state lock");
+        s.spec
+            .spec
+            .termination_grace_period_seconds
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_GRACE_PERIOD)
+    }
+
+    /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
+    /// is replaced, so that a restart boots what the owner last asked for.
+    async fn start_domain(&self) -> Result<(), LauncherError> {
+        let (vmi, def) = {
+            let s = self.state.lock().expect("state lock");
+            let def = convert::convert(&s.spec, &self.options.convert)
+                .map_err(|convert::ConvertError::Invalid(e)| e)?;
+            (s.spec.clone(), def)
+        };
+        let n = self.domain_name.clone();
+        if self.call(move |hv| hv.exists(&n)).await? {
+            let n = self.domain_name.clone();
+            self.call(move |hv| hv.undefine(&n)).await?;
+        }
+        prepare_disks(&vmi, &def.disks)?;
+        let (n, xml) = (self.domain_name.clone(), def.to_xml());
+        self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
+        self.update(|s| {
+            s.finished = false;
+            s.stop_seen = None;
+            s.restart_at = None;
+            s.destroyed_after_grace = false;
+            s.io_error = None;
+            s.last_started = Some(Instant::now());
+        });
+        self.refresh().await;
+        self.rebuild_volumes().await
+    }
+
+    /// Waits until the VM no longer runs, at most `limit`; false if it still runs.
+    async fn wait_stopped(&self, limit: Duration) -> bool {
+        let mut changes = self.subscribe();
+        let stopped = |s: &Status| s.phase != Phase::Running;
+        let waited = tokio::time::timeout(limit, changes.wait_for(stopped)).await;
+        waited.is_ok()
+    }
+
+    /// ACPI power button, up to `grace` for the guest to power off, then destroy. A Kill
+    /// pre-empts the wait.
+    async fn graceful_stop(&self, grace: Duration) -> Result<(), LauncherError> {
+        let mut preempt = self.preempt.subscribe();
+        preempt.borrow_and_update();
+        if !grace.is_zero() {
+            let n = self.domain_name.clone();
+            if let Err(e) = self.call(move |hv| hv.shutdown_acpi(&n)).await {
+                tracing::warn!(error = %crate::error_chain(&e), "ACPI shutdown request failed");
+            }
+            tokio::select! {
+                stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
+                _ = preempt.changed() => {
+                    tracing::info!("graceful stop pre-empted by Kill");
+                    return Ok(());
+                }
+            }
+            tracing::warn!(
+                ?grace,
+                "the guest did not power off within its grace period; destroying it"
+            );
+        }
+        self.update(|s| s.destroyed_after_grace = !grace.is_zero());
+        let n = self.domain_name.clone();
+        if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+            // It may have stopped by itself in the meantime; the state says.
+            self.refresh().await;
+            if self.status().phase == Phase::Running {
+                return Err(e);
+            }
+        }
+        self.wait_stopped(DESTROY_TIMEOUT).await;
+        Ok(())
+    }
+
+    /// SIGTERM: stop the guest gracefully and mark the VM final, whatever the run strategy.
+    pub async fn terminate(&self) {
+        self.update(|s| {
+            s.terminating = true;
+            s.restart_at = None;
+        });
+        let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
+        if active {
+            if let Err(e) = self.command(Command::Shutdown, None).await {
+                tracing::warn!(error = %crate::error_chain(&e), "graceful stop failed");
+                let n = self.domain_name.clone();
+                let _ = self.call(move |hv| hv.destroy(&n)).await;
+            }
+        }
+        self.refresh().await;
+        self.update(|s| s.finished = true);
+    }
+
+    /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
+    /// leaves nothing behind.
+    pub async fn shut_down(&self) {
+        let n = self.domain_name.clone();
+        match self.call(move |hv| hv.undefine(&n)).await {
+            Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")
+            }
+        }
+        let hv = self.hv.write().expect("hv lock").take();
+        let connector = self.connector.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(hv);
+            connector.stop_daemon();
+        })
+        .await;
     }
 
     fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {
@@ -394,7 +1014,7 @@ impl Launcher {
     /// input changes nothing; a failure of one volume does not stop the others.
     pub async fn sync(&self, spec_text: &str, dry_run: bool) -> Result<SyncOutcome, LauncherError> {
         let vmi = spec::parse(spec_text)?;
-        let desired = convert::convert(&vmi, &self.convert_options)
+        let desired = convert::convert(&vmi, &self.options.convert)
             .map_err(|convert::ConvertError::Invalid(e)| e)?;
         if desired.name != self.domain_name {
             return Err(LauncherError::WrongInstance {
@@ -402,14 +1022,13 @@ impl Launcher {
                 requested: desired.name,
             });
         }
-        let _slot = self.task_slot.lock().await;
+        let guard = self.begin_task(Command::Sync).await?;
         let result = self.sync_locked(vmi, desired, dry_run).await;
-        self.update(|s| {
-            s.task = None;
-            if !dry_run {
-                s.sync_failure = result.as_ref().err().map(|e| crate::error_chain(e));
-            }
-        });
+        let failure = result.as_ref().err().map(|e| crate::error_chain(e));
+        if !dry_run {
+            self.update(|s| s.sync_failure = failure.clone());
+        }
+        self.end_task(guard, failure);
         result
     }
 
@@ -419,13 +1038,9 @@ impl Launcher {
         desired: DomainDef,
         dry_run: bool,
     ) -> Result<SyncOutcome, LauncherError> {
-        let phase = self.status().phase;
-        if phase != Phase::Running {
-            return Err(LauncherError::NotRunning { phase });
-        }
         let current = {
             let s = self.state.lock().expect("state lock");
-            convert::convert(&s.spec, &self.convert_options)
+            convert::convert(&s.spec, &self.options.convert)
                 .map_err(|convert::ConvertError::Invalid(e)| e)?
         };
         let frozen = hotplug::frozen_fields_changed(&current, &desired);
@@ -435,7 +1050,7 @@ impl Launcher {
             });
         }
         let n = self.domain_name.clone();
-        let xml = self.blocking(move |hv| hv.live_xml(&n)).await?;
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
         let live = domain::live_disks(&xml)?;
         let plan = hotplug::plan(&live, &desired)?;
         let planned = planned_changes(&plan);
@@ -444,9 +1059,6 @@ impl Launcher {
                 plan: planned,
                 volumes: self.status().volumes,
             });
-        }
-        if !plan.is_empty() {
-            self.update(|s| s.task = Some("Syncing"));
         }
         for disk in &plan.attach {
             self.attach(&vmi, disk).await;
@@ -491,13 +1103,10 @@ impl Launcher {
         }
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let (n, xml) = (self.domain_name.clone(), disk.to_xml());
-        match self.blocking(move |hv| hv.attach(&n, &xml, false)).await {
+        match self.call(move |hv| hv.attach(&n, &xml, false)).await {
             Ok(()) => self.set_volume(disk, VolumePhase::Ready, "", String::new()),
             Err(e) => {
-                let message = match &e {
-                    LauncherError::Libvirt(l) => l.libvirt_message(),
-                    other => crate::error_chain(other),
-                };
+                let message = libvirt_message(&e);
                 tracing::warn!(volume = %disk.volume, %message, "attach failed");
                 self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
             }
@@ -519,16 +1128,12 @@ impl Launcher {
         set_phase(VolumePhase::Detaching, "", String::new());
         let removed = self.expect_removal(&alias);
         let (n, xml) = (self.domain_name.clone(), live.xml.clone());
-        if let Err(e) = self.blocking(move |hv| hv.detach(&n, &xml)).await {
+        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml)).await {
             self.removal_waiters
                 .lock()
                 .expect("waiters lock")
                 .remove(&alias);
-            let message = match &e {
-                LauncherError::Libvirt(l) => l.libvirt_message(),
-                other => crate::error_chain(other),
-            };
-            set_phase(VolumePhase::Failed, "DetachFailed", message);
+            set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
             return;
         }
         match tokio::time::timeout(DETACH_TIMEOUT, removed).await {
@@ -544,74 +1149,45 @@ impl Launcher {
             ),
         }
     }
+}
 
-    /// Graceful stop: ACPI power button, up to `grace` for the guest to power off, then destroy.
-    /// Returns once the domain is no longer running.
-    pub async fn stop(&self, grace: Duration) -> Result<(), LauncherError> {
-        let _slot = self.task_slot.lock().await;
-        self.update(|s| {
-            s.stopping = true;
-            s.task = Some("PoweringOff");
-        });
-        let result = self.stop_locked(grace).await;
-        self.update(|s| s.task = None);
-        result
-    }
-
-    async fn stop_locked(&self, grace: Duration) -> Result<(), LauncherError> {
-        let mut changes = self.subscribe();
-        let stopped = |s: &Status| s.phase != Phase::Running;
-        if stopped(&changes.borrow_and_update()) {
-            return Ok(());
-        }
-        if !grace.is_zero() {
-            let n = self.domain_name.clone();
-            if let Err(e) = self.blocking(move |hv| hv.shutdown_acpi(&n)).await {
-                tracing::warn!(error = %crate::error_chain(&e), "ACPI shutdown request failed");
-            }
-            if tokio::time::timeout(grace, changes.wait_for(stopped))
-                .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            tracing::warn!(
-                ?grace,
-                "the guest did not power off within its grace period; destroying it"
-            );
-        }
-        self.update(|s| s.destroyed_after_grace = !grace.is_zero());
-        let n = self.domain_name.clone();
-        if let Err(e) = self.blocking(move |hv| hv.destroy(&n)).await {
-            // It may have stopped by itself in the meantime; the state says.
-            self.refresh().await;
-            if !stopped(&self.status()) {
-                return Err(e);
-            }
-        }
-        let _ = tokio::time::timeout(DESTROY_TIMEOUT, changes.wait_for(stopped)).await;
-        Ok(())
-    }
-
-    /// Removes the stopped domain's definition: the launcher leaves nothing behind in libvirt.
-    pub async fn undefine(&self) -> Result<(), LauncherError> {
-        let n = self.domain_name.clone();
-        self.blocking(move |hv| hv.undefine(&n)).await
+/// libvirt's own words for a failed call, for a one-line status.
+fn libvirt_message(e: &LauncherError) -> String {
+    match e {
+        LauncherError::Libvirt(l) => l.libvirt_message(),
+        other => crate::error_chain(other),
     }
 }
 
-fn initial_status(domain_name: &str, uri: &str) -> Status {
+/// KubeVirt's reason names for libvirt's pause reasons.
+fn pause_reason(libvirt_reason: &str) -> &'static str {
+    match libvirt_reason {
+        "user" => "PausedByUser",
+        "ioerror" => "PausedIOError",
+        "watchdog" => "PausedWatchdog",
+        "migration" => "PausedMigration",
+        "starting-up" => "PausedStartingUp",
+        "api-error" => "PausedAPIError",
+        _ => "PausedUnknown",
+    }
+}
+
+fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStrategy) -> Status {
     Status {
         phase: Phase::Scheduled,
         phase_reason: None,
         printable_status: "Starting",
         power_state: None,
-        vm_state: "Building",
-        task_state: Some("Starting"),
+        vm_state: VmState::Building,
+        task: None,
         conditions: Vec::new(),
         volumes: Vec::new(),
         domain_name: domain_name.into(),
         libvirt_uri: uri.into(),
+        run_strategy: strategy,
+        restart_count: 0,
+        next_restart: None,
+        finished: false,
     }
 }
 
@@ -650,19 +1226,43 @@ fn prepare_disks(vmi: &VirtualMachineInstance, disks: &[DiskDef]) -> Result<(), 
     Ok(())
 }
 
-/// Follows libvirt's events for as long as the launcher lives. Lifecycle events trigger a re-read
-/// of the real state; device removals wake the detach that waits for them.
-async fn pump_events(
+/// Follows libvirt's events for as long as the launcher lives: after every event (and on the
+/// periodic resync, and when a timer falls due) it re-reads the real state and reconciles.
+async fn reconciler(
     launcher: std::sync::Weak<Launcher>,
     mut events: mpsc::UnboundedReceiver<HypervisorEvent>,
 ) {
-    while let Some(event) = events.recv().await {
-        let Some(launcher) = launcher.upgrade() else {
+    let interval = match launcher.upgrade() {
+        Some(l) => l.options.resync_interval,
+        None => return,
+    };
+    let mut resync = tokio::time::interval(interval);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let Some(l) = launcher.upgrade() else {
             return;
         };
-        tracing::debug!(?event, "libvirt event");
-        if launcher.handle_event(event) == Some(true) {
-            launcher.refresh().await;
+        let timer = l.state.lock().expect("state lock").timer();
+        let sleep_until = timer.unwrap_or_else(Instant::now);
+        let look = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => {
+                    tracing::debug!(?event, "libvirt event");
+                    l.on_event(event).await
+                }
+                None => return,
+            },
+            _ = resync.tick() => true,
+            _ = l.wake.notified() => true,
+            _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => true,
+        };
+        if look {
+            l.refresh().await;
+            if matches!(l.observation(), Observation::Unreachable) {
+                l.reconnect().await;
+                l.refresh().await;
+            }
+            l.reconcile().await;
         }
     }
 }

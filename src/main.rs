@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use vmlauncher::api::{self, proto};
 use vmlauncher::convert::{self, ConvertOptions};
 use vmlauncher::exit::ExitCode;
+use vmlauncher::lifecycle::RunStrategy;
 use vmlauncher::run::{self, Emulation, RunOptions};
 
 #[derive(Debug, Parser)]
@@ -51,6 +52,12 @@ enum Command {
         socket: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "auto")]
         emulation: Emulation,
+        /// What happens when the VM stops (KubeVirt's runStrategy). A bare VMI runs Once.
+        #[arg(long, value_enum, default_value = "once")]
+        run_strategy: RunStrategy,
+        /// Seconds between safety-net re-reads of the real state (events do the real work).
+        #[arg(long, default_value_t = 30)]
+        resync_interval: u64,
         /// Mirror the guest's serial console to standard output.
         #[arg(long)]
         console: bool,
@@ -69,7 +76,7 @@ enum Command {
     /// Send the whole new SPEC to a running launcher; prints the plan and volume statuses.
     Sync {
         spec: PathBuf,
-        #[arg(long, default_value = "/var/run/vmlauncher/launcher.sock")]
+        #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         #[arg(long)]
         dry_run: bool,
@@ -78,11 +85,48 @@ enum Command {
     },
     /// Show a running launcher's status.
     Status {
-        #[arg(long, default_value = "/var/run/vmlauncher/launcher.sock")]
+        #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         output: Output,
     },
+    /// Follow the launcher's event stream (lifecycle, status and volume changes).
+    Events {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Start a stopped VM (run strategy Manual or Halted, or after a stop).
+    Start(Target),
+    /// Pause the VM.
+    Pause(Target),
+    /// Resume a paused VM.
+    Unpause(Target),
+    /// Ask the guest to reboot (ACPI).
+    Reboot(Target),
+    /// Hard-reset the VM.
+    Reset(Target),
+    /// Stop the guest gracefully: ACPI, then destroy when the grace period ends.
+    Stop {
+        #[command(flatten)]
+        target: Target,
+        /// Seconds to wait for the guest before destroying it (default: the spec's).
+        #[arg(long)]
+        grace_period: Option<u32>,
+    },
+    /// Destroy the VM now.
+    Kill(Target),
+}
+
+const DEFAULT_SOCKET: &str = "/var/run/vmlauncher/launcher.sock";
+
+#[derive(Debug, clap::Args)]
+struct Target {
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    output: Output,
 }
 
 fn init_logging(format: LogFormat) {
@@ -129,6 +173,8 @@ async fn dispatch(command: Command) -> ExitCode {
             runtime_dir,
             socket,
             emulation,
+            run_strategy,
+            resync_interval,
             console,
         } => {
             let spec = match run::load_spec(&spec) {
@@ -141,6 +187,8 @@ async fn dispatch(command: Command) -> ExitCode {
                 runtime_dir,
                 socket,
                 emulation,
+                strategy: run_strategy,
+                resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
                 console,
             })
             .await
@@ -180,6 +228,132 @@ async fn dispatch(command: Command) -> ExitCode {
             output,
         } => sync(&spec, &socket, dry_run, output).await,
         Command::Status { socket, output } => status(&socket, output).await,
+        Command::Events { socket, output } => events(&socket, output).await,
+        Command::Start(t) => send_command(&t, Verb::Start).await,
+        Command::Pause(t) => send_command(&t, Verb::Pause).await,
+        Command::Unpause(t) => send_command(&t, Verb::Unpause).await,
+        Command::Reboot(t) => send_command(&t, Verb::Reboot).await,
+        Command::Reset(t) => send_command(&t, Verb::Reset).await,
+        Command::Stop {
+            target,
+            grace_period,
+        } => send_command(&target, Verb::Stop(grace_period)).await,
+        Command::Kill(t) => send_command(&t, Verb::Kill).await,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Verb {
+    Start,
+    Pause,
+    Unpause,
+    Reboot,
+    Reset,
+    Stop(Option<u32>),
+    Kill,
+}
+
+async fn send_command(target: &Target, verb: Verb) -> ExitCode {
+    let mut client = match api::connect(&target.socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let req = proto::CommandRequest {};
+    let reply = match verb {
+        Verb::Start => client.start(req).await,
+        Verb::Pause => client.pause(req).await,
+        Verb::Unpause => client.unpause(req).await,
+        Verb::Reboot => client.soft_reboot(req).await,
+        Verb::Reset => client.reset(req).await,
+        Verb::Stop(grace_period_seconds) => {
+            client
+                .shutdown(proto::ShutdownRequest {
+                    grace_period_seconds,
+                })
+                .await
+        }
+        Verb::Kill => client.kill(req).await,
+    };
+    let reply = match reply {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    let status = reply.status.unwrap_or_default();
+    match target.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({"taskId": reply.task_id, "status": status_json(&status)})
+        ),
+        Output::Text => println!(
+            "task {} done: phase {} ({}), vm state {}",
+            reply.task_id, status.phase, status.printable_status, status.vm_state
+        ),
+    }
+    ExitCode::Succeeded
+}
+
+async fn events(socket: &Path, output: Output) -> ExitCode {
+    use proto::event::Kind;
+    let mut client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let mut stream = match client.watch_events(proto::WatchEventsRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    loop {
+        let event = match stream.message().await {
+            Ok(Some(e)) => e,
+            // The launcher went away: the stream is over.
+            Ok(None) => return ExitCode::Succeeded,
+            Err(status) => return rpc_failed(status),
+        };
+        let (kind, body, text) = match event.kind {
+            Some(Kind::Resync(s)) => (
+                "resync",
+                status_json(&s),
+                format!("{} ({})", s.phase, s.printable_status),
+            ),
+            Some(Kind::Status(s)) => (
+                "status",
+                status_json(&s),
+                format!(
+                    "{} ({}) vm={} task={}",
+                    s.phase, s.printable_status, s.vm_state, s.task_state
+                ),
+            ),
+            Some(Kind::Volume(v)) => (
+                "volume",
+                volume_json(&v),
+                format!("{} {}", v.name, volume_phase(&v)),
+            ),
+            Some(Kind::VolumeRemoved(name)) => {
+                ("volumeRemoved", serde_json::json!({"name": name}), name)
+            }
+            Some(Kind::Hypervisor(h)) => (
+                "hypervisor",
+                serde_json::json!({"event": h.event, "detail": h.detail}),
+                format!("{} {}", h.event, h.detail),
+            ),
+            Some(Kind::Task(t)) => (
+                "task",
+                serde_json::json!({"id": t.id, "command": t.command, "outcome": t.outcome, "message": t.message}),
+                format!("{} #{} {} {}", t.command, t.id, t.outcome, t.message),
+            ),
+            None => continue,
+        };
+        let line = match output {
+            Output::Json => {
+                serde_json::json!({"seq": event.seq, "type": kind, kind: body}).to_string()
+            }
+            Output::Text => format!("{:>6} {kind:<13} {text}", event.seq),
+        };
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return ExitCode::Succeeded;
+        }
     }
 }
 
@@ -310,6 +484,23 @@ async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> Exit
     }
 }
 
+fn status_json(s: &proto::Status) -> serde_json::Value {
+    let conditions: Vec<_> = s
+        .conditions
+        .iter()
+        .map(|c| serde_json::json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}))
+        .collect();
+    let volumes: Vec<_> = s.volumes.iter().map(volume_json).collect();
+    serde_json::json!({
+        "phase": s.phase, "phaseReason": s.phase_reason, "printableStatus": s.printable_status,
+        "powerState": s.power_state, "vmState": s.vm_state, "taskState": s.task_state,
+        "taskId": s.task_id, "conditions": conditions, "volumes": volumes,
+        "domainName": s.domain_name, "libvirtUri": s.libvirt_uri, "runStrategy": s.run_strategy,
+        "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
+        "finished": s.finished,
+    })
+}
+
 async fn status(socket: &Path, output: Output) -> ExitCode {
     let mut client = match api::connect(socket).await {
         Ok(c) => c,
@@ -320,26 +511,18 @@ async fn status(socket: &Path, output: Output) -> ExitCode {
         Err(status) => return rpc_failed(status),
     };
     match output {
-        Output::Json => {
-            let conditions: Vec<_> = s
-                .conditions
-                .iter()
-                .map(|c| serde_json::json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}))
-                .collect();
-            let volumes: Vec<_> = s.volumes.iter().map(volume_json).collect();
-            println!(
-                "{}",
-                serde_json::json!({
-                    "phase": s.phase, "printableStatus": s.printable_status, "powerState": s.power_state,
-                    "vmState": s.vm_state, "taskState": s.task_state, "conditions": conditions,
-                    "volumes": volumes, "domainName": s.domain_name, "libvirtUri": s.libvirt_uri,
-                })
-            );
-        }
+        Output::Json => println!("{}", status_json(&s)),
         Output::Text => {
             println!("domain:      {}", s.domain_name);
             println!("libvirt:     {}", s.libvirt_uri);
-            println!("phase:       {} ({})", s.phase, s.printable_status);
+            println!(
+                "phase:       {} ({}) {}",
+                s.phase, s.printable_status, s.phase_reason
+            );
+            println!(
+                "strategy:    {} (restarts {}, next in {} ms)",
+                s.run_strategy, s.restart_count, s.next_restart_in_ms
+            );
             println!("power state: {}", s.power_state);
             println!("vm state:    {}", s.vm_state);
             println!(

@@ -3,6 +3,7 @@
 //! gracefully; exits with a code that tells how the VM ended.
 
 use std::fs;
+use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,10 +16,10 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
-use crate::launcher::{Launcher, LauncherError, RuntimeDir, StartKind, DEFAULT_GRACE_PERIOD};
-use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
-use crate::libvirt::{Hypervisor, LibvirtError};
-use crate::lifecycle::Phase;
+use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartKind};
+use crate::libvirt::daemon::DaemonOptions;
+use crate::libvirt::{Backend, Connector};
+use crate::lifecycle::{Phase, RunStrategy};
 use crate::spec::{self, VirtualMachineInstance};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -57,25 +58,28 @@ pub struct RunOptions {
     pub runtime_dir: PathBuf,
     pub socket: Option<PathBuf>,
     pub emulation: Emulation,
+    pub strategy: RunStrategy,
+    pub resync_interval: Duration,
     /// Mirror the guest's serial console to standard output.
     pub console: bool,
 }
 
-/// Progress lines for people and scripts: `vmlauncher: <what>`.
+/// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
+/// pipe whose reader went away) must not take the launcher, and so the VM's clean stop, with it.
 fn say(what: std::fmt::Arguments<'_>) {
-    println!("vmlauncher: {what}");
+    let _ = writeln!(std::io::stdout().lock(), "vmlauncher: {what}");
 }
 
 fn classify(e: &LauncherError) -> ExitCode {
     match e {
         LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
-        LauncherError::Libvirt(l) if l.is_unavailable() => ExitCode::HypervisorUnavailable,
+        e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
         LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
         _ => ExitCode::Internal,
     }
 }
 
-/// Runs the VM until it ends or the launcher is told to stop.
+/// Runs the VM until it is final or the launcher is told to stop.
 pub async fn run(opts: RunOptions) -> ExitCode {
     let started = Instant::now();
     let rt = RuntimeDir(opts.runtime_dir.clone());
@@ -90,70 +94,54 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         );
         return ExitCode::Internal;
     }
+    if std::process::id() == 1 {
+        reap_children();
+    }
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let connect = opts.connect.clone();
-    let libvirt_dir = rt.libvirt_dir();
-    let reached = tokio::task::spawn_blocking(move || -> Result<_, String> {
-        let daemon = match &connect {
-            Some(_) => None,
-            None => Some(
-                PrivateDaemon::start(&libvirt_dir, DaemonOptions { pod_cgroups: true })
-                    .map_err(|e| crate::error_chain(&e))?,
-            ),
-        };
-        let uri = connect.unwrap_or_else(|| daemon.as_ref().expect("started").uri().to_string());
-        let hv =
-            Hypervisor::open(&uri, events_tx).map_err(|e: LibvirtError| crate::error_chain(&e))?;
-        Ok((daemon, hv))
-    })
-    .await;
-    let (daemon, hv) = match reached {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(msg)) => {
-            eprintln!("vmlauncher: {msg}");
-            return ExitCode::HypervisorUnavailable;
-        }
-        Err(e) => {
-            eprintln!("vmlauncher: {e}");
-            return ExitCode::Internal;
-        }
+    let backend = match &opts.connect {
+        Some(uri) => Backend::Uri(uri.clone()),
+        None => Backend::Private {
+            dir: rt.libvirt_dir(),
+            options: DaemonOptions { pod_cgroups: true },
+        },
     };
-    say(format_args!("libvirt {}", hv.uri()));
-    let hv = Arc::new(hv);
-
+    let connector = Arc::new(Connector::new(backend, events_tx));
     let console_log = rt.console_log();
     if opts.console {
         mirror_console(console_log.clone());
     }
-    let grace = opts
-        .spec
-        .spec
-        .termination_grace_period_seconds
-        .map(Duration::from_secs)
-        .unwrap_or(DEFAULT_GRACE_PERIOD);
-    let convert_options = ConvertOptions {
-        virt_type: opts.emulation.resolve(),
-        console_log: console_log.clone(),
+    let options = LaunchOptions {
+        strategy: opts.strategy,
+        convert: ConvertOptions {
+            virt_type: opts.emulation.resolve(),
+            console_log: console_log.clone(),
+        },
+        resync_interval: opts.resync_interval,
     };
     let (launcher, kind) =
-        match Launcher::start(hv.clone(), opts.spec.clone(), convert_options, events_rx).await {
+        match Launcher::start(connector.clone(), opts.spec.clone(), options, events_rx).await {
             Ok(started) => started,
             Err(e) => {
                 eprintln!(
                     "vmlauncher: cannot start the VM: {}",
                     crate::error_chain(&e)
                 );
+                let c = connector.clone();
+                let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
                 return classify(&e);
             }
         };
+    say(format_args!("libvirt {}", connector.uri()));
     say(format_args!(
-        "domain {} {}",
+        "domain {} {} (run strategy {})",
         launcher.domain_name(),
         match kind {
             StartKind::Created => "created",
             StartKind::Adopted => "adopted",
-        }
+            StartKind::NotStarted => "not started: waiting for a Start call",
+        },
+        opts.strategy.as_str(),
     ));
     say(format_args!("console {}", console_log.display()));
 
@@ -162,8 +150,8 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         Ok(l) => l,
         Err(e) => {
             eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            let _ = launcher.stop(Duration::ZERO).await;
-            let _ = launcher.undefine().await;
+            launcher.terminate().await;
+            launcher.shut_down().await;
             return ExitCode::Internal;
         }
     };
@@ -173,36 +161,42 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }));
     say(format_args!("api unix:{}", socket.display()));
 
-    let code = follow(&launcher, grace, started).await;
+    let code = follow(&launcher, started).await;
 
     let _ = stop_api.send(());
     let _ = server.await;
     let _ = fs::remove_file(&socket);
-    if let Err(e) = launcher.undefine().await {
-        tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition");
-    }
-    drop(launcher);
-    drop(hv);
-    if let Some(mut daemon) = daemon {
-        tokio::task::spawn_blocking(move || daemon.stop())
-            .await
-            .ok();
-    }
+    launcher.shut_down().await;
     code
 }
 
-/// Prints phase changes until the VM ends, stopping it on SIGTERM or SIGINT.
-async fn follow(launcher: &Launcher, grace: Duration, started: Instant) -> ExitCode {
-    let (Ok(mut sigterm), Ok(mut sigint)) = (
+/// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
+async fn follow(launcher: &Launcher, started: Instant) -> ExitCode {
+    let signals = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
+        signal(SignalKind::hangup()),
+    );
+    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = signals else {
         eprintln!("vmlauncher: cannot install signal handlers");
         return ExitCode::Internal;
     };
     let mut changes = launcher.subscribe();
     let mut last: Option<(Phase, &'static str)> = None;
-    let mut stop_requested = false;
+    let terminate = async {
+        let which = tokio::select! {
+            _ = sigterm.recv() => "SIGTERM",
+            _ = sigint.recv() => "interrupted",
+            _ = sighup.recv() => "SIGHUP",
+        };
+        say(format_args!(
+            "{which}: stopping the guest (grace period {}s)",
+            launcher.grace_period().as_secs()
+        ));
+        launcher.terminate().await;
+    };
+    tokio::pin!(terminate);
+    let mut terminating = true;
     loop {
         let status = changes.borrow_and_update().clone();
         let shown = (status.phase, status.printable_status);
@@ -221,8 +215,12 @@ async fn follow(launcher: &Launcher, grace: Duration, started: Instant) -> ExitC
             ));
             last = Some(shown);
         }
-        if status.phase.is_final() {
-            return ExitCode::from_final_phase(status.phase, status.phase_reason);
+        if status.finished {
+            return match status.phase {
+                // Stopped before it ever ran (Manual, Halted): nothing failed.
+                Phase::Scheduled => ExitCode::Succeeded,
+                phase => ExitCode::from_final_phase(phase, status.phase_reason),
+            };
         }
         tokio::select! {
             changed = changes.changed() => {
@@ -230,25 +228,31 @@ async fn follow(launcher: &Launcher, grace: Duration, started: Instant) -> ExitC
                     return ExitCode::Internal;
                 }
             }
-            _ = sigterm.recv(), if !stop_requested => {
-                stop_requested = true;
-                say(format_args!("SIGTERM: stopping the guest (grace period {}s)", grace.as_secs()));
-                stop_in_background(launcher, grace).await;
-            }
-            _ = sigint.recv(), if !stop_requested => {
-                stop_requested = true;
-                say(format_args!("interrupted: stopping the guest (grace period {}s)", grace.as_secs()));
-                stop_in_background(launcher, grace).await;
-            }
+            () = &mut terminate, if terminating => terminating = false,
         }
     }
 }
 
-/// Runs the graceful stop; its progress shows up as status changes in `follow`.
-async fn stop_in_background(launcher: &Launcher, grace: Duration) {
-    if let Err(e) = launcher.stop(grace).await {
-        eprintln!("vmlauncher: stopping failed: {}", crate::error_chain(&e));
-    }
+/// As PID 1, every orphan (QEMU, once libvirt daemonised it) becomes ours to reap.
+fn reap_children() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    let Ok(mut sigchld) = signal(SignalKind::child()) else {
+        tracing::warn!("cannot watch SIGCHLD; orphans will not be reaped");
+        return;
+    };
+    tokio::spawn(async move {
+        loop {
+            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                if status == WaitStatus::StillAlive {
+                    break;
+                }
+                tracing::debug!(?status, "reaped a child");
+            }
+            if sigchld.recv().await.is_none() {
+                return;
+            }
+        }
+    });
 }
 
 fn mirror_console(path: PathBuf) {
@@ -258,7 +262,9 @@ fn mirror_console(path: PathBuf) {
         };
         let forever = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         while let Ok(Some(line)) = console.next_line(forever) {
-            println!("[console] {line}");
+            if writeln!(std::io::stdout().lock(), "[console] {line}").is_err() {
+                return;
+            }
         }
     });
 }

@@ -64,10 +64,13 @@ pub struct DaemonOptions {
     pub pod_cgroups: bool,
 }
 
-/// A running private libvirtd. Dropping it stops the daemon (QEMU processes outlive it).
+/// A running private libvirtd: one this launcher started (its child), or one an earlier launcher
+/// of the same runtime directory left running (adopted). `stop` ends it; QEMU outlives it.
 #[derive(Debug)]
 pub struct PrivateDaemon {
     child: Option<Child>,
+    /// The daemon's pid, also for an adopted one (from its pid file).
+    pid: Option<i32>,
     dir: PathBuf,
     uri: String,
 }
@@ -79,6 +82,33 @@ impl PrivateDaemon {
             "qemu+unix:///system?socket={}",
             dir.join("sock/libvirt-sock").display()
         )
+    }
+
+    /// Reuses the daemon of `dir` if one answers there (an earlier launcher's, after that launcher
+    /// died), else starts one.
+    pub fn adopt_or_start(dir: &Path, options: DaemonOptions) -> Result<Self, DaemonError> {
+        let uri = Self::uri_for(dir);
+        if dir.join("sock/libvirt-sock").exists() && answers(&uri) {
+            let pid = fs::read_to_string(dir.join("libvirtd.pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok());
+            tracing::info!(%uri, ?pid, "adopted the running private libvirtd");
+            return Ok(PrivateDaemon {
+                child: None,
+                pid,
+                dir: dir.into(),
+                uri,
+            });
+        }
+        Self::start(dir, options)
+    }
+
+    /// The daemon process still exists (a zombie counts as gone).
+    pub fn is_alive(&mut self) -> bool {
+        if let Some(child) = self.child.as_mut() {
+            return matches!(child.try_wait(), Ok(None));
+        }
+        self.pid.is_some_and(process_alive)
     }
 
     /// Starts libvirtd with everything under `dir` and waits until an API call succeeds.
@@ -103,7 +133,12 @@ impl PrivateDaemon {
         let qemu_conf = dir.join("etc/qemu.conf");
         fs::write(&qemu_conf, qemu_conf_text(options)).map_err(|e| prepare(&qemu_conf, e))?;
         let log = dir.join("libvirtd.log");
-        let log_file = fs::File::create(&log).map_err(|e| prepare(&log, e))?;
+        // Appended to: a restarted daemon keeps the story of the one before.
+        let log_file = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| prepare(&log, e))?;
         fs::set_permissions(&log, fs::Permissions::from_mode(0o600))
             .map_err(|e| prepare(&log, e))?;
 
@@ -154,6 +189,7 @@ impl PrivateDaemon {
         }
         let child = command.spawn().map_err(DaemonError::Spawn)?;
         let mut daemon = PrivateDaemon {
+            pid: Some(child.id() as i32),
             child: Some(child),
             dir: dir.to_path_buf(),
             uri: Self::uri_for(dir),
@@ -166,8 +202,8 @@ impl PrivateDaemon {
         &self.uri
     }
 
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+    pub fn pid(&self) -> Option<i32> {
+        self.pid
     }
 
     /// Ready means an API call succeeds, not that the socket exists.
@@ -187,12 +223,8 @@ impl PrivateDaemon {
                     });
                 }
             }
-            if let Ok(conn) = virt::connect::Connect::open(Some(&self.uri)) {
-                let answered = conn.lib_version().is_ok();
-                drop(conn);
-                if answered {
-                    return Ok(());
-                }
+            if answers(&self.uri) {
+                return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(DaemonError::Timeout {
@@ -208,22 +240,28 @@ impl PrivateDaemon {
 
     /// Stops the daemon (SIGTERM, then SIGKILL after five seconds) and waits for it.
     pub fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        let Some(pid) = self.pid.take() else {
             return;
         };
-        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let mut child = self.child.take();
+        use nix::sys::signal::{kill, Signal};
+        let target = nix::unistd::Pid::from_raw(pid);
+        let _ = kill(target, Signal::SIGTERM);
         let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => return,
-                Ok(None) if Instant::now() >= deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return;
+        let mut gone = || match child.as_mut() {
+            // Our child: reap it. An error means someone else (a PID-1 reaper) already did.
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => !process_alive(pid),
+        };
+        while !gone() {
+            if Instant::now() >= deadline {
+                let _ = kill(target, Signal::SIGKILL);
+                if let Some(c) = child.as_mut() {
+                    let _ = c.wait();
                 }
-                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                return;
             }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -232,6 +270,26 @@ impl Drop for PrivateDaemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// An API call on `uri` succeeds.
+fn answers(uri: &str) -> bool {
+    match virt::connect::Connect::open(Some(uri)) {
+        Ok(conn) => conn.lib_version().is_ok(),
+        Err(_) => false,
+    }
+}
+
+/// The process exists and is not a zombie.
+pub fn process_alive(pid: i32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may contain spaces.
+    let state = stat
+        .rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next());
+    !matches!(state, Some('Z') | Some('X') | None)
 }
 
 fn log_tail(log: &Path) -> String {

@@ -32,6 +32,22 @@ pub enum HypervisorEvent {
         domain: String,
         alias: String,
     },
+    /// The guest reset itself (or was reset).
+    Reboot {
+        domain: String,
+    },
+    /// A disk I/O error; `action` is libvirt's (`none`, `pause`, `report`).
+    IoError {
+        domain: String,
+        alias: String,
+        path: String,
+        action: &'static str,
+        reason: String,
+    },
+    /// libvirt lost control of the domain (e.g. its monitor broke).
+    ControlError {
+        domain: String,
+    },
     /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
     ConnectionClosed {
         reason: i32,
@@ -49,6 +65,64 @@ pub mod lifecycle_event {
     pub const SHUTDOWN: i32 = 6;
     pub const PMSUSPENDED: i32 = 7;
     pub const CRASHED: i32 = 8;
+}
+
+/// A lifecycle event and its detail in libvirt's words (`virsh event --event lifecycle`).
+pub fn lifecycle_names(event: i32, detail: i32) -> (&'static str, &'static str) {
+    let (name, details): (&str, &[&str]) = match event {
+        lifecycle_event::DEFINED => ("Defined", &["added", "updated", "renamed", "from-snapshot"]),
+        lifecycle_event::UNDEFINED => ("Undefined", &["removed", "renamed"]),
+        lifecycle_event::STARTED => (
+            "Started",
+            &["booted", "migrated", "restored", "from-snapshot", "wakeup"],
+        ),
+        lifecycle_event::SUSPENDED => (
+            "Suspended",
+            &[
+                "paused",
+                "migrated",
+                "ioerror",
+                "watchdog",
+                "restored",
+                "from-snapshot",
+                "api-error",
+                "postcopy",
+                "postcopy-failed",
+            ],
+        ),
+        lifecycle_event::RESUMED => (
+            "Resumed",
+            &[
+                "unpaused",
+                "migrated",
+                "from-snapshot",
+                "postcopy",
+                "postcopy-failed",
+            ],
+        ),
+        lifecycle_event::STOPPED => (
+            "Stopped",
+            &[
+                "shutdown",
+                "destroyed",
+                "crashed",
+                "migrated",
+                "saved",
+                "failed",
+                "from-snapshot",
+            ],
+        ),
+        lifecycle_event::SHUTDOWN => ("Shutdown", &["finished", "guest", "host"]),
+        lifecycle_event::PMSUSPENDED => ("PMSuspended", &["memory", "disk"]),
+        lifecycle_event::CRASHED => ("Crashed", &["panicked", "crashloaded"]),
+        _ => ("Unknown", &[]),
+    };
+    let detail = usize::try_from(detail)
+        .ok()
+        .and_then(|d| details.get(d))
+        .copied()
+        .unwrap_or("unknown");
+    (name, detail)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +168,16 @@ pub struct EventRegistration {
 }
 
 type Sender = UnboundedSender<HypervisorEvent>;
+type GenericCallback = unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void);
+type IoErrorCallback = unsafe extern "C" fn(
+    sys::virConnectPtr,
+    sys::virDomainPtr,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *const c_char,
+    *mut c_void,
+);
 
 impl EventRegistration {
     /// Subscribes to lifecycle, device-added and device-removed events of every domain on `conn`,
@@ -106,8 +190,22 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 3] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 6] = unsafe {
             [
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
+                    Some(on_reboot as GenericCallback),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_CONTROL_ERROR as i32,
+                    Some(on_control_error as GenericCallback),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_IO_ERROR_REASON as i32,
+                    Some(std::mem::transmute::<IoErrorCallback, GenericCallback>(
+                        on_io_error,
+                    )),
+                ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_LIFECYCLE as i32,
                     Some(std::mem::transmute::<
@@ -293,6 +391,65 @@ unsafe extern "C" fn on_device_removed(
         let event = HypervisorEvent::DeviceRemoved {
             domain: domain_name(dom),
             alias: c_string(alias),
+        };
+        send(opaque, event);
+    }
+}
+
+unsafe extern "C" fn on_reboot(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain and our opaque pointer.
+    unsafe {
+        send(
+            opaque,
+            HypervisorEvent::Reboot {
+                domain: domain_name(dom),
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn on_control_error(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain and our opaque pointer.
+    unsafe {
+        send(
+            opaque,
+            HypervisorEvent::ControlError {
+                domain: domain_name(dom),
+            },
+        )
+    };
+}
+
+unsafe extern "C" fn on_io_error(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    path: *const c_char,
+    alias: *const c_char,
+    action: c_int,
+    reason: *const c_char,
+    opaque: *mut c_void,
+) {
+    let action = match action as u32 {
+        sys::VIR_DOMAIN_EVENT_IO_ERROR_PAUSE => "pause",
+        sys::VIR_DOMAIN_EVENT_IO_ERROR_REPORT => "report",
+        _ => "none",
+    };
+    // SAFETY: libvirt passes a valid domain, NUL-terminated strings and our opaque pointer.
+    unsafe {
+        let event = HypervisorEvent::IoError {
+            domain: domain_name(dom),
+            alias: c_string(alias),
+            path: c_string(path),
+            action,
+            reason: c_string(reason),
         };
         send(opaque, event);
     }

@@ -6,6 +6,9 @@
 pub mod daemon;
 pub mod events;
 
+use std::path::PathBuf;
+use std::sync::Mutex;
+
 use tokio::sync::mpsc::UnboundedSender;
 use virt::connect::Connect;
 use virt::domain::Domain;
@@ -203,11 +206,117 @@ impl Hypervisor {
             .map_err(Self::call_err("destroy", name))
     }
 
+    /// Starts the defined, stopped domain.
+    pub fn start(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .create()
+            .map_err(Self::call_err("start", name))
+    }
+
+    pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .suspend()
+            .map_err(Self::call_err("suspend", name))
+    }
+
+    pub fn resume(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .resume()
+            .map_err(Self::call_err("resume", name))
+    }
+
+    /// Asks the guest to reboot through ACPI (libvirt powers it back on when it powers off).
+    pub fn reboot_acpi(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .reboot(sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN)
+            .map_err(Self::call_err("reboot", name))
+    }
+
+    /// The reset button: immediate, no guest cooperation.
+    pub fn reset(&self, name: &str) -> Result<(), LibvirtError> {
+        self.domain(name)?
+            .reset()
+            .map_err(Self::call_err("reset", name))
+    }
+
     /// Removes the persistent definition (the domain must be stopped).
     pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
         self.domain(name)?
             .undefine()
             .map_err(Self::call_err("undefine", name))
+    }
+}
+
+/// Where the launcher's hypervisor is.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// Any libvirt, by URI (`--connect`).
+    Uri(String),
+    /// A private libvirtd with everything under `dir`, started (and restarted) by the launcher.
+    Private {
+        dir: PathBuf,
+        options: daemon::DaemonOptions,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Daemon(#[from] daemon::DaemonError),
+    #[error(transparent)]
+    Libvirt(#[from] LibvirtError),
+}
+
+/// Opens connections to the backend, the first time and after every loss: a private daemon that
+/// died is started again (QEMU keeps running meanwhile and the new daemon finds it).
+#[derive(Debug)]
+pub struct Connector {
+    backend: Backend,
+    daemon: Mutex<Option<daemon::PrivateDaemon>>,
+    events: UnboundedSender<HypervisorEvent>,
+}
+
+impl Connector {
+    pub fn new(backend: Backend, events: UnboundedSender<HypervisorEvent>) -> Self {
+        Connector {
+            backend,
+            daemon: Mutex::new(None),
+            events,
+        }
+    }
+
+    pub fn uri(&self) -> String {
+        match &self.backend {
+            Backend::Uri(uri) => uri.clone(),
+            Backend::Private { dir, .. } => daemon::PrivateDaemon::uri_for(dir),
+        }
+    }
+
+    /// Blocking. Every domain event of the new connection goes to the connector's channel.
+    pub fn connect(&self) -> Result<Hypervisor, ConnectError> {
+        if let Backend::Private { dir, options } = &self.backend {
+            let mut slot = self.daemon.lock().expect("daemon lock");
+            let alive = slot.as_mut().is_some_and(|d| d.is_alive());
+            if !alive {
+                if slot.is_some() {
+                    tracing::warn!("the private libvirtd is gone; starting it again");
+                }
+                *slot = Some(daemon::PrivateDaemon::adopt_or_start(dir, *options)?);
+            }
+        }
+        Ok(Hypervisor::open(&self.uri(), self.events.clone())?)
+    }
+
+    /// The private daemon's pid, if the launcher runs one.
+    pub fn daemon_pid(&self) -> Option<i32> {
+        self.daemon.lock().expect("daemon lock").as_ref()?.pid()
+    }
+
+    /// Stops the private daemon, if any (at exit).
+    pub fn stop_daemon(&self) {
+        if let Some(mut d) = self.daemon.lock().expect("daemon lock").take() {
+            d.stop();
+        }
     }
 }
 
