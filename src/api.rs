@@ -290,13 +290,19 @@ impl proto::launcher_server::Launcher for Service {
     ) -> Result<Response<Self::WatchEventsStream>, tonic::Status> {
         let (first, mut rx) = self.launcher.watch_events();
         let launcher = self.launcher.clone();
+        let mut closing = self.launcher.closing();
         let (tx, out) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             if tx.send(Ok(event_to_proto(first))).await.is_err() {
                 return;
             }
             loop {
-                let event = match rx.recv().await {
+                let received = tokio::select! {
+                    received = rx.recv() => received,
+                    // The launcher is going away: end the stream so the server can stop.
+                    _ = closing.wait_for(|c| *c) => return,
+                };
+                let event = match received {
                     Ok(e) => e,
                     // Fell behind: the full status replaces what was missed.
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {

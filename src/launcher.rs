@@ -317,6 +317,8 @@ pub struct Launcher {
     /// Asks the reconciler to re-read and reconcile now.
     wake: Notify,
     removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Set when the launcher is going away: event streams end, so the API can stop.
+    closing: watch::Sender<bool>,
 }
 
 /// Holds the task slot for one command; `Launcher::end_task` records how it went.
@@ -375,6 +377,7 @@ impl Launcher {
             preempt: watch::channel(0).0,
             wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
+            closing: watch::channel(false).0,
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -428,6 +431,11 @@ impl Launcher {
             kind: EventKind::Resync(Box::new(self.status())),
         };
         (first, rx)
+    }
+
+    /// Resolves when the launcher is going away (event streams end then).
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
     }
 
     /// A resync for a subscriber that fell behind.
@@ -731,13 +739,22 @@ impl Launcher {
         };
         if restart_due {
             drop(slot);
-            self.update(|s| s.restart_at = None);
             tracing::info!(
                 "restarting the VM (run strategy {})",
                 self.options.strategy.as_str()
             );
+            // A successful start clears the pending restart; a failed one backs off further.
             if let Err(e) = self.command(Command::Start, None).await {
                 tracing::warn!(error = %crate::error_chain(&e), "restart failed");
+                let strategy = self.options.strategy;
+                self.update(|s| {
+                    if let AfterStop::Restart { delay } =
+                        lifecycle::after_stop(strategy, true, s.restarts)
+                    {
+                        s.restarts += 1;
+                        s.restart_at = Some(Instant::now() + delay);
+                    }
+                });
             }
             return;
         }
@@ -932,24 +949,32 @@ impl Launcher {
     async fn graceful_stop(&self, grace: Duration) -> Result<(), LauncherError> {
         let mut preempt = self.preempt.subscribe();
         preempt.borrow_and_update();
+        let mut waited_out_grace = false;
         if !grace.is_zero() {
             let n = self.domain_name.clone();
-            if let Err(e) = self.call(move |hv| hv.shutdown_acpi(&n)).await {
-                tracing::warn!(error = %crate::error_chain(&e), "ACPI shutdown request failed");
-            }
-            tokio::select! {
-                stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
-                _ = preempt.changed() => {
-                    tracing::info!("graceful stop pre-empted by Kill");
-                    return Ok(());
+            match self.call(move |hv| hv.shutdown_acpi(&n)).await {
+                Ok(()) => {
+                    tokio::select! {
+                        stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
+                        _ = preempt.changed() => {
+                            tracing::info!("graceful stop pre-empted by Kill");
+                            return Ok(());
+                        }
+                    }
+                    tracing::warn!(
+                        ?grace,
+                        "the guest did not power off within its grace period; destroying it"
+                    );
+                    waited_out_grace = true;
                 }
+                // A paused guest cannot see the power button: waiting would only delay.
+                Err(e) => tracing::warn!(
+                    error = %crate::error_chain(&e),
+                    "the guest cannot be asked to power off; destroying it"
+                ),
             }
-            tracing::warn!(
-                ?grace,
-                "the guest did not power off within its grace period; destroying it"
-            );
         }
-        self.update(|s| s.destroyed_after_grace = !grace.is_zero());
+        self.update(|s| s.destroyed_after_grace = waited_out_grace);
         let n = self.domain_name.clone();
         if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
             // It may have stopped by itself in the meantime; the state says.
@@ -983,6 +1008,7 @@ impl Launcher {
     /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
     /// leaves nothing behind.
     pub async fn shut_down(&self) {
+        self.closing.send_replace(true);
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.undefine(&n)).await {
             Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {}

@@ -170,6 +170,9 @@ pub struct Progress {
 
 /// What a person reads in `status`: the phase, refined by what the launcher is doing.
 pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> &'static str {
+    if p.task == Some(TaskKind::Starting) {
+        return "Starting";
+    }
     if p.restart_pending {
         return "CrashLoopBackOff";
     }

@@ -163,10 +163,16 @@ pub async fn run(opts: RunOptions) -> ExitCode {
 
     let code = follow(&launcher, started).await;
 
-    let _ = stop_api.send(());
-    let _ = server.await;
-    let _ = fs::remove_file(&socket);
     launcher.shut_down().await;
+    let _ = stop_api.send(());
+    // Streams end on shut_down; a client that holds a unary call open must not keep us here.
+    if tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the API did not stop within 5s; leaving anyway");
+    }
+    let _ = fs::remove_file(&socket);
     code
 }
 

@@ -81,7 +81,9 @@ spec:
 /// A running `vmlauncher run`, with its runtime dir.
 pub struct Launched {
     pub child: Child,
-    pub runtime_dir: tempfile::TempDir,
+    runtime_dir: PathBuf,
+    /// The temp dir, when this launcher made it (a second launcher may reuse the first one's).
+    _owned: Option<tempfile::TempDir>,
     stdout: mpsc::Receiver<String>,
     pub stdout_seen: Vec<String>,
     exited: Option<ExitStatus>,
@@ -89,18 +91,29 @@ pub struct Launched {
 
 impl Launched {
     pub fn start(spec: &str, extra_args: &[&str]) -> Launched {
-        let runtime_dir = tempfile::Builder::new()
+        let owned = tempfile::Builder::new()
             .prefix("vml-e2e-")
             .tempdir()
             .expect("temp dir");
-        let spec_path = runtime_dir.path().join("spec.yaml");
+        let mut launched = Self::start_in(owned.path(), spec, extra_args);
+        launched._owned = Some(owned);
+        launched
+    }
+
+    /// Starts a launcher on an existing runtime dir (e.g. the one a killed launcher left).
+    pub fn start_in(runtime_dir: &Path, spec: &str, extra_args: &[&str]) -> Launched {
+        let spec_path = runtime_dir.join("spec.yaml");
         std::fs::write(&spec_path, spec).unwrap();
-        let stderr = std::fs::File::create(runtime_dir.path().join("launcher.stderr")).unwrap();
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(runtime_dir.join("launcher.stderr"))
+            .unwrap();
         let mut child = Command::new(bin())
             .arg("run")
             .arg(&spec_path)
             .arg("--runtime-dir")
-            .arg(runtime_dir.path())
+            .arg(runtime_dir)
             .args(["--emulation", "tcg"])
             .args(extra_args)
             .env("VMLAUNCHER_LOG", "info")
@@ -120,7 +133,8 @@ impl Launched {
         });
         Launched {
             child,
-            runtime_dir,
+            runtime_dir: runtime_dir.to_path_buf(),
+            _owned: None,
             stdout,
             stdout_seen: Vec::new(),
             exited: None,
@@ -128,7 +142,20 @@ impl Launched {
     }
 
     pub fn dir(&self) -> &Path {
-        self.runtime_dir.path()
+        &self.runtime_dir
+    }
+
+    /// SIGKILL, as a crash would: nothing of the launcher's cleanup runs, and this handle's
+    /// own cleanup will not touch what it left (QEMU, libvirtd) either.
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        let status = self.child.wait().unwrap();
+        self.exited = Some(status);
+    }
+
+    /// Hands the runtime dir over to `other` (which must clean up what is left in it).
+    pub fn keep_dir_for(&mut self, other: &mut Launched) {
+        other._owned = self._owned.take();
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -168,6 +195,13 @@ impl Launched {
         }
     }
 
+    /// Collects what is left of standard output (after exit), for assertions on it.
+    fn stdout_rest(&mut self) {
+        while let Ok(line) = self.stdout.recv_timeout(Duration::from_secs(5)) {
+            self.stdout_seen.push(line);
+        }
+    }
+
     /// Waits for the launcher to exit.
     pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         if let Some(status) = self.exited {
@@ -182,6 +216,7 @@ impl Launched {
         });
         match rx.recv_timeout(within) {
             Ok(Ok(nix::sys::wait::WaitStatus::Exited(_, code))) => {
+                self.stdout_rest();
                 use std::os::unix::process::ExitStatusExt;
                 let status = ExitStatus::from_raw(code << 8);
                 self.exited = Some(status);
@@ -213,16 +248,69 @@ impl Launched {
     }
 }
 
-/// The process exists and is not a zombie waiting to be reaped.
-pub fn alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may contain spaces.
-    let state = stat
-        .rsplit_once(") ")
-        .and_then(|(_, rest)| rest.chars().next());
-    !matches!(state, Some('Z') | Some('X') | None)
+pub use vmlauncher::libvirt::daemon::process_alive as alive;
+
+/// Follows the launcher's gRPC event stream in the background.
+pub struct EventWatcher {
+    rx: tokio::sync::mpsc::UnboundedReceiver<vmlauncher::api::proto::Event>,
+    pub seen: Vec<vmlauncher::api::proto::Event>,
+}
+
+impl EventWatcher {
+    pub async fn start(socket: &Path) -> EventWatcher {
+        let mut client = vmlauncher::api::connect(socket).await.expect("connect");
+        let mut stream = client
+            .watch_events(vmlauncher::api::proto::WatchEventsRequest {})
+            .await
+            .expect("WatchEvents")
+            .into_inner();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(event)) = stream.message().await {
+                if tx.send(event).is_err() {
+                    return;
+                }
+            }
+        });
+        EventWatcher {
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for an event that satisfies `matches`, failing with everything seen so far.
+    pub async fn wait_for(
+        &mut self,
+        what: &str,
+        within: Duration,
+        mut matches: impl FnMut(&vmlauncher::api::proto::Event) -> bool,
+    ) -> vmlauncher::api::proto::Event {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, self.rx.recv()).await {
+                Ok(Some(event)) => {
+                    self.seen.push(event.clone());
+                    if matches(&event) {
+                        return event;
+                    }
+                }
+                Ok(None) => panic!(
+                    "the event stream ended before {what}; seen: {:#?}",
+                    self.seen
+                ),
+                Err(_) => panic!("no {what} within {within:?}; seen: {:#?}", self.seen),
+            }
+        }
+    }
+}
+
+/// The status inside a status or resync event.
+pub fn event_status(e: &vmlauncher::api::proto::Event) -> Option<&vmlauncher::api::proto::Status> {
+    use vmlauncher::api::proto::event::Kind;
+    match &e.kind {
+        Some(Kind::Status(s)) | Some(Kind::Resync(s)) => Some(s),
+        _ => None,
+    }
 }
 
 impl Drop for Launched {
@@ -246,7 +334,7 @@ impl Drop for Launched {
                     .ok()
             });
         let daemon = self.pid_from("libvirt/libvirtd.pid");
-        for pid in qemu_pids.chain(daemon) {
+        for pid in qemu_pids.chain(daemon).filter(|p| alive(*p)) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,

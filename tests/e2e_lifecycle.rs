@@ -1,0 +1,402 @@
+//! Lifecycle, end to end, with a real private libvirtd and a real TCG guest: crashes, run
+//! strategies, the guest powering itself off, a guest that ignores ACPI, a libvirtd that dies,
+//! a launcher that dies and is started again, and every owner command on the event stream.
+//! Every wait is on an event, a stdout line, a console line or an exit, with a deadline.
+
+mod common;
+
+use std::process::Command as Process;
+use std::time::{Duration, Instant};
+
+use common::{
+    alive, event_status, guest_spec, EventWatcher, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
+};
+use vmlauncher::api::proto::{self, event::Kind};
+
+fn qemu_pid(vm: &Launched, name: &str) -> i32 {
+    vm.pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
+        .expect("QEMU's pid file")
+}
+
+fn boot(vm: &mut Launched) {
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    vm.console()
+        .wait_for(
+            "the guest's boot line",
+            Instant::now() + BOOT_DEADLINE,
+            |l| l == "VMLTEST-BOOTED",
+        )
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
+    let name = "crash-always";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "always"]);
+    boot(&mut vm);
+    let first = qemu_pid(&vm, name);
+    let mut console = vm.console();
+    console
+        .wait_for("the first boot", Instant::now() + BOOT_DEADLINE, |l| {
+            l == "VMLTEST-BOOTED"
+        })
+        .unwrap();
+    let mut events = EventWatcher::start(&vm.socket()).await;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+
+    let failed = events
+        .wait_for("phase Failed after the crash", GUEST_DEADLINE, |e| {
+            event_status(e).is_some_and(|s| s.phase == "Failed")
+        })
+        .await;
+    assert_eq!(event_status(&failed).unwrap().phase_reason, "Crashed");
+    let backoff = events
+        .wait_for("CrashLoopBackOff", GUEST_DEADLINE, |e| {
+            event_status(e).is_some_and(|s| s.printable_status == "CrashLoopBackOff")
+        })
+        .await;
+    let s = event_status(&backoff).unwrap();
+    assert_eq!(s.restart_count, 1);
+    assert!(
+        s.next_restart_in_ms > 0 && s.next_restart_in_ms <= 1000,
+        "{s:?}"
+    );
+    events
+        .wait_for("Running again", BOOT_DEADLINE, |e| {
+            event_status(e).is_some_and(|s| s.phase == "Running" && s.printable_status == "Running")
+        })
+        .await;
+    let second = qemu_pid(&vm, name);
+    assert_ne!(first, second, "a new QEMU");
+    assert!(alive(second));
+    let status = vmlauncher::api::connect(&vm.socket())
+        .await
+        .unwrap()
+        .get_status(proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.restart_count, 1, "the back-off count stays visible");
+    assert!(events.seen.iter().any(|e| matches!(&e.kind,
+        Some(Kind::Hypervisor(h)) if h.event == "Stopped" && h.detail == "failed")));
+    // Until the restarted guest has booted it cannot see the ACPI power button.
+    console
+        .wait_for("the second boot", Instant::now() + BOOT_DEADLINE, |l| {
+            l == "VMLTEST-BOOTED"
+        })
+        .unwrap();
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_powering_itself_off_succeeds_and_the_launcher_exits_0() {
+    let name = "self-poweroff";
+    let mut vm = Launched::start(&guest_spec(name, "vmltest.poweroff_after=2", &[]), &[]);
+    boot(&mut vm);
+    let qemu = qemu_pid(&vm, name);
+    vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(
+        vm.stdout_seen.iter().any(|l| l.contains("GuestShutdown")),
+        "{:?}",
+        vm.stdout_seen
+    );
+    assert!(!alive(qemu));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends() {
+    let name = "acpi-ignored";
+    let spec = guest_spec(name, "vmltest.acpi=ignore", &[]).replace(
+        "terminationGracePeriodSeconds: 60",
+        "terminationGracePeriodSeconds: 3",
+    );
+    let mut vm = Launched::start(&spec, &[]);
+    boot(&mut vm);
+    let qemu = qemu_pid(&vm, name);
+    let asked = Instant::now();
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    vm.wait_stdout("phase Failed", GUEST_DEADLINE);
+    let code = vm.wait_exit(GUEST_DEADLINE).code();
+    assert!(
+        asked.elapsed() >= Duration::from_secs(3),
+        "destroyed before the grace period ended"
+    );
+    assert_eq!(code, Some(5), "exit code for an expired grace period");
+    assert!(
+        vm.stdout_seen
+            .iter()
+            .any(|l| l.contains("GracePeriodExpired")),
+        "{:?}",
+        vm.stdout_seen
+    );
+    assert!(!alive(qemu));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running() {
+    let name = "daemon-killed";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    boot(&mut vm);
+    let qemu = qemu_pid(&vm, name);
+    let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    vm.wait_stdout("phase Unknown", GUEST_DEADLINE);
+    vm.wait_stdout("phase Running", GUEST_DEADLINE);
+    let new_daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
+    assert_ne!(daemon, new_daemon, "a new libvirtd");
+    assert!(alive(new_daemon));
+    assert_eq!(qemu_pid(&vm, name), qemu, "the same QEMU");
+    assert!(alive(qemu), "QEMU kept running throughout");
+    // And the launcher still controls it through the new daemon.
+    let out = Process::new(common::bin())
+        .args(["pause", "--socket"])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(!alive(qemu) && !alive(new_daemon));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
+    let name = "adopt";
+    let mut first = Launched::start(&guest_spec(name, "", &[]), &[]);
+    boot(&mut first);
+    let qemu = qemu_pid(&first, name);
+    let disk = first.dir().join("data.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let with_disk = guest_spec(name, "", &[("data", "Adopt-Me-1", &disk)]);
+    let mut client = vmlauncher::api::connect(&first.socket()).await.unwrap();
+    client
+        .sync(proto::SyncRequest {
+            spec: with_disk.clone(),
+            dry_run: false,
+        })
+        .await
+        .unwrap();
+    drop(client);
+    first.kill9();
+    assert!(alive(qemu), "QEMU outlives its launcher");
+
+    let mut second = Launched::start_in(first.dir(), &with_disk, &[]);
+    first.keep_dir_for(&mut second);
+    let line = second.wait_stdout("domain default_adopt", GUEST_DEADLINE);
+    assert!(line.contains("adopted"), "{line}");
+    second.wait_stdout("phase Running", GUEST_DEADLINE);
+    assert_eq!(qemu_pid(&second, name), qemu, "one QEMU, the same one");
+    let qemus = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("guest=default_adopt,"))
+        })
+        .count();
+    assert_eq!(qemus, 1, "no second QEMU");
+    let status = vmlauncher::api::connect(&second.socket())
+        .await
+        .unwrap()
+        .get_status(proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let volumes: Vec<_> = status
+        .volumes
+        .iter()
+        .map(|v| (v.name.as_str(), v.serial.as_str(), v.phase))
+        .collect();
+    assert_eq!(
+        volumes,
+        [(
+            "data",
+            "Adopt-Me-1",
+            proto::volume_status::Phase::Ready as i32
+        )]
+    );
+    // Syncing the same spec again changes nothing: the adopted state is the real one.
+    let reply = vmlauncher::api::connect(&second.socket())
+        .await
+        .unwrap()
+        .sync(proto::SyncRequest {
+            spec: with_disk,
+            dry_run: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(reply.plan.is_empty(), "{:?}", reply.plan);
+    second.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(second.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(!alive(qemu));
+}
+
+/// Runs a CLI verb against the launcher; returns (exit code, stdout, stderr).
+fn verb(vm: &Launched, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Process::new(common::bin())
+        .args(args)
+        .arg("--socket")
+        .arg(vm.socket())
+        .args(["--output", "json"])
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn vm_state_after(vm: &Launched, args: &[&str]) -> String {
+    let (code, stdout, stderr) = verb(vm, args);
+    assert_eq!(code, Some(0), "{args:?}: {stderr}");
+    let reply: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    reply["status"]["vmState"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() {
+    let name = "commands";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "manual"]);
+    let line = vm.wait_stdout("domain default_commands", GUEST_DEADLINE);
+    assert!(line.contains("not started"), "{line}");
+    // `vmlauncher events` follows the stream as a separate process, as an operator would.
+    let mut follower = Process::new(common::bin())
+        .args(["events", "--output", "json", "--socket"])
+        .arg(vm.socket())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = {
+        let out = follower.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    };
+    // The stream starts with a resync: wait for it so that no later event can be missed.
+    let first = lines
+        .recv_timeout(GUEST_DEADLINE)
+        .expect("the stream's first event");
+    assert!(first.contains("\"type\":\"resync\""), "{first}");
+
+    let mut console = vm.console();
+    let booted = |console: &mut vmlauncher::console::ConsoleLog| {
+        console
+            .wait_for("a boot line", Instant::now() + BOOT_DEADLINE, |l| {
+                l == "VMLTEST-BOOTED"
+            })
+            .unwrap();
+    };
+    // A command the state does not allow is refused before anything happens.
+    let (code, _, stderr) = verb(&vm, &["pause"]);
+    assert_eq!(code, Some(6), "{stderr}");
+    assert!(
+        stderr.contains("FailedPrecondition") && stderr.contains("cannot Pause"),
+        "{stderr}"
+    );
+
+    assert_eq!(vm_state_after(&vm, &["start"]), "Active");
+    booted(&mut console);
+    assert_eq!(vm_state_after(&vm, &["pause"]), "Paused");
+    let (code, _, stderr) = verb(&vm, &["pause"]);
+    assert_eq!(code, Some(6), "pausing twice: {stderr}");
+    assert_eq!(vm_state_after(&vm, &["unpause"]), "Active");
+    assert_eq!(vm_state_after(&vm, &["reset"]), "Active");
+    booted(&mut console);
+    assert_eq!(vm_state_after(&vm, &["reboot"]), "Active");
+    console
+        .wait_for(
+            "the guest acting on the ACPI reboot",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l == "VMLTEST-ACPI-POWEROFF",
+        )
+        .unwrap();
+    booted(&mut console);
+    assert_eq!(vm_state_after(&vm, &["stop"]), "Stopped");
+    assert_eq!(vm_state_after(&vm, &["start"]), "Active");
+    booted(&mut console);
+    assert_eq!(vm_state_after(&vm, &["kill"]), "Stopped");
+
+    // Every command shows up on the stream once, in order, with strictly increasing sequence
+    // numbers. Read until the last command's end, each line with a deadline.
+    let expected = [
+        "Start",
+        "Pause",
+        "Unpause",
+        "Reset",
+        "SoftReboot",
+        "Shutdown",
+        "Start",
+        "Kill",
+    ];
+    let mut done = Vec::new();
+    let mut started = Vec::new();
+    let mut last_seq = 0;
+    let mut statuses = Vec::new();
+    while done.len() < expected.len() {
+        let line = lines
+            .recv_timeout(GUEST_DEADLINE)
+            .unwrap_or_else(|_| panic!("stream stalled; tasks done so far: {done:?}"));
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let seq = event["seq"].as_u64().unwrap();
+        assert!(
+            seq > last_seq,
+            "sequence numbers must increase: {seq} after {last_seq}"
+        );
+        last_seq = seq;
+        match event["type"].as_str().unwrap() {
+            "task" => {
+                let command = event["task"]["command"].as_str().unwrap().to_string();
+                match event["task"]["outcome"].as_str().unwrap() {
+                    "Started" => started.push(command),
+                    "Succeeded" => done.push(command),
+                    other => panic!("task {command} ended {other}: {line}"),
+                }
+            }
+            "status" => statuses.push(
+                event["status"]["printableStatus"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            ),
+            _ => {}
+        }
+    }
+    assert_eq!(done, expected, "each command once, in order");
+    assert_eq!(started, expected);
+    for printable in ["Starting", "Running", "Paused", "Stopping", "Stopped"] {
+        assert!(
+            statuses.iter().any(|s| s == printable),
+            "{printable} never shown: {statuses:?}"
+        );
+    }
+    follower.kill().unwrap();
+    follower.wait().unwrap();
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
