@@ -201,7 +201,7 @@ impl Launcher {
                 let n = name.clone();
                 launcher.blocking(move |hv| hv.undefine(&n)).await?;
             }
-            prepare_disks(&vmi, &def.disks)?;
+            prepare_disks(&vmi, &def.disks, &launcher.convert_options)?;
             let (n, xml) = (name.clone(), def.to_xml());
             launcher
                 .blocking(move |hv| hv.define_and_start(&n, &xml))
@@ -478,7 +478,7 @@ impl Launcher {
     }
 
     async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef) {
-        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk)) {
+        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk), &self.convert_options) {
             let LauncherError::HostDisk { source, .. } = &e else {
                 unreachable!("prepare_disks only fails with HostDisk")
             };
@@ -629,22 +629,30 @@ fn planned_changes(plan: &Plan) -> Vec<PlannedChange> {
     attach.chain(detach).collect()
 }
 
-/// Checks (and for `DiskOrCreate`, creates) the host files behind `disks`.
-fn prepare_disks(vmi: &VirtualMachineInstance, disks: &[DiskDef]) -> Result<(), LauncherError> {
+/// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
+/// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
+/// `volumes` says they live.
+fn prepare_disks(
+    vmi: &VirtualMachineInstance,
+    disks: &[DiskDef],
+    opts: &ConvertOptions,
+) -> Result<(), LauncherError> {
+    // The VNC socket and EFI variables go there too, whatever the disks.
+    host::prepare_private_dirs(&opts.paths).map_err(|source| LauncherError::HostDisk {
+        volume: String::new(),
+        source,
+    })?;
     for disk in disks {
-        let create = vmi
-            .spec
-            .volumes
-            .iter()
-            .find(|v| v.name == disk.volume)
-            .and_then(|v| v.host_disk.as_ref())
-            .filter(|hd| hd.disk_type == "DiskOrCreate")
-            .and_then(|hd| hd.capacity.as_ref()?.to_bytes().ok());
-        host::prepare_host_disk(disk.source.path(), create).map_err(|source| {
-            LauncherError::HostDisk {
-                volume: disk.volume.clone(),
-                source,
-            }
+        let Some(volume) = vmi.spec.volumes.iter().find(|v| v.name == disk.volume) else {
+            continue;
+        };
+        let Some(resolved) = crate::volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
+        else {
+            continue;
+        };
+        host::prepare_volume(&resolved).map_err(|source| LauncherError::HostDisk {
+            volume: disk.volume.clone(),
+            source,
         })?;
     }
     Ok(())

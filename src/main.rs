@@ -154,10 +154,7 @@ async fn dispatch(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let opts = ConvertOptions {
-                virt_type: emulation.resolve(),
-                console_log,
-            };
+            let opts = ConvertOptions::new(emulation.resolve(), console_log);
             match convert::convert(&vmi, &opts) {
                 Ok(def) => {
                     print!("{}", def.to_xml());

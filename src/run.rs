@@ -105,10 +105,18 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         let uri = connect.unwrap_or_else(|| daemon.as_ref().expect("started").uri().to_string());
         let hv =
             Hypervisor::open(&uri, events_tx).map_err(|e: LibvirtError| crate::error_chain(&e))?;
-        Ok((daemon, hv))
+        // Resolved once, here, so the guest keeps the machine ABI it started with.
+        let machines = match hv.capabilities_xml() {
+            Ok(xml) => crate::domain::canonical_machines(&xml).unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written");
+                Default::default()
+            }
+        };
+        Ok((daemon, hv, machines))
     })
     .await;
-    let (daemon, hv) = match reached {
+    let (daemon, hv, machines) = match reached {
         Ok(Ok(pair)) => pair,
         Ok(Err(msg)) => {
             eprintln!("vmlauncher: {msg}");
@@ -132,9 +140,16 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         .termination_grace_period_seconds
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_GRACE_PERIOD);
+    let paths = crate::volumes::HostPaths::local(&rt.0);
     let convert_options = ConvertOptions {
         virt_type: opts.emulation.resolve(),
         console_log: console_log.clone(),
+        machines,
+        block_volumes: crate::host::block_volumes(&crate::volumes::block_candidates(
+            &opts.spec, &paths,
+        )),
+        paths,
+        network: crate::convert::NetworkMode::Local,
     };
     let (launcher, kind) =
         match Launcher::start(hv.clone(), opts.spec.clone(), convert_options, events_rx).await {

@@ -124,8 +124,14 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
             },
         )
         .unwrap();
-    assert!(
-        line.contains("sda:E2E-Serial-One:16384") && line.contains("sdb:e2e.serial_TWO:32768"),
+    let mut seen = sized_serials(&line);
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("E2E-Serial-One".to_string(), 16384),
+            ("e2e.serial_TWO".to_string(), 32768)
+        ],
         "{line}"
     );
 
