@@ -1190,8 +1190,31 @@ fn parse_manifest(text: &str) -> Result<(VirtualMachineInstance, bool), SpecErro
         Some("VirtualMachineInstance") | None => Ok((from_value(value)?, false)),
         Some(other) => Err(SpecErrors::one(
             "kind",
-            format!("{other:?} is not supported (VirtualMachineInstance or VirtualMachine)"),
+            format!("{other:?}: unsupported kind (VirtualMachineInstance or VirtualMachine)"),
         )),
+    }
+    .map(|(mut vmi, from_vm)| {
+        default_volume_disks(&mut vmi.spec);
+        (vmi, from_vm)
+    })
+}
+
+/// KubeVirt's defaulting: a volume that no disk names gets a disk of its own, with the default
+/// bus (what KubeVirt's mutating webhook does, so manifests that rely on it mean the same here).
+fn default_volume_disks(spec: &mut VmiSpec) {
+    for volume in &spec.volumes {
+        if !spec
+            .domain
+            .devices
+            .disks
+            .iter()
+            .any(|d| d.name == volume.name)
+        {
+            spec.domain.devices.disks.push(Disk {
+                name: volume.name.clone(),
+                ..Disk::default()
+            });
+        }
     }
 }
 
@@ -1325,7 +1348,7 @@ pub fn validate(vmi: &VirtualMachineInstance) -> Result<(), SpecErrors> {
         e.add(
             "kind",
             format!(
-                "{:?} is not supported (VirtualMachineInstance or VirtualMachine)",
+                "{:?}: unsupported kind (VirtualMachineInstance or VirtualMachine)",
                 vmi.kind
             ),
         );
@@ -1683,7 +1706,7 @@ fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Errors) {
                 if let Some(image) = &c.image {
                     e.add(
                         format!("{base}.image"),
-                        format!("{image:?}: kernel images from a registry are not supported; leave out image and give host paths in kernelPath and initrdPath"),
+                        format!("{image:?}: unsupported (kernel images from a registry; leave out image and give host paths in kernelPath and initrdPath)"),
                     );
                 }
                 match &c.kernel_path {
@@ -2683,7 +2706,6 @@ spec:
             "spec.volumes[1].hostDisk.type: \"Sometimes\" is not a hostDisk type",
             "spec.volumes[2].name: \"../etc\" looks like a path",
             "spec.volumes[2].hostDisk.capacity: is required with type DiskOrCreate",
-            "spec.volumes[2].name: volume \"../etc\" is not used by any disk",
             "spec.domain.devices.disks[0].disk.bus: bus \"ide\" is not valid for a disk",
             "spec.domain.devices.disks[1].serial: 40 characters, at most 36 on bus scsi",
             "spec.domain.devices.disks[2].name: duplicate disk name \"b\"",
@@ -2752,7 +2774,7 @@ spec:
         );
         let errors = errors_of(&text);
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].starts_with("spec.domain.firmware.kernelBoot.container.image: \"quay.io/k:1\": kernel images from a registry are not supported"));
+        assert!(errors[0].starts_with("spec.domain.firmware.kernelBoot.container.image: \"quay.io/k:1\": unsupported (kernel images from a registry"));
     }
 
     #[test]
@@ -2760,5 +2782,135 @@ spec:
         for text in ["", "{", "spec: [", "apiVersion: 3", ":\n  - -"] {
             assert!(parse(text).is_err(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_virtual_machine_gives_its_template_and_run_strategy() {
+        let text = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: myvm, namespace: ns}
+spec:
+  runStrategy: RerunOnFailure
+  template:
+    metadata:
+      labels: {app: x}
+    spec:
+      domain:
+        memory: {guest: 64Mi}
+        devices:
+          disks:
+          - {name: d, disk: {bus: ide}}
+      volumes:
+      - {name: d, emptyDisk: {capacity: 1Gi}}
+"#;
+        let errors = errors_of(text);
+        assert_eq!(
+            errors,
+            vec![
+                "spec.template.spec.domain.devices.disks[0].disk.bus: bus \"ide\" is not valid for a disk (valid: virtio, scsi, sata)"
+            ]
+        );
+        let vmi = parse(&text.replace("bus: ide", "bus: sata")).unwrap();
+        assert_eq!(vmi.metadata.name, "myvm");
+        assert_eq!(
+            vmi.metadata.labels.get("app").map(String::as_str),
+            Some("x")
+        );
+        assert_eq!(vmi.run_strategy, Some(RunStrategy::RerunOnFailure));
+        let both = text.replace(
+            "  runStrategy: RerunOnFailure\n",
+            "  runStrategy: Always\n  running: true\n",
+        );
+        assert_eq!(
+            errors_of(&both),
+            vec!["spec.running: cannot be combined with spec.runStrategy"]
+        );
+    }
+
+    #[test]
+    fn a_volume_without_a_disk_gets_a_default_disk() {
+        let text = MINIMAL.replace(
+            "  volumes:\n",
+            "  volumes:\n  - name: extra\n    emptyDisk: {capacity: 1Mi}\n",
+        );
+        let vmi = parse(&text).unwrap();
+        let extra = &vmi.spec.domain.devices.disks[1];
+        assert_eq!((extra.name.as_str(), extra.bus()), ("extra", "virtio"));
+    }
+
+    #[test]
+    fn unsupported_fields_are_named_and_typos_are_unknown() {
+        let text = MINIMAL.replace(
+            "    devices:\n",
+            "    devices:\n      gpus: [{name: g, deviceName: x}]\n      tpm: {}\n",
+        );
+        assert_eq!(
+            errors_of(&text),
+            vec![
+                "spec.domain.devices.gpus: unsupported (device passthrough)",
+                "spec.domain.devices.tpm: unsupported (a vTPM needs swtpm)"
+            ]
+        );
+        let typo = MINIMAL.replace("    devices:\n", "    devices:\n      gpu: []\n");
+        assert!(errors_of(&typo)[0].starts_with("spec.domain.devices.gpu: unknown field `gpu`"));
+        let ignored = MINIMAL.replace(
+            "  domain:\n",
+            "  nodeSelector: {a: b}\n  tolerations: []\n  domain:\n",
+        );
+        assert_eq!(errors_of(&ignored), Vec::<String>::new());
+    }
+
+    #[test]
+    fn device_rules() {
+        let text = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: vm}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices:
+      disks:
+      - {name: a, cdrom: {bus: virtio}, bootOrder: 1}
+      - {name: b, lun: {}, serial: X}
+      - {name: c, bootOrder: 1, io: native, cache: writeback}
+      - {name: d, disk: {bus: sata}, serial: "123456789012345678901"}
+      interfaces:
+      - {name: default, masquerade: {}, macAddress: "01:00:00:00:00:01", model: virtio-net}
+  networks:
+  - {name: default, pod: {}}
+  volumes:
+  - {name: a, cloudInitNoCloud: {userDataBase64: "!!"}}
+  - {name: b, emptyDisk: {capacity: 1Gi}}
+  - {name: c, hostDisk: {path: /c, type: Disk}}
+  - {name: d, hostDisk: {path: /d, type: Disk}}
+"#;
+        let errors = errors_of(text);
+        let expect = [
+            "spec.domain.devices.disks[0].cdrom.bus: bus \"virtio\" is not valid for a cdrom",
+            "spec.domain.devices.disks[1].serial: a lun shows the device's own serial",
+            "spec.domain.devices.disks[1].lun: a lun needs a block device",
+            "spec.domain.devices.disks[2].io: io native needs cache none",
+            "spec.domain.devices.disks[2].bootOrder: boot order 1 is already used by spec.domain.devices.disks[0].bootOrder",
+            "spec.domain.devices.disks[3].serial: 21 characters, at most 20 on bus sata",
+            "spec.domain.devices.interfaces[0].model: \"virtio-net\" is not one of",
+            "spec.domain.devices.interfaces[0].macAddress: \"01:00:00:00:00:01\" is a multicast address",
+            "spec.volumes[0].cloudInitNoCloud.userDataBase64: not base64",
+        ];
+        for e in expect {
+            assert!(
+                errors.iter().any(|got| got.starts_with(e)),
+                "missing {e:?} in {errors:#?}"
+            );
+        }
+        assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+    }
+
+    #[test]
+    fn base64_decodes() {
+        assert_eq!(decode_base64("aGVsbG8gd29ybGQ=").unwrap(), b"hello world");
+        assert_eq!(decode_base64("aGk\n").unwrap(), b"hi");
+        assert!(decode_base64("a=b").is_err());
     }
 }
