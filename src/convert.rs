@@ -601,4 +601,73 @@ spec:
             Err(ConvertError::Invalid(_))
         ));
     }
+
+    const MIXED: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: mixed}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      disks:
+      - {name: a, disk: {bus: sata}}
+      - {name: b, disk: {bus: scsi}}
+      - {name: c, cdrom: {}}
+      - {name: d, disk: {bus: scsi}}
+      - {name: l, lun: {}}
+  volumes:
+  - {name: a, emptyDisk: {capacity: 1Gi}}
+  - {name: b, emptyDisk: {capacity: 1Gi}}
+  - {name: c, hostDisk: {path: /c.iso, type: Disk}}
+  - {name: d, emptyDisk: {capacity: 1Gi}}
+  - {name: l, persistentVolumeClaim: {claimName: lun}}
+"#;
+
+    #[test]
+    fn sata_and_scsi_share_sd_names_but_scsi_units_count_scsi_only() {
+        let mut o = opts();
+        o.block_volumes.insert("l".into());
+        let def = convert(&vmi(MIXED), &o).unwrap();
+        let got: Vec<_> = def
+            .disks
+            .iter()
+            .map(|d| (d.target.as_str(), d.bus, d.address.map(|a| a.unit)))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("sda", Bus::Sata, None),
+                ("sdb", Bus::Scsi, Some(0)),
+                ("sdc", Bus::Sata, None),
+                ("sdd", Bus::Scsi, Some(1)),
+                ("sde", Bus::Scsi, Some(2)),
+            ]
+        );
+        assert!(matches!(def.disks[4].source, DiskSource::Block(_)));
+        assert!(def.disks[2].readonly, "a cdrom is read-only by default");
+    }
+
+    #[test]
+    fn a_lun_on_a_file_is_refused_with_its_path() {
+        let Err(ConvertError::Invalid(errors)) = convert(&vmi(MIXED), &opts()) else {
+            panic!("a lun on a file converted")
+        };
+        assert_eq!(errors.0.len(), 1);
+        assert_eq!(errors.0[0].path, "spec.domain.devices.disks[4].lun");
+        assert!(errors.0[0].message.contains("not a block device"));
+    }
+
+    #[test]
+    fn machine_aliases_resolve_through_the_options_only() {
+        let mut o = opts();
+        assert_eq!(convert(&vmi(SPEC), &o).unwrap().machine, "q35");
+        o.machines.insert("q35".into(), "pc-q35-7.2".into());
+        assert_eq!(convert(&vmi(SPEC), &o).unwrap().machine, "pc-q35-7.2");
+        let versioned = SPEC.replace(
+            "    cpu: {cores: 2}\n",
+            "    cpu: {cores: 2}\n    machine: {type: pc-q35-6.2}\n",
+        );
+        assert_eq!(convert(&vmi(&versioned), &o).unwrap().machine, "pc-q35-6.2");
+    }
 }
