@@ -1,30 +1,76 @@
 //! Spec → domain model. A pure, deterministic function: the same spec and options give the same
 //! domain, byte for byte once serialised. No I/O: whatever depends on the host (is KVM usable,
-//! where the runtime directory is) comes in through [`ConvertOptions`].
+//! which versioned machine `q35` is, where volumes live, which volumes are block devices) comes in
+//! through [`ConvertOptions`].
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 use crate::domain::{
-    target_name, Bus, CpuTopology, DiskDef, DiskSource, DomainDef, DriveAddress, InstanceMetadata,
-    KernelBootDef, VirtType,
+    target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, DiskDef, DiskDevice,
+    DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef, HypervFeature, InputDef,
+    InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef, TimerDef, VirtType,
+    WatchdogDef,
 };
-use crate::spec::{self, VirtualMachineInstance};
+use crate::spec::{
+    self, DiskKind, FeatureState, FieldError, SpecErrors, VirtualMachineInstance, VolumeSource,
+};
+use crate::volumes::{self, HostPaths};
 
 /// The machine type when the spec names none.
 pub const DEFAULT_MACHINE: &str = "q35";
 /// The namespace a VMI without one is taken to be in (Kubernetes' own default).
 pub const DEFAULT_NAMESPACE: &str = "default";
+/// The interface KubeVirt adds when a spec names neither interfaces nor networks.
+pub const DEFAULT_INTERFACE: &str = "default";
+
+/// How interfaces reach a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetworkMode {
+    /// QEMU user-mode networking: a run on a machine, no host configuration.
+    #[default]
+    Local,
+    /// The tap devices a pod's network set-up prepared (`tap0`, `tap1`, ...).
+    Pod,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvertOptions {
     pub virt_type: VirtType,
     /// Where the guest's serial console is written.
     pub console_log: PathBuf,
+    /// Machine aliases and what they stand for on this host (`q35` → `pc-q35-7.2`), read once
+    /// from libvirt so that the guest ABI does not drift; a name not in here is kept as written.
+    pub machines: BTreeMap<String, String>,
+    pub paths: HostPaths,
+    pub network: NetworkMode,
+    /// Volumes whose source the host found to be a block device.
+    pub block_volumes: BTreeSet<String>,
+}
+
+impl ConvertOptions {
+    /// A local run whose files live in the directory of `console_log`, with no machine
+    /// resolution and no block volumes.
+    pub fn new(virt_type: VirtType, console_log: PathBuf) -> ConvertOptions {
+        let runtime_dir = console_log
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        ConvertOptions {
+            virt_type,
+            paths: HostPaths::local(&runtime_dir),
+            console_log,
+            machines: BTreeMap::new(),
+            network: NetworkMode::Local,
+            block_volumes: BTreeSet::new(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConvertError {
-    /// The spec did not pass validation; convert only takes validated specs.
+    /// The spec did not pass validation (or asks for what this host cannot give, such as a lun
+    /// on a file); convert only takes valid specs.
     #[error(transparent)]
     Invalid(#[from] spec::SpecErrors),
 }
@@ -44,98 +90,325 @@ pub fn convert(
     opts: &ConvertOptions,
 ) -> Result<DomainDef, ConvertError> {
     spec::validate(vmi)?;
+    let name = domain_name(vmi);
     let domain = &vmi.spec.domain;
+    let devices = &domain.devices;
     let memory_bytes = spec::guest_memory(vmi)
         .ok()
         .flatten()
         .expect("validated: memory is present and parses");
-    let cpu = domain.cpu.as_ref();
-    let topology = CpuTopology {
-        sockets: cpu.and_then(|c| c.sockets).unwrap_or(1),
-        cores: cpu.and_then(|c| c.cores).unwrap_or(1),
-        threads: cpu.and_then(|c| c.threads).unwrap_or(1),
+    let cpu = domain.cpu.clone().unwrap_or_default();
+    let topology = if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
+        CpuTopology {
+            sockets: cpu.sockets.unwrap_or(1),
+            cores: cpu.cores.unwrap_or(1),
+            threads: cpu.threads.unwrap_or(1),
+        }
+    } else {
+        CpuTopology {
+            sockets: spec::resource_cpus(vmi).unwrap_or(1),
+            cores: 1,
+            threads: 1,
+        }
     };
-    let kernel_boot = domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.kernel_boot.as_ref())
-        .and_then(|kb| {
-            let container = kb.container.as_ref()?;
-            Some(KernelBootDef {
-                kernel: container.kernel_path.clone()?.into(),
-                initrd: container.initrd_path.clone().map(PathBuf::from),
-                cmdline: kb.kernel_args.clone(),
+    let cpu_def = CpuDef {
+        mode: match cpu.model.as_deref() {
+            None => CpuMode::Default,
+            Some("host-model") => CpuMode::HostModel,
+            Some("host-passthrough") => CpuMode::HostPassthrough,
+            Some(model) => CpuMode::Custom(model.to_string()),
+        },
+        features: cpu
+            .features
+            .iter()
+            .map(|f| {
+                (
+                    f.policy.clone().unwrap_or_else(|| "require".into()),
+                    f.name.clone(),
+                )
             })
-        });
+            .collect(),
+    };
+    let machine = domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.machine_type.as_deref())
+        .unwrap_or(DEFAULT_MACHINE);
+    let machine = opts
+        .machines
+        .get(machine)
+        .cloned()
+        .unwrap_or_else(|| machine.to_string());
 
-    // Targets and scsi units follow disk order, per bus, so boot disks are stable.
-    let mut scsi_index = 0u32;
-    let mut virtio_index = 0u32;
-    let disks = domain
-        .devices
+    let firmware = domain.firmware.clone().unwrap_or_default();
+    let bootloader = firmware.bootloader.clone().unwrap_or_default();
+    let efi = bootloader.efi.as_ref();
+    let firmware_def = match (&bootloader.bios, efi) {
+        (_, Some(efi)) => {
+            let secure = efi.secure();
+            let dir = &opts.paths.firmware_dir;
+            FirmwareDef::Efi(EfiDef {
+                code: dir.join(if secure {
+                    "OVMF_CODE_4M.secboot.fd"
+                } else {
+                    "OVMF_CODE_4M.fd"
+                }),
+                vars_template: dir.join(if secure {
+                    "OVMF_VARS_4M.ms.fd"
+                } else {
+                    "OVMF_VARS_4M.fd"
+                }),
+                nvram: opts.paths.nvram(&name),
+                secure,
+            })
+        }
+        (Some(bios), None) if bios.use_serial == Some(true) => FirmwareDef::BiosUseSerial,
+        _ => FirmwareDef::Bios,
+    };
+    let kernel_boot = firmware.kernel_boot.as_ref().and_then(|kb| {
+        let container = kb.container.as_ref()?;
+        Some(KernelBootDef {
+            kernel: container.kernel_path.clone()?.into(),
+            initrd: container.initrd_path.clone().map(PathBuf::from),
+            cmdline: kb.kernel_args.clone(),
+        })
+    });
+
+    let features = domain.features.clone().unwrap_or_default();
+    let secure_boot = efi.is_some_and(|e| e.secure());
+    let features_def = FeaturesDef {
+        acpi: features.acpi.is_none_or(|f| f.on()),
+        apic: features.apic.is_none_or(|a| a.enabled.unwrap_or(true)),
+        apic_eoi: features.apic.and_then(|a| a.end_of_interrupt),
+        // Secure boot needs SMM; validation refused an explicit "off".
+        smm: features.smm.map(|s| s.on()).or(secure_boot.then_some(true)),
+        hyperv: hyperv_features(features.hyperv.as_ref()),
+        kvm_hidden: features.kvm.and_then(|k| k.hidden),
+        pvspinlock: features.pvspinlock.map(|p| p.on()),
+    };
+    let clock = domain.clock.clone().unwrap_or_default();
+    let clock_def = ClockDef {
+        offset: match (&clock.timezone, clock.utc.and_then(|u| u.offset_seconds)) {
+            (Some(tz), _) => ClockOffset::Timezone(tz.clone()),
+            (None, Some(seconds)) => ClockOffset::UtcAdjusted(seconds),
+            (None, None) => ClockOffset::Utc,
+        },
+        timers: clock
+            .timer
+            .iter()
+            .flat_map(|t| {
+                [
+                    ("hpet", &t.hpet),
+                    ("pit", &t.pit),
+                    ("rtc", &t.rtc),
+                    ("kvmclock", &t.kvm),
+                    ("hypervclock", &t.hyperv),
+                ]
+            })
+            .filter_map(|(name, timer)| {
+                let timer = timer.as_ref()?;
+                Some(TimerDef {
+                    name,
+                    // A timer listed at all is wanted, unless it says otherwise.
+                    present: Some(timer.present.unwrap_or(true)),
+                    tickpolicy: timer.tick_policy.clone(),
+                    track: timer.track.clone(),
+                })
+            })
+            .collect(),
+    };
+
+    // IOThreads: a shared pool for virtio disks (one with `shared`, one per disk up to 2 × vCPUs
+    // with `auto`), then one of its own for each disk that asks for it.
+    let virtio_disks: Vec<&spec::Disk> = devices
         .disks
         .iter()
-        .map(|disk| {
-            let volume = vmi
-                .spec
-                .volumes
-                .iter()
-                .find(|v| v.name == disk.name)
-                .expect("validated: every disk has a volume");
-            let host_disk = volume
-                .host_disk
-                .as_ref()
-                .expect("validated: hostDisk is the only source");
-            let (bus, target, address) = match disk.bus() {
-                "scsi" => {
-                    let unit = scsi_index;
-                    scsi_index += 1;
-                    (
-                        Bus::Scsi,
-                        target_name("sd", unit),
-                        Some(DriveAddress {
-                            controller: 0,
-                            unit,
-                        }),
-                    )
-                }
-                _ => {
-                    let index = virtio_index;
-                    virtio_index += 1;
-                    (Bus::Virtio, target_name("vd", index), None)
-                }
-            };
-            DiskDef {
-                volume: disk.name.clone(),
-                source: DiskSource::File(host_disk.path.clone().into()),
-                bus,
-                target,
-                serial: disk.serial.clone(),
-                address,
+        .filter(|d| d.bus() == "virtio")
+        .collect();
+    let pooled = virtio_disks
+        .iter()
+        .filter(|d| d.dedicated_io_thread != Some(true))
+        .count() as u32;
+    let pool = match domain.io_threads_policy.as_deref() {
+        Some("shared") => 1,
+        Some("auto") => pooled.min(2 * topology.vcpus()).max(1),
+        _ => 0,
+    };
+    let mut next_pooled = 0u32;
+    let mut next_dedicated = pool;
+
+    // Targets follow disk order: vdX for virtio, sdX shared by scsi and sata (one namespace in
+    // libvirt), and scsi units count scsi disks only.
+    let mut sd_index = 0u32;
+    let mut scsi_unit = 0u32;
+    let mut virtio_index = 0u32;
+    let mut problems = Vec::new();
+    let mut disks = Vec::with_capacity(devices.disks.len());
+    for (i, disk) in devices.disks.iter().enumerate() {
+        let volume = vmi
+            .spec
+            .volumes
+            .iter()
+            .find(|v| v.name == disk.name)
+            .expect("validated: every disk has a volume");
+        let resolved = volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
+            .expect("validated: the volume has one supported source");
+        let kind = disk.kind();
+        if kind == DiskKind::Lun && !resolved.block {
+            problems.push(FieldError {
+                path: format!("spec.domain.devices.disks[{i}].lun"),
+                message: format!(
+                    "volume {:?} is not a block device on this host ({}); a lun needs one",
+                    volume.name,
+                    resolved.path.display()
+                ),
+            });
+            continue;
+        }
+        let (bus, target, address) = match disk.bus() {
+            "scsi" => {
+                let unit = scsi_unit;
+                scsi_unit += 1;
+                sd_index += 1;
+                (
+                    Bus::Scsi,
+                    target_name("sd", sd_index - 1),
+                    Some(DriveAddress {
+                        controller: 0,
+                        unit,
+                    }),
+                )
             }
+            "sata" => {
+                sd_index += 1;
+                (Bus::Sata, target_name("sd", sd_index - 1), None)
+            }
+            _ => {
+                virtio_index += 1;
+                (Bus::Virtio, target_name("vd", virtio_index - 1), None)
+            }
+        };
+        let iothread = if bus != Bus::Virtio {
+            None
+        } else if disk.dedicated_io_thread == Some(true) {
+            next_dedicated += 1;
+            Some(next_dedicated)
+        } else if pool > 0 {
+            next_pooled += 1;
+            Some((next_pooled - 1) % pool + 1)
+        } else {
+            None
+        };
+        let (claim_readonly, shared) = match volume.source() {
+            Some(VolumeSource::PersistentVolumeClaim(p)) => (p.read_only == Some(true), false),
+            Some(VolumeSource::HostDisk(h)) => (false, h.shared == Some(true)),
+            _ => (false, false),
+        };
+        disks.push(DiskDef {
+            volume: disk.name.clone(),
+            device: match kind {
+                DiskKind::Disk => DiskDevice::Disk,
+                DiskKind::Cdrom => DiskDevice::Cdrom,
+                DiskKind::Lun => DiskDevice::Lun,
+            },
+            source: if resolved.block {
+                DiskSource::Block(resolved.path)
+            } else {
+                DiskSource::File(resolved.path)
+            },
+            format: resolved.format.as_str(),
+            bus,
+            target,
+            serial: disk.serial.clone(),
+            address,
+            cache: disk.cache.clone(),
+            io: disk.io.clone(),
+            // KubeVirt's default: pause the guest on an I/O error rather than let it see one.
+            error_policy: Some(disk.error_policy.clone().unwrap_or_else(|| "stop".into())),
+            iothread,
+            boot_order: disk.boot_order,
+            readonly: disk.readonly() || claim_readonly,
+            shareable: disk.shareable == Some(true) || shared,
+        });
+    }
+    if !problems.is_empty() {
+        return Err(ConvertError::Invalid(SpecErrors(problems)));
+    }
+
+    let mut interfaces: Vec<InterfaceDef> = devices
+        .interfaces
+        .iter()
+        .enumerate()
+        .map(|(index, i)| InterfaceDef {
+            name: i.name.clone(),
+            backend: backend(opts.network, index),
+            model: i.model.clone().unwrap_or_else(|| "virtio".into()),
+            mac: i.mac_address.clone(),
+            boot_order: i.boot_order,
         })
         .collect();
+    if devices.interfaces.is_empty() && vmi.spec.networks.is_empty() && devices.pod_interface() {
+        interfaces.push(InterfaceDef {
+            name: DEFAULT_INTERFACE.into(),
+            backend: backend(opts.network, 0),
+            model: "virtio".into(),
+            mac: None,
+            boot_order: None,
+        });
+    }
 
-    let uuid = domain
-        .firmware
-        .as_ref()
-        .and_then(|f| f.uuid.clone())
-        .or_else(|| vmi.metadata.uid.clone().filter(|u| looks_like_uuid(u)));
+    let uuid = firmware.uuid.clone().or_else(|| {
+        vmi.metadata
+            .uid
+            .clone()
+            .filter(|u| spec::looks_like_uuid(u))
+    });
 
     Ok(DomainDef {
-        name: domain_name(vmi),
+        name,
         uuid,
         virt_type: opts.virt_type,
         memory_kib: memory_bytes.div_ceil(1024),
-        topology,
-        machine: domain
-            .machine
+        hugepage_kib: domain
+            .memory
             .as_ref()
-            .map(|m| m.machine_type.clone())
-            .unwrap_or_else(|| DEFAULT_MACHINE.to_string()),
+            .and_then(|m| m.hugepages.as_ref())
+            .and_then(|h| h.page_size.to_bytes().ok())
+            .map(|b| b / 1024),
+        topology,
+        cpu: cpu_def,
+        iothreads: next_dedicated,
+        machine,
+        firmware: firmware_def,
+        sysinfo_serial: firmware.serial.clone(),
         kernel_boot,
+        features: features_def,
+        clock: clock_def,
         disks,
-        console_log: opts.console_log.clone(),
+        interfaces,
+        inputs: devices
+            .inputs
+            .iter()
+            .map(|i| InputDef {
+                name: i.name.clone(),
+                input_type: i.input_type.clone(),
+                bus: i.bus.clone().unwrap_or_else(|| "usb".into()),
+            })
+            .collect(),
+        watchdog: devices.watchdog.as_ref().map(|w| WatchdogDef {
+            name: w.name.clone(),
+            action: w
+                .i6300esb
+                .as_ref()
+                .and_then(|m| m.action.clone())
+                .unwrap_or_else(|| "reset".into()),
+        }),
+        rng: devices.rng.is_some(),
+        // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
+        scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
+        console_log: devices.serial_console().then(|| opts.console_log.clone()),
+        vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
+        memballoon: devices.mem_balloon(),
         instance: InstanceMetadata {
             namespace: vmi
                 .metadata
@@ -148,12 +421,64 @@ pub fn convert(
     })
 }
 
-fn looks_like_uuid(s: &str) -> bool {
-    let groups: Vec<&str> = s.split('-').collect();
-    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
-        && groups
-            .iter()
-            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+fn backend(mode: NetworkMode, index: usize) -> InterfaceBackend {
+    match mode {
+        NetworkMode::Local => InterfaceBackend::User,
+        NetworkMode::Pod => InterfaceBackend::Tap(format!("tap{index}")),
+    }
+}
+
+/// KubeVirt's Hyper-V fields in libvirt's names and order.
+fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
+    let Some(hv) = hv else { return Vec::new() };
+    let plain = |name: &'static str, state: Option<FeatureState>| {
+        state.map(|s| HypervFeature {
+            name,
+            on: s.on(),
+            attribute: None,
+            direct: None,
+        })
+    };
+    [
+        plain("relaxed", hv.relaxed),
+        plain("vapic", hv.vapic),
+        hv.spinlocks.map(|s| {
+            let on = s.enabled.unwrap_or(true);
+            HypervFeature {
+                name: "spinlocks",
+                on,
+                attribute: on.then(|| ("retries", s.spinlocks.unwrap_or(4096).to_string())),
+                direct: None,
+            }
+        }),
+        plain("vpindex", hv.vpindex),
+        plain("runtime", hv.runtime),
+        plain("synic", hv.synic),
+        hv.synictimer.map(|t| HypervFeature {
+            name: "stimer",
+            on: t.enabled.unwrap_or(true),
+            attribute: None,
+            direct: t.direct.map(|d| d.on()),
+        }),
+        plain("reset", hv.reset),
+        hv.vendorid.as_ref().map(|v| {
+            let on = v.enabled.unwrap_or(true);
+            HypervFeature {
+                name: "vendor_id",
+                on,
+                attribute: on.then(|| ("value", v.vendorid.clone().unwrap_or_default())),
+                direct: None,
+            }
+        }),
+        plain("frequencies", hv.frequencies),
+        plain("reenlightenment", hv.reenlightenment),
+        plain("tlbflush", hv.tlbflush),
+        plain("ipi", hv.ipi),
+        plain("evmcs", hv.evmcs),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 #[cfg(test)]
@@ -165,10 +490,7 @@ mod tests {
     }
 
     fn opts() -> ConvertOptions {
-        ConvertOptions {
-            virt_type: VirtType::Qemu,
-            console_log: "/run/vml/console.log".into(),
-        }
+        ConvertOptions::new(VirtType::Qemu, "/run/vml/console.log".into())
     }
 
     const SPEC: &str = r#"
@@ -278,5 +600,74 @@ spec:
             convert(&v, &opts()),
             Err(ConvertError::Invalid(_))
         ));
+    }
+
+    const MIXED: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: mixed}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      disks:
+      - {name: a, disk: {bus: sata}}
+      - {name: b, disk: {bus: scsi}}
+      - {name: c, cdrom: {}}
+      - {name: d, disk: {bus: scsi}}
+      - {name: l, lun: {}}
+  volumes:
+  - {name: a, emptyDisk: {capacity: 1Gi}}
+  - {name: b, emptyDisk: {capacity: 1Gi}}
+  - {name: c, hostDisk: {path: /c.iso, type: Disk}}
+  - {name: d, emptyDisk: {capacity: 1Gi}}
+  - {name: l, persistentVolumeClaim: {claimName: lun}}
+"#;
+
+    #[test]
+    fn sata_and_scsi_share_sd_names_but_scsi_units_count_scsi_only() {
+        let mut o = opts();
+        o.block_volumes.insert("l".into());
+        let def = convert(&vmi(MIXED), &o).unwrap();
+        let got: Vec<_> = def
+            .disks
+            .iter()
+            .map(|d| (d.target.as_str(), d.bus, d.address.map(|a| a.unit)))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("sda", Bus::Sata, None),
+                ("sdb", Bus::Scsi, Some(0)),
+                ("sdc", Bus::Sata, None),
+                ("sdd", Bus::Scsi, Some(1)),
+                ("sde", Bus::Scsi, Some(2)),
+            ]
+        );
+        assert!(matches!(def.disks[4].source, DiskSource::Block(_)));
+        assert!(def.disks[2].readonly, "a cdrom is read-only by default");
+    }
+
+    #[test]
+    fn a_lun_on_a_file_is_refused_with_its_path() {
+        let Err(ConvertError::Invalid(errors)) = convert(&vmi(MIXED), &opts()) else {
+            panic!("a lun on a file converted")
+        };
+        assert_eq!(errors.0.len(), 1);
+        assert_eq!(errors.0[0].path, "spec.domain.devices.disks[4].lun");
+        assert!(errors.0[0].message.contains("not a block device"));
+    }
+
+    #[test]
+    fn machine_aliases_resolve_through_the_options_only() {
+        let mut o = opts();
+        assert_eq!(convert(&vmi(SPEC), &o).unwrap().machine, "q35");
+        o.machines.insert("q35".into(), "pc-q35-7.2".into());
+        assert_eq!(convert(&vmi(SPEC), &o).unwrap().machine, "pc-q35-7.2");
+        let versioned = SPEC.replace(
+            "    cpu: {cores: 2}\n",
+            "    cpu: {cores: 2}\n    machine: {type: pc-q35-6.2}\n",
+        );
+        assert_eq!(convert(&vmi(&versioned), &o).unwrap().machine, "pc-q35-6.2");
     }
 }

@@ -1,9 +1,11 @@
 //! The libvirt domain XML model: what vmlauncher writes (serialised with quick-xml), and the few
-//! facts it reads back from libvirt's *live* XML (parsed losslessly with roxmltree).
+//! facts it reads back from libvirt's XML (parsed losslessly with roxmltree): live disks, and the
+//! canonical machine names of the capabilities.
 //!
 //! The live reader never rebuilds an element from the model: to detach a disk it hands back the
 //! exact bytes libvirt gave, so nothing libvirt added (addresses, backing chains) is lost.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::path::PathBuf;
 
@@ -15,11 +17,12 @@ pub const USER_ALIAS_PREFIX: &str = "ua-";
 /// The namespace of vmlauncher's `<metadata>` element.
 pub const METADATA_NAMESPACE: &str = "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum VirtType {
     /// Hardware virtualisation.
     Kvm,
     /// Software emulation (TCG): slow, but runs anywhere.
+    #[default]
     Qemu,
 }
 
@@ -32,23 +35,41 @@ impl VirtType {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DomainDef {
     pub name: String,
     pub uuid: Option<String>,
     pub virt_type: VirtType,
     pub memory_kib: u64,
+    /// Hugepage size backing the guest memory.
+    pub hugepage_kib: Option<u64>,
     pub topology: CpuTopology,
+    pub cpu: CpuDef,
+    pub iothreads: u32,
     pub machine: String,
+    pub firmware: FirmwareDef,
+    /// SMBIOS system serial number.
+    pub sysinfo_serial: Option<String>,
     pub kernel_boot: Option<KernelBootDef>,
+    pub features: FeaturesDef,
+    pub clock: ClockDef,
     pub disks: Vec<DiskDef>,
-    /// Where QEMU writes the guest's serial console.
-    pub console_log: PathBuf,
+    pub interfaces: Vec<InterfaceDef>,
+    pub inputs: Vec<InputDef>,
+    pub watchdog: Option<WatchdogDef>,
+    pub rng: bool,
+    /// The virtio-scsi controller that hot-plugged disks go to.
+    pub scsi_controller: bool,
+    /// Where QEMU writes the guest's serial console; `None` without a serial console.
+    pub console_log: Option<PathBuf>,
+    /// The unix socket of the VNC display; `None` without graphics.
+    pub vnc_socket: Option<PathBuf>,
+    pub memballoon: bool,
     pub instance: InstanceMetadata,
 }
 
 /// Who this domain belongs to, written into `<metadata>` so that a launcher can recognise its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceMetadata {
     pub namespace: String,
     pub name: String,
@@ -62,23 +83,117 @@ pub struct CpuTopology {
     pub threads: u32,
 }
 
+impl Default for CpuTopology {
+    fn default() -> Self {
+        CpuTopology {
+            sockets: 1,
+            cores: 1,
+            threads: 1,
+        }
+    }
+}
+
 impl CpuTopology {
     pub fn vcpus(&self) -> u32 {
         self.sockets * self.cores * self.threads
     }
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CpuMode {
+    /// libvirt's default for the domain type.
+    #[default]
+    Default,
+    HostModel,
+    HostPassthrough,
+    /// A named libvirt CPU model.
+    Custom(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuDef {
+    pub mode: CpuMode,
+    /// `(policy, name)`.
+    pub features: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FirmwareDef {
+    /// SeaBIOS.
+    #[default]
+    Bios,
+    BiosUseSerial,
+    Efi(EfiDef),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EfiDef {
+    pub code: PathBuf,
+    pub vars_template: PathBuf,
+    pub nvram: PathBuf,
+    pub secure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KernelBootDef {
     pub kernel: PathBuf,
     pub initrd: Option<PathBuf>,
     pub cmdline: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FeaturesDef {
+    pub acpi: bool,
+    pub apic: bool,
+    /// `<apic eoi=...>`.
+    pub apic_eoi: Option<bool>,
+    pub smm: Option<bool>,
+    /// `(element, state, extra attribute)`, in libvirt's names (`stimer`, `vendor_id`).
+    pub hyperv: Vec<HypervFeature>,
+    pub kvm_hidden: Option<bool>,
+    pub pvspinlock: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HypervFeature {
+    pub name: &'static str,
+    pub on: bool,
+    /// An extra attribute: `retries` for spinlocks, `value` for vendor_id.
+    pub attribute: Option<(&'static str, String)>,
+    /// `<stimer><direct state=.../></stimer>`.
+    pub direct: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ClockOffset {
+    #[default]
+    Utc,
+    /// UTC plus seconds.
+    UtcAdjusted(i64),
+    Timezone(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClockDef {
+    pub offset: ClockOffset,
+    pub timers: Vec<TimerDef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerDef {
+    /// libvirt's name: `hpet`, `pit`, `rtc`, `kvmclock`, `hypervclock`.
+    pub name: &'static str,
+    pub present: Option<bool>,
+    pub tickpolicy: Option<String>,
+    pub track: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum Bus {
+    #[default]
     Scsi,
     Virtio,
+    Sata,
 }
 
 impl Bus {
@@ -86,6 +201,25 @@ impl Bus {
         match self {
             Bus::Scsi => "scsi",
             Bus::Virtio => "virtio",
+            Bus::Sata => "sata",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DiskDevice {
+    #[default]
+    Disk,
+    Cdrom,
+    Lun,
+}
+
+impl DiskDevice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskDevice::Disk => "disk",
+            DiskDevice::Cdrom => "cdrom",
+            DiskDevice::Lun => "lun",
         }
     }
 }
@@ -94,6 +228,12 @@ impl Bus {
 pub enum DiskSource {
     File(PathBuf),
     Block(PathBuf),
+}
+
+impl Default for DiskSource {
+    fn default() -> Self {
+        DiskSource::File(PathBuf::new())
+    }
 }
 
 impl DiskSource {
@@ -112,17 +252,27 @@ pub struct DriveAddress {
     pub unit: u32,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DiskDef {
     /// The spec's volume name; the device alias is `ua-<volume>`.
     pub volume: String,
+    pub device: DiskDevice,
     pub source: DiskSource,
+    /// `raw` or `qcow2`; raw when empty.
+    pub format: &'static str,
     pub bus: Bus,
     /// Guest target name (`sda`, `vdb`).
     pub target: String,
     pub serial: Option<String>,
     /// Drive address, for scsi disks.
     pub address: Option<DriveAddress>,
+    pub cache: Option<String>,
+    pub io: Option<String>,
+    pub error_policy: Option<String>,
+    pub iothread: Option<u32>,
+    pub boot_order: Option<u32>,
+    pub readonly: bool,
+    pub shareable: bool,
 }
 
 impl DiskDef {
@@ -136,6 +286,37 @@ impl DiskDef {
         write_disk(&mut w, self).expect("writing to a Vec cannot fail");
         String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
     }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterfaceBackend {
+    /// QEMU's user-mode network: a local run, no privileges, no host configuration.
+    User,
+    /// A tap device the pod network prepared (`managed='no'`: libvirt neither creates nor
+    /// removes it).
+    Tap(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceDef {
+    pub name: String,
+    pub backend: InterfaceBackend,
+    pub model: String,
+    pub mac: Option<String>,
+    pub boot_order: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputDef {
+    pub name: String,
+    pub input_type: String,
+    pub bus: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchdogDef {
+    pub name: String,
+    pub action: String,
 }
 
 /// The guest target name for an index: `prefix` + a, b, ..., z, aa, ab, ... (Linux's scheme).
@@ -159,6 +340,34 @@ fn text_element(w: &mut XmlWriter, name: &str, text: &str) -> io::Result<()> {
     Ok(())
 }
 
+fn empty(w: &mut XmlWriter, name: &str, attrs: &[(&str, &str)]) -> io::Result<()> {
+    w.create_element(name)
+        .with_attributes(attrs.iter().copied())
+        .write_empty()?;
+    Ok(())
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn yes_no(on: bool) -> &'static str {
+    if on {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn alias(w: &mut XmlWriter, name: &str) -> io::Result<()> {
+    let alias = format!("{USER_ALIAS_PREFIX}{name}");
+    empty(w, "alias", &[("name", alias.as_str())])
+}
+
 fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
     let (disk_type, source_attr) = match &disk.source {
         DiskSource::File(_) => ("file", "file"),
@@ -166,37 +375,86 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
     };
     let source = disk.source.path().to_string_lossy();
     w.create_element("disk")
-        .with_attributes([("type", disk_type), ("device", "disk")])
+        .with_attributes([("type", disk_type), ("device", disk.device.as_str())])
         .write_inner_content(|w| {
-            w.create_element("driver")
-                .with_attributes([("name", "qemu"), ("type", "raw")])
-                .write_empty()?;
-            w.create_element("source")
-                .with_attribute((source_attr, source.as_ref()))
-                .write_empty()?;
-            w.create_element("target")
-                .with_attributes([("dev", disk.target.as_str()), ("bus", disk.bus.as_str())])
-                .write_empty()?;
+            let format = if disk.format.is_empty() {
+                "raw"
+            } else {
+                disk.format
+            };
+            let iothread = disk.iothread.map(|t| t.to_string());
+            let mut driver = vec![("name", "qemu"), ("type", format)];
+            if let Some(cache) = &disk.cache {
+                driver.push(("cache", cache));
+            }
+            if let Some(policy) = &disk.error_policy {
+                driver.push(("error_policy", policy));
+            }
+            if let Some(io) = &disk.io {
+                driver.push(("io", io));
+            }
+            if let Some(t) = &iothread {
+                driver.push(("iothread", t));
+            }
+            empty(w, "driver", &driver)?;
+            empty(w, "source", &[(source_attr, source.as_ref())])?;
+            empty(
+                w,
+                "target",
+                &[("dev", disk.target.as_str()), ("bus", disk.bus.as_str())],
+            )?;
             if let Some(serial) = &disk.serial {
                 text_element(w, "serial", serial)?;
             }
-            w.create_element("alias")
-                .with_attribute(("name", disk.alias().as_str()))
-                .write_empty()?;
+            if let Some(order) = disk.boot_order {
+                empty(w, "boot", &[("order", &order.to_string())])?;
+            }
+            if disk.readonly {
+                empty(w, "readonly", &[])?;
+            }
+            if disk.shareable {
+                empty(w, "shareable", &[])?;
+            }
+            alias(w, &disk.volume)?;
             if let Some(addr) = disk.address {
                 let controller = addr.controller.to_string();
                 let unit = addr.unit.to_string();
-                w.create_element("address")
-                    .with_attributes([
+                empty(
+                    w,
+                    "address",
+                    &[
                         ("type", "drive"),
                         ("controller", controller.as_str()),
                         ("bus", "0"),
                         ("target", "0"),
                         ("unit", unit.as_str()),
-                    ])
-                    .write_empty()?;
+                    ],
+                )?;
             }
             Ok(())
+        })?;
+    Ok(())
+}
+
+fn write_interface(w: &mut XmlWriter, iface: &InterfaceDef) -> io::Result<()> {
+    let kind = match iface.backend {
+        InterfaceBackend::User => "user",
+        InterfaceBackend::Tap(_) => "ethernet",
+    };
+    w.create_element("interface")
+        .with_attribute(("type", kind))
+        .write_inner_content(|w| {
+            if let Some(mac) = &iface.mac {
+                empty(w, "mac", &[("address", mac)])?;
+            }
+            if let InterfaceBackend::Tap(dev) = &iface.backend {
+                empty(w, "target", &[("dev", dev), ("managed", "no")])?;
+            }
+            empty(w, "model", &[("type", &iface.model)])?;
+            if let Some(order) = iface.boot_order {
+                empty(w, "boot", &[("order", &order.to_string())])?;
+            }
+            alias(w, &iface.name)
         })?;
     Ok(())
 }
@@ -228,90 +486,307 @@ impl DomainDef {
                     if let Some(uid) = &self.instance.uid {
                         attrs.push(("uid", uid.as_str()));
                     }
-                    w.create_element("vmlauncher:instance")
-                        .with_attributes(attrs)
-                        .write_empty()?;
-                    Ok(())
+                    empty(w, "vmlauncher:instance", &attrs)
                 })?;
                 w.create_element("memory")
                     .with_attribute(("unit", "KiB"))
                     .write_text_content(BytesText::new(&self.memory_kib.to_string()))?;
+                if let Some(page) = self.hugepage_kib {
+                    w.create_element("memoryBacking").write_inner_content(|w| {
+                        w.create_element("hugepages").write_inner_content(|w| {
+                            empty(w, "page", &[("size", &page.to_string()), ("unit", "KiB")])
+                        })?;
+                        Ok(())
+                    })?;
+                }
                 w.create_element("vcpu")
                     .with_attribute(("placement", "static"))
                     .write_text_content(BytesText::new(&self.topology.vcpus().to_string()))?;
-                w.create_element("cpu").write_inner_content(|w| {
-                    let (s, c, t) = (
-                        self.topology.sockets.to_string(),
-                        self.topology.cores.to_string(),
-                        self.topology.threads.to_string(),
-                    );
-                    w.create_element("topology")
-                        .with_attributes([
-                            ("sockets", s.as_str()),
-                            ("dies", "1"),
-                            ("cores", c.as_str()),
-                            ("threads", t.as_str()),
-                        ])
-                        .write_empty()?;
-                    Ok(())
-                })?;
-                w.create_element("os").write_inner_content(|w| {
-                    w.create_element("type")
-                        .with_attributes([("arch", "x86_64"), ("machine", self.machine.as_str())])
-                        .write_text_content(BytesText::new("hvm"))?;
-                    if let Some(kb) = &self.kernel_boot {
-                        text_element(w, "kernel", &kb.kernel.to_string_lossy())?;
-                        if let Some(initrd) = &kb.initrd {
-                            text_element(w, "initrd", &initrd.to_string_lossy())?;
-                        }
-                        if let Some(cmdline) = &kb.cmdline {
-                            text_element(w, "cmdline", cmdline)?;
-                        }
-                    }
-                    Ok(())
-                })?;
-                w.create_element("features").write_inner_content(|w| {
-                    w.create_element("acpi").write_empty()?;
-                    w.create_element("apic").write_empty()?;
-                    Ok(())
-                })?;
+                if self.iothreads > 0 {
+                    text_element(w, "iothreads", &self.iothreads.to_string())?;
+                }
+                self.write_cpu(w)?;
+                if let Some(serial) = &self.sysinfo_serial {
+                    w.create_element("sysinfo")
+                        .with_attribute(("type", "smbios"))
+                        .write_inner_content(|w| {
+                            w.create_element("system").write_inner_content(|w| {
+                                w.create_element("entry")
+                                    .with_attribute(("name", "serial"))
+                                    .write_text_content(BytesText::new(serial))?;
+                                Ok(())
+                            })?;
+                            Ok(())
+                        })?;
+                }
+                self.write_os(w)?;
+                self.write_features(w)?;
+                self.write_clock(w)?;
                 // The launcher decides what happens after a stop (run strategy), not libvirt.
                 text_element(w, "on_poweroff", "destroy")?;
                 text_element(w, "on_reboot", "restart")?;
                 text_element(w, "on_crash", "destroy")?;
-                w.create_element("devices").write_inner_content(|w| {
-                    // Always present, so that scsi disks can be hot-plugged into any VM.
-                    w.create_element("controller")
-                        .with_attributes([
-                            ("type", "scsi"),
-                            ("index", "0"),
-                            ("model", "virtio-scsi"),
-                        ])
-                        .write_empty()?;
-                    for disk in &self.disks {
-                        write_disk(w, disk)?;
+                self.write_devices(w)
+            })?;
+        Ok(())
+    }
+
+    fn write_cpu(&self, w: &mut XmlWriter) -> io::Result<()> {
+        let mode = match &self.cpu.mode {
+            CpuMode::Default => None,
+            CpuMode::HostModel => Some("host-model"),
+            CpuMode::HostPassthrough => Some("host-passthrough"),
+            CpuMode::Custom(_) => Some("custom"),
+        };
+        let mut cpu = w.create_element("cpu");
+        if let Some(mode) = mode {
+            cpu = cpu.with_attribute(("mode", mode));
+        }
+        cpu.write_inner_content(|w| {
+            if let CpuMode::Custom(model) = &self.cpu.mode {
+                w.create_element("model")
+                    .with_attribute(("fallback", "forbid"))
+                    .write_text_content(BytesText::new(model))?;
+            }
+            let (s, c, t) = (
+                self.topology.sockets.to_string(),
+                self.topology.cores.to_string(),
+                self.topology.threads.to_string(),
+            );
+            empty(
+                w,
+                "topology",
+                &[
+                    ("sockets", s.as_str()),
+                    ("dies", "1"),
+                    ("cores", c.as_str()),
+                    ("threads", t.as_str()),
+                ],
+            )?;
+            for (policy, name) in &self.cpu.features {
+                empty(w, "feature", &[("policy", policy), ("name", name)])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn write_os(&self, w: &mut XmlWriter) -> io::Result<()> {
+        w.create_element("os").write_inner_content(|w| {
+            w.create_element("type")
+                .with_attributes([("arch", "x86_64"), ("machine", self.machine.as_str())])
+                .write_text_content(BytesText::new("hvm"))?;
+            if let FirmwareDef::Efi(efi) = &self.firmware {
+                w.create_element("loader")
+                    .with_attributes([
+                        ("readonly", "yes"),
+                        ("secure", yes_no(efi.secure)),
+                        ("type", "pflash"),
+                    ])
+                    .write_text_content(BytesText::new(&efi.code.to_string_lossy()))?;
+                w.create_element("nvram")
+                    .with_attribute(("template", efi.vars_template.to_string_lossy().as_ref()))
+                    .write_text_content(BytesText::new(&efi.nvram.to_string_lossy()))?;
+            }
+            if let Some(kb) = &self.kernel_boot {
+                text_element(w, "kernel", &kb.kernel.to_string_lossy())?;
+                if let Some(initrd) = &kb.initrd {
+                    text_element(w, "initrd", &initrd.to_string_lossy())?;
+                }
+                if let Some(cmdline) = &kb.cmdline {
+                    text_element(w, "cmdline", cmdline)?;
+                }
+            }
+            if self.firmware == FirmwareDef::BiosUseSerial {
+                empty(w, "bios", &[("useserial", "yes")])?;
+            }
+            if self.sysinfo_serial.is_some() {
+                empty(w, "smbios", &[("mode", "sysinfo")])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn write_features(&self, w: &mut XmlWriter) -> io::Result<()> {
+        let f = &self.features;
+        w.create_element("features").write_inner_content(|w| {
+            if f.acpi {
+                empty(w, "acpi", &[])?;
+            }
+            if f.apic {
+                match f.apic_eoi {
+                    Some(eoi) => empty(w, "apic", &[("eoi", on_off(eoi))])?,
+                    None => empty(w, "apic", &[])?,
+                }
+            }
+            if !f.hyperv.is_empty() {
+                w.create_element("hyperv")
+                    .with_attribute(("mode", "custom"))
+                    .write_inner_content(|w| {
+                        for h in &f.hyperv {
+                            let mut attrs = vec![("state", on_off(h.on))];
+                            if let Some((name, value)) = &h.attribute {
+                                attrs.push((name, value));
+                            }
+                            match h.direct {
+                                None => empty(w, h.name, &attrs)?,
+                                Some(direct) => {
+                                    w.create_element(h.name)
+                                        .with_attributes(attrs)
+                                        .write_inner_content(|w| {
+                                            empty(w, "direct", &[("state", on_off(direct))])
+                                        })?;
+                                }
+                            }
+                        }
+                        Ok(())
+                    })?;
+            }
+            if let Some(hidden) = f.kvm_hidden {
+                w.create_element("kvm")
+                    .write_inner_content(|w| empty(w, "hidden", &[("state", on_off(hidden))]))?;
+            }
+            if let Some(on) = f.pvspinlock {
+                empty(w, "pvspinlock", &[("state", on_off(on))])?;
+            }
+            if let Some(on) = f.smm {
+                empty(w, "smm", &[("state", on_off(on))])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    fn write_clock(&self, w: &mut XmlWriter) -> io::Result<()> {
+        let adjustment;
+        let attrs: Vec<(&str, &str)> = match &self.clock.offset {
+            ClockOffset::Utc => vec![("offset", "utc")],
+            ClockOffset::UtcAdjusted(seconds) => {
+                adjustment = seconds.to_string();
+                vec![
+                    ("offset", "variable"),
+                    ("adjustment", adjustment.as_str()),
+                    ("basis", "utc"),
+                ]
+            }
+            ClockOffset::Timezone(tz) => vec![("offset", "timezone"), ("timezone", tz.as_str())],
+        };
+        if self.clock.timers.is_empty() {
+            return empty(w, "clock", &attrs);
+        }
+        w.create_element("clock")
+            .with_attributes(attrs)
+            .write_inner_content(|w| {
+                for t in &self.clock.timers {
+                    let mut attrs = vec![("name", t.name)];
+                    if let Some(present) = t.present {
+                        attrs.push(("present", yes_no(present)));
                     }
-                    let log = self.console_log.to_string_lossy();
-                    w.create_element("serial")
-                        .with_attribute(("type", "file"))
-                        .write_inner_content(|w| {
-                            w.create_element("source")
-                                .with_attributes([("path", log.as_ref()), ("append", "on")])
-                                .write_empty()?;
-                            w.create_element("target")
-                                .with_attribute(("port", "0"))
-                                .write_empty()?;
-                            Ok(())
-                        })?;
-                    w.create_element("memballoon")
-                        .with_attribute(("model", "none"))
-                        .write_empty()?;
-                    Ok(())
-                })?;
+                    if let Some(policy) = &t.tickpolicy {
+                        attrs.push(("tickpolicy", policy));
+                    }
+                    if let Some(track) = &t.track {
+                        attrs.push(("track", track));
+                    }
+                    empty(w, "timer", &attrs)?;
+                }
                 Ok(())
             })?;
         Ok(())
     }
+
+    fn write_devices(&self, w: &mut XmlWriter) -> io::Result<()> {
+        w.create_element("devices").write_inner_content(|w| {
+            if self.scsi_controller {
+                empty(
+                    w,
+                    "controller",
+                    &[("type", "scsi"), ("index", "0"), ("model", "virtio-scsi")],
+                )?;
+            }
+            for disk in &self.disks {
+                write_disk(w, disk)?;
+            }
+            for iface in &self.interfaces {
+                write_interface(w, iface)?;
+            }
+            if let Some(log) = &self.console_log {
+                let log = log.to_string_lossy();
+                w.create_element("serial")
+                    .with_attribute(("type", "file"))
+                    .write_inner_content(|w| {
+                        empty(w, "source", &[("path", log.as_ref()), ("append", "on")])?;
+                        empty(w, "target", &[("port", "0")])
+                    })?;
+            }
+            for input in &self.inputs {
+                w.create_element("input")
+                    .with_attributes([("type", input.input_type.as_str()), ("bus", &input.bus)])
+                    .write_inner_content(|w| alias(w, &input.name))?;
+            }
+            if let Some(socket) = &self.vnc_socket {
+                let socket = socket.to_string_lossy();
+                w.create_element("graphics")
+                    .with_attribute(("type", "vnc"))
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "listen",
+                            &[("type", "socket"), ("socket", socket.as_ref())],
+                        )
+                    })?;
+                w.create_element("video").write_inner_content(|w| {
+                    empty(
+                        w,
+                        "model",
+                        &[("type", "vga"), ("vram", "16384"), ("heads", "1")],
+                    )
+                })?;
+            }
+            if let Some(wd) = &self.watchdog {
+                w.create_element("watchdog")
+                    .with_attributes([("model", "i6300esb"), ("action", wd.action.as_str())])
+                    .write_inner_content(|w| alias(w, &wd.name))?;
+            }
+            if self.rng {
+                w.create_element("rng")
+                    .with_attribute(("model", "virtio"))
+                    .write_inner_content(|w| {
+                        w.create_element("backend")
+                            .with_attribute(("model", "random"))
+                            .write_text_content(BytesText::new("/dev/urandom"))?;
+                        Ok(())
+                    })?;
+            }
+            if self.memballoon {
+                w.create_element("memballoon")
+                    .with_attribute(("model", "virtio"))
+                    .write_inner_content(|w| empty(w, "stats", &[("period", "10")]))?;
+            } else {
+                empty(w, "memballoon", &[("model", "none")])?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+/// The canonical machine type of each alias in libvirt's capabilities XML, for x86_64 guests:
+/// `<machine canonical='pc-q35-7.2'>q35</machine>` gives `q35 → pc-q35-7.2`.
+pub fn canonical_machines(capabilities: &str) -> Result<BTreeMap<String, String>, LiveXmlError> {
+    let doc = roxmltree::Document::parse(capabilities).map_err(LiveXmlError::Malformed)?;
+    Ok(doc
+        .descendants()
+        .filter(|n| n.has_tag_name("arch") && n.attribute("name") == Some("x86_64"))
+        .flat_map(|arch| arch.children().filter(|n| n.has_tag_name("machine")))
+        .filter_map(|m| {
+            Some((
+                m.text()?.trim().to_string(),
+                m.attribute("canonical")?.to_string(),
+            ))
+        })
+        .collect())
 }
 
 /// A `<disk>` of libvirt's live XML: the facts the hotplug diff needs, and the element's own bytes.
@@ -438,6 +913,7 @@ mod tests {
                 controller: 0,
                 unit: 1,
             }),
+            ..Default::default()
         };
         assert_eq!(
             disk.to_xml(),
@@ -501,6 +977,23 @@ mod tests {
         assert_eq!(b.volume(), None);
         assert_eq!(b.source.as_deref(), Some("/dev/loop0"));
         assert_eq!(b.address, None);
+    }
+
+    #[test]
+    fn reads_canonical_machines_from_capabilities() {
+        let caps = r#"<capabilities><guest><arch name='x86_64'>
+            <machine maxCpus='255'>pc-i440fx-7.2</machine>
+            <machine canonical='pc-i440fx-7.2' maxCpus='255'>pc</machine>
+            <machine canonical='pc-q35-7.2' maxCpus='288'>q35</machine>
+            </arch></guest><guest><arch name='i686'>
+            <machine canonical='pc-q35-7.1'>q35</machine></arch></guest></capabilities>"#;
+        let machines = canonical_machines(caps).unwrap();
+        assert_eq!(machines.get("q35").map(String::as_str), Some("pc-q35-7.2"));
+        assert_eq!(
+            machines.get("pc").map(String::as_str),
+            Some("pc-i440fx-7.2")
+        );
+        assert_eq!(machines.len(), 2);
     }
 
     #[test]

@@ -1,11 +1,17 @@
 //! Host-side preparation of volume sources: checks that a disk's source is there and of the right
-//! kind, and creates `DiskOrCreate` images. Paths come in as parameters, so the same code runs on
-//! real files in a temp dir in unit tests.
+//! kind, and makes what the launcher owns: `DiskOrCreate` images, empty qcow2 disks and qcow2
+//! overlays (written natively), cloud-init `cidata` ISOs (with `genisoimage`). Where each file goes is decided by
+//! `volumes`; paths come in as parameters, so the same code runs on real files in a temp dir in
+//! unit tests.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::volumes::{HostPaths, Preparation, ResolvedVolume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -25,6 +31,19 @@ pub enum HostError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot run {tool} for {path} (is it installed? scripts/setup.sh installs it)")]
+    ToolMissing {
+        tool: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{tool} failed for {path}: {stderr}")]
+    Tool {
+        tool: &'static str,
+        path: PathBuf,
+        stderr: String,
+    },
 }
 
 impl HostError {
@@ -35,6 +54,7 @@ impl HostError {
             HostError::NotADisk { .. } => "NotADisk",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
+            HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
         }
     }
 }
@@ -77,6 +97,213 @@ pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostErr
     }
 }
 
+/// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
+/// and the one for EFI variables, which libvirt fills from the template but does not create.
+pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
+    for dir in [paths.private_dir.clone(), paths.private_dir.join("nvram")] {
+        fs::create_dir_all(&dir).map_err(|source| HostError::Create { path: dir, source })?;
+    }
+    Ok(())
+}
+
+/// Does what a resolved volume needs before the domain can use it.
+pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
+    let path = volume.path.as_path();
+    match &volume.preparation {
+        Preparation::Exists => prepare_host_disk(path, None),
+        Preparation::CreateIfMissing { capacity } => prepare_host_disk(path, Some(*capacity)),
+        Preparation::EmptyQcow2 { capacity } => {
+            if path.exists() {
+                // Kept across restarts of the launcher: an empty disk lives as long as the VMI.
+                return prepare_host_disk(path, None);
+            }
+            make_parent(path)?;
+            create_qcow2(path, *capacity, None)
+        }
+        Preparation::Overlay { backing } => {
+            prepare_host_disk(backing, None)?;
+            let (format, size) = image_info(backing)?;
+            make_parent(path)?;
+            // Ephemeral by design: every start begins from the image, as KubeVirt's do.
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(HostError::Create {
+                        path: path.into(),
+                        source,
+                    })
+                }
+            }
+            create_qcow2(path, size, Some((backing, format)))
+        }
+        Preparation::CloudInit { files } => build_cidata(path, files),
+    }
+}
+
+/// The volumes among `candidates` (`(volume, path)`) whose path is a block device.
+pub fn block_volumes(candidates: &[(String, PathBuf)]) -> BTreeSet<String> {
+    candidates
+        .iter()
+        .filter(|(_, path)| fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device()))
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+fn make_parent(path: &Path) -> Result<(), HostError> {
+    match path.parent() {
+        Some(parent) => fs::create_dir_all(parent).map_err(|source| HostError::Create {
+            path: parent.into(),
+            source,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn run_tool(tool: &'static str, path: &Path, cmd: &mut Command) -> Result<Vec<u8>, HostError> {
+    let out = cmd.output().map_err(|source| HostError::ToolMissing {
+        tool,
+        path: path.into(),
+        source,
+    })?;
+    if !out.status.success() {
+        return Err(HostError::Tool {
+            tool,
+            path: path.into(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out.stdout)
+}
+
+const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
+const CLUSTER_BITS: u32 = 16;
+const CLUSTER: u64 = 1 << CLUSTER_BITS;
+
+/// The format of an image (`raw` or `qcow2`) and its virtual size, read from its first bytes, so
+/// an overlay names its backing format and QEMU never has to guess it.
+fn image_info(path: &Path) -> Result<(&'static str, u64), HostError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let inspect = |source| HostError::Inspect {
+        path: path.into(),
+        source,
+    };
+    let mut file = fs::File::open(path).map_err(inspect)?;
+    let mut header = [0u8; 32];
+    let read = file.read(&mut header).map_err(inspect)?;
+    if read >= 32 && &header[..4] == QCOW2_MAGIC {
+        let size = u64::from_be_bytes(header[24..32].try_into().expect("8 bytes"));
+        return Ok(("qcow2", size));
+    }
+    // A block device's length is where its end is, not its metadata's.
+    let size = file.seek(SeekFrom::End(0)).map_err(inspect)?;
+    Ok(("raw", size))
+}
+
+/// Writes an empty qcow2 (version 3, 64 KiB clusters) of `size` bytes, on top of `backing` when
+/// given. Written natively, so that the launcher needs no `qemu-img`: the layout is the one
+/// `qemu-img create` makes — header (with the backing format extension and backing name),
+/// refcount table, one refcount block, and the L1 table, each in a cluster of its own.
+fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Result<(), HostError> {
+    let create = |source| HostError::Create {
+        path: path.into(),
+        source,
+    };
+    let l2_coverage = CLUSTER * (CLUSTER / 8);
+    let l1_entries = size.div_ceil(l2_coverage).max(1);
+    let l1_clusters = (l1_entries * 8).div_ceil(CLUSTER);
+    let (refcount_table, refcount_block, l1_table) = (CLUSTER, 2 * CLUSTER, 3 * CLUSTER);
+    let clusters = 3 + l1_clusters;
+    // One refcount block (16-bit entries) counts 32,768 clusters: far more than the metadata.
+    assert!(
+        clusters < CLUSTER / 2,
+        "an L1 table that large needs more refcount blocks"
+    );
+
+    let mut header = Vec::with_capacity(512);
+    let backing_name = backing.map(|(p, _)| p.to_string_lossy().into_owned());
+    let be32 = |v: u32| v.to_be_bytes();
+    let be64 = |v: u64| v.to_be_bytes();
+    header.extend_from_slice(QCOW2_MAGIC);
+    header.extend_from_slice(&be32(3)); // version
+    header.extend_from_slice(&be64(0)); // backing file offset, set below
+    header.extend_from_slice(&be32(backing_name.as_ref().map_or(0, |n| n.len() as u32)));
+    header.extend_from_slice(&be32(CLUSTER_BITS));
+    header.extend_from_slice(&be64(size));
+    header.extend_from_slice(&be32(0)); // no encryption
+    header.extend_from_slice(&be32(l1_entries as u32));
+    header.extend_from_slice(&be64(l1_table));
+    header.extend_from_slice(&be64(refcount_table));
+    header.extend_from_slice(&be32(1)); // refcount table clusters
+    header.extend_from_slice(&be32(0)); // snapshots
+    header.extend_from_slice(&be64(0));
+    header.extend_from_slice(&be64(0)); // incompatible features
+    header.extend_from_slice(&be64(0)); // compatible features
+    header.extend_from_slice(&be64(0)); // autoclear features
+    header.extend_from_slice(&be32(4)); // refcount order: 16-bit refcounts
+    header.extend_from_slice(&be32(104)); // header length
+    if let Some((_, format)) = backing {
+        // Backing file format extension.
+        header.extend_from_slice(&be32(0xE279_2ACA));
+        header.extend_from_slice(&be32(format.len() as u32));
+        header.extend_from_slice(format.as_bytes());
+        header.resize(header.len().next_multiple_of(8), 0);
+    }
+    header.extend_from_slice(&be32(0)); // end of extensions
+    header.extend_from_slice(&be32(0));
+    if let Some(name) = &backing_name {
+        let offset = header.len() as u64;
+        header[8..16].copy_from_slice(&be64(offset));
+        header.extend_from_slice(name.as_bytes());
+    }
+    if header.len() as u64 > CLUSTER {
+        return Err(HostError::Create {
+            path: path.into(),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "backing file name too long"),
+        });
+    }
+
+    let mut image = vec![0u8; (clusters * CLUSTER) as usize];
+    image[..header.len()].copy_from_slice(&header);
+    image[refcount_table as usize..refcount_table as usize + 8]
+        .copy_from_slice(&be64(refcount_block));
+    for cluster in 0..clusters as usize {
+        let at = refcount_block as usize + cluster * 2;
+        image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
+    }
+    // Written aside and renamed: a half-written image is never used.
+    let tmp = path.with_extension("qcow2.tmp");
+    fs::write(&tmp, &image).map_err(create)?;
+    fs::rename(&tmp, path).map_err(create)
+}
+
+/// Builds the NoCloud ISO: volume label `cidata`, the given files at its root. Written next to
+/// its final path and renamed, so a half-written ISO is never attached.
+fn build_cidata(path: &Path, files: &[(String, Vec<u8>)]) -> Result<(), HostError> {
+    make_parent(path)?;
+    let create = |source| HostError::Create {
+        path: path.into(),
+        source,
+    };
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let staging = tempfile::Builder::new()
+        .prefix(".cidata-")
+        .tempdir_in(parent)
+        .map_err(create)?;
+    for (name, content) in files {
+        fs::write(staging.path().join(name), content).map_err(create)?;
+    }
+    let tmp = staging.path().join("cidata.iso");
+    let mut cmd = Command::new("genisoimage");
+    cmd.args(["-quiet", "-volid", "cidata", "-joliet", "-rock", "-output"])
+        .arg(&tmp);
+    for (name, _) in files {
+        cmd.arg(staging.path().join(name));
+    }
+    run_tool("genisoimage", path, &mut cmd)?;
+    fs::rename(&tmp, path).map_err(create)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +326,140 @@ mod tests {
         assert!(!path.exists());
         prepare_host_disk(&path, Some(3 << 20)).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().len(), 3 << 20);
+    }
+
+    fn resolved(path: PathBuf, preparation: Preparation) -> ResolvedVolume {
+        ResolvedVolume {
+            path,
+            block: false,
+            format: crate::volumes::ImageFormat::Qcow2,
+            preparation,
+        }
+    }
+
+    #[test]
+    fn empty_disk_and_overlay_are_qcow2_of_the_right_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("e/empty.qcow2");
+        prepare_volume(&resolved(
+            empty.clone(),
+            Preparation::EmptyQcow2 { capacity: 3 << 20 },
+        ))
+        .unwrap();
+        assert_eq!(image_info(&empty).unwrap(), ("qcow2", 3 << 20));
+        assert_eq!(fs::metadata(&empty).unwrap().len(), 4 * CLUSTER);
+
+        let base = dir.path().join("base.img");
+        fs::File::create(&base).unwrap().set_len(5 << 20).unwrap();
+        let overlay = dir.path().join("o/overlay.qcow2");
+        let volume = resolved(
+            overlay.clone(),
+            Preparation::Overlay {
+                backing: base.clone(),
+            },
+        );
+        prepare_volume(&volume).unwrap();
+        prepare_volume(&volume).unwrap();
+        assert_eq!(image_info(&overlay).unwrap(), ("qcow2", 5 << 20));
+        let bytes = fs::read(&overlay).unwrap();
+        let name = base.to_string_lossy();
+        let offset = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
+        assert_eq!(&bytes[offset..offset + name.len()], name.as_bytes());
+        assert!(
+            bytes[..offset].windows(3).any(|w| w == b"raw"),
+            "backing format"
+        );
+
+        let missing = resolved(
+            dir.path().join("x.qcow2"),
+            Preparation::Overlay {
+                backing: dir.path().join("nope.img"),
+            },
+        );
+        assert_eq!(
+            prepare_volume(&missing).unwrap_err().reason(),
+            "SourceNotFound"
+        );
+    }
+
+    /// QEMU itself opens what `create_qcow2` writes, with the size and backing file we meant.
+    #[test]
+    fn qemu_reads_our_qcow2_overlay() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base.img");
+        fs::File::create(&base).unwrap().set_len(7 << 20).unwrap();
+        let overlay = dir.path().join("overlay.qcow2");
+        create_qcow2(&overlay, 7 << 20, Some((&base, "raw"))).unwrap();
+        let mut qemu = Command::new("qemu-system-x86_64")
+            .args([
+                "-machine",
+                "none",
+                "-nodefaults",
+                "-display",
+                "none",
+                "-qmp",
+                "stdio",
+            ])
+            .arg("-blockdev")
+            .arg(format!(
+                "driver=qcow2,node-name=d,file.driver=file,file.filename={}",
+                overlay.display()
+            ))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        qemu.stdin
+            .take()
+            .unwrap()
+            .write_all(
+                br#"{"execute":"qmp_capabilities"}
+{"execute":"query-named-block-nodes"}
+{"execute":"quit"}
+"#,
+            )
+            .unwrap();
+        let out = qemu.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let reply: serde_json::Value = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["return"].is_array())
+            .unwrap_or_else(|| panic!("no block nodes from QEMU: {text}"));
+        let node = reply["return"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node-name"] == "d")
+            .unwrap_or_else(|| panic!("{reply}"));
+        assert_eq!(node["image"]["format"], "qcow2", "{node}");
+        assert_eq!(node["image"]["virtual-size"], 7 << 20, "{node}");
+        assert_eq!(
+            node["image"]["backing-filename"],
+            base.to_string_lossy().as_ref(),
+            "{node}"
+        );
+    }
+
+    #[test]
+    fn cidata_iso_has_the_label_and_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let iso = dir.path().join("ci/cidata.iso");
+        let files = vec![
+            ("meta-data".to_string(), b"instance-id: a.b\n".to_vec()),
+            ("user-data".to_string(), b"#cloud-config\n".to_vec()),
+        ];
+        prepare_volume(&resolved(iso.clone(), Preparation::CloudInit { files })).unwrap();
+        let bytes = fs::read(&iso).unwrap();
+        // The primary volume descriptor (sector 16) holds the volume label at offset 40.
+        assert_eq!(&bytes[16 * 2048 + 1..16 * 2048 + 6], b"CD001");
+        assert_eq!(&bytes[16 * 2048 + 40..16 * 2048 + 46], b"cidata");
+        assert_eq!(
+            fs::read_dir(dir.path().join("ci")).unwrap().count(),
+            1,
+            "no staging files left"
+        );
     }
 
     #[test]

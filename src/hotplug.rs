@@ -165,6 +165,7 @@ mod tests {
             target: "sda".into(),
             serial: Some(serial.into()),
             address: None,
+            ..Default::default()
         }
     }
 
@@ -182,12 +183,13 @@ mod tests {
             machine: "q35".into(),
             kernel_boot: None,
             disks,
-            console_log: "/c".into(),
+            console_log: Some("/c".into()),
             instance: InstanceMetadata {
                 namespace: "default".into(),
                 name: "vm".into(),
                 uid: None,
             },
+            ..Default::default()
         }
     }
 

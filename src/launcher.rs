@@ -334,7 +334,7 @@ impl Launcher {
     pub async fn start(
         connector: Arc<Connector>,
         vmi: VirtualMachineInstance,
-        options: LaunchOptions,
+        mut options: LaunchOptions,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
     ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
         let def = convert::convert(&vmi, &options.convert)
@@ -344,6 +344,18 @@ impl Launcher {
         let hv = tokio::task::spawn_blocking(move || c.connect())
             .await
             .map_err(LauncherError::Join)??;
+        // Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start,
+        // so the guest keeps the machine ABI it started with.
+        if options.convert.machines.is_empty() {
+            match hv.capabilities_xml() {
+                Ok(xml) => {
+                    options.convert.machines = domain::canonical_machines(&xml).unwrap_or_default()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written")
+                }
+            }
+        }
         let state = State {
             observation: Observation::NotCreated,
             vm_state: VmState::Building,
@@ -921,7 +933,7 @@ impl Launcher {
             let n = self.domain_name.clone();
             self.call(move |hv| hv.undefine(&n)).await?;
         }
-        prepare_disks(&vmi, &def.disks)?;
+        prepare_disks(&vmi, &def.disks, &self.options.convert)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
         self.update(|s| {
@@ -1116,7 +1128,7 @@ impl Launcher {
     }
 
     async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef) {
-        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk)) {
+        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert) {
             let LauncherError::HostDisk { source, .. } = &e else {
                 unreachable!("prepare_disks only fails with HostDisk")
             };
@@ -1231,22 +1243,30 @@ fn planned_changes(plan: &Plan) -> Vec<PlannedChange> {
     attach.chain(detach).collect()
 }
 
-/// Checks (and for `DiskOrCreate`, creates) the host files behind `disks`.
-fn prepare_disks(vmi: &VirtualMachineInstance, disks: &[DiskDef]) -> Result<(), LauncherError> {
+/// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
+/// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
+/// `volumes` says they live.
+fn prepare_disks(
+    vmi: &VirtualMachineInstance,
+    disks: &[DiskDef],
+    opts: &ConvertOptions,
+) -> Result<(), LauncherError> {
+    // The VNC socket and EFI variables go there too, whatever the disks.
+    host::prepare_private_dirs(&opts.paths).map_err(|source| LauncherError::HostDisk {
+        volume: String::new(),
+        source,
+    })?;
     for disk in disks {
-        let create = vmi
-            .spec
-            .volumes
-            .iter()
-            .find(|v| v.name == disk.volume)
-            .and_then(|v| v.host_disk.as_ref())
-            .filter(|hd| hd.disk_type == "DiskOrCreate")
-            .and_then(|hd| hd.capacity.as_ref()?.to_bytes().ok());
-        host::prepare_host_disk(disk.source.path(), create).map_err(|source| {
-            LauncherError::HostDisk {
-                volume: disk.volume.clone(),
-                source,
-            }
+        let Some(volume) = vmi.spec.volumes.iter().find(|v| v.name == disk.volume) else {
+            continue;
+        };
+        let Some(resolved) = crate::volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
+        else {
+            continue;
+        };
+        host::prepare_volume(&resolved).map_err(|source| LauncherError::HostDisk {
+            volume: disk.volume.clone(),
+            source,
         })?;
     }
     Ok(())

@@ -15,6 +15,7 @@ pub mod libvirt;
 pub mod lifecycle;
 pub mod run;
 pub mod spec;
+pub mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {

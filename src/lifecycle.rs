@@ -383,7 +383,7 @@ pub fn settle(before: VmState, command: Command, succeeded: bool) -> VmState {
 }
 
 /// KubeVirt's run strategies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
 pub enum RunStrategy {
     /// Restart whenever it stops, with exponential back-off.
     Always,

@@ -52,9 +52,10 @@ enum Command {
         socket: Option<PathBuf>,
         #[arg(long, value_enum, default_value = "auto")]
         emulation: Emulation,
-        /// What happens when the VM stops (KubeVirt's runStrategy). A bare VMI runs Once.
-        #[arg(long, value_enum, default_value = "once")]
-        run_strategy: RunStrategy,
+        /// What happens when the VM stops (KubeVirt's runStrategy). Default: a VirtualMachine
+        /// manifest's `spec.runStrategy`; a bare VMI runs Once.
+        #[arg(long, value_enum)]
+        run_strategy: Option<RunStrategy>,
         /// Seconds between safety-net re-reads of the real state (events do the real work).
         #[arg(long, default_value_t = 30)]
         resync_interval: u64,
@@ -182,13 +183,16 @@ async fn dispatch(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(code) => return code,
             };
+            let strategy = run_strategy
+                .or(spec.run_strategy)
+                .unwrap_or(RunStrategy::Once);
             run::run(RunOptions {
                 spec,
                 connect,
                 runtime_dir,
                 socket,
                 emulation,
-                strategy: run_strategy,
+                strategy,
                 resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
                 console,
             })
@@ -203,10 +207,7 @@ async fn dispatch(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let opts = ConvertOptions {
-                virt_type: emulation.resolve(),
-                console_log,
-            };
+            let opts = ConvertOptions::new(emulation.resolve(), console_log);
             match convert::convert(&vmi, &opts) {
                 Ok(def) => {
                     print!("{}", def.to_xml());

@@ -113,9 +113,18 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
     let options = LaunchOptions {
         strategy: opts.strategy,
-        convert: ConvertOptions {
-            virt_type: opts.emulation.resolve(),
-            console_log: console_log.clone(),
+        convert: {
+            let paths = crate::volumes::HostPaths::local(&rt.0);
+            ConvertOptions {
+                virt_type: opts.emulation.resolve(),
+                console_log: console_log.clone(),
+                machines: Default::default(),
+                block_volumes: crate::host::block_volumes(&crate::volumes::block_candidates(
+                    &opts.spec, &paths,
+                )),
+                paths,
+                network: crate::convert::NetworkMode::Local,
+            }
         },
         resync_interval: opts.resync_interval,
     };

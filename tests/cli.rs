@@ -65,7 +65,9 @@ fn validate_names_every_bad_field_and_exits_2() {
         "{stderr}"
     );
     assert!(
-        stderr.contains("spec.domain.devices.disks[1].disk.bus: unknown bus \"floppy\""),
+        stderr.contains(
+            "spec.domain.devices.disks[1].disk.bus: bus \"floppy\" is not valid for a disk"
+        ),
         "{stderr}"
     );
 }
@@ -80,13 +82,13 @@ fn malformed_yaml_and_json_are_named() {
     let out = vmlauncher(
         &["validate", "-"],
         Some(
-            r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"x"},"spec":{"domain":{},"nodeSelector":{}}}"#,
+            r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"x"},"spec":{"domain":{},"nodeSelectr":{}}}"#,
         ),
     );
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("spec.nodeSelector: unknown field `nodeSelector`"),
+        stderr.contains("spec.nodeSelectr: unknown field `nodeSelectr`"),
         "{stderr}"
     );
 }

@@ -1,10 +1,14 @@
 //! Every `xml-fixtures/*/vmi.yaml` converts to exactly its `domain.xml`, and libvirt accepts that
 //! XML: `virt-xml-validate` passes and a real private libvirtd defines it. A fixture libvirt
 //! rejects is a bug. `VMLAUNCHER_REGENERATE_FIXTURES=1` rewrites the expected files.
+//!
+//! A fixture may carry an `options.yaml` for the host facts conversion takes as input:
+//! `network: pod` (tap devices instead of user-mode networking) and `blockVolumes: [names]`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use vmlauncher::convert::{convert, ConvertOptions};
+use vmlauncher::convert::{convert, ConvertOptions, NetworkMode};
 use vmlauncher::domain::VirtType;
 use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 use vmlauncher::libvirt::Hypervisor;
@@ -25,12 +29,41 @@ fn fixtures() -> Vec<PathBuf> {
 fn converted(dir: &Path) -> (String, String) {
     let text = std::fs::read_to_string(dir.join("vmi.yaml")).unwrap();
     let vmi = vmlauncher::spec::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    let opts = ConvertOptions {
-        virt_type: VirtType::Qemu,
-        console_log: "/var/run/vmlauncher/console.log".into(),
-    };
-    let def = convert(&vmi, &opts).unwrap();
+    let opts = options(dir);
+    let def = convert(&vmi, &opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     (def.name.clone(), def.to_xml())
+}
+
+/// What QEMU 7.2's aliases stand for: checked against the real libvirtd below.
+fn machines() -> BTreeMap<String, String> {
+    [("q35", "pc-q35-7.2"), ("pc", "pc-i440fx-7.2")]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FixtureOptions {
+    #[serde(default)]
+    network: Option<String>,
+    #[serde(default)]
+    block_volumes: Vec<String>,
+}
+
+fn options(dir: &Path) -> ConvertOptions {
+    let extra: FixtureOptions = match std::fs::read_to_string(dir.join("options.yaml")) {
+        Ok(text) => serde_yaml_ng::from_str(&text).unwrap(),
+        Err(_) => FixtureOptions::default(),
+    };
+    let mut opts = ConvertOptions::new(VirtType::Qemu, "/var/run/vmlauncher/console.log".into());
+    opts.machines = machines();
+    opts.network = match extra.network.as_deref() {
+        Some("pod") => NetworkMode::Pod,
+        _ => NetworkMode::Local,
+    };
+    opts.block_volumes = extra.block_volumes.into_iter().collect();
+    opts
 }
 
 #[test]
@@ -63,7 +96,18 @@ fn libvirt_accepts_every_fixture() {
     .unwrap();
     let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
     let hv = Hypervisor::open(daemon.uri(), tx).unwrap();
-    for dir in fixtures() {
+    let caps = hv.capabilities_xml().unwrap();
+    let canonical = vmlauncher::domain::canonical_machines(&caps).unwrap();
+    for (alias, machine) in machines() {
+        assert_eq!(
+            canonical.get(&alias),
+            Some(&machine),
+            "the fixtures' machine for {alias} is not this QEMU's"
+        );
+    }
+    let fixtures = fixtures();
+    assert!(fixtures.len() >= 20, "only {} fixtures", fixtures.len());
+    for dir in fixtures {
         let (name, xml) = converted(&dir);
         let file = state.path().join("domain.xml");
         std::fs::write(&file, &xml).unwrap();

@@ -170,6 +170,14 @@ impl Hypervisor {
         Ok(power_state_from_raw(state, reason))
     }
 
+    /// The host's capabilities XML (`virConnectGetCapabilities`): among others, which versioned
+    /// machine each alias such as `q35` stands for.
+    pub fn capabilities_xml(&self) -> Result<String, LibvirtError> {
+        self.conn
+            .capabilities()
+            .map_err(Self::call_err("getCapabilities", &self.uri))
+    }
+
     pub fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
         self.domain(name)?
             .xml_desc(0)

@@ -1,0 +1,299 @@
+//! Where each volume source lives on the host (`docs/DESIGN.md` §2), as pure functions of the spec
+//! and the host roots: the converter writes these paths into the domain, and `host` makes the
+//! files behind them (overlays, empty disks, the cloud-init ISO). No I/O here.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::spec::{VirtualMachineInstance, Volume, VolumeSource};
+
+/// The directories volume sources resolve under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPaths {
+    /// Filesystem PVCs and DataVolumes: `<volume_root>/vmi-disks/<volume>/disk.img`.
+    pub volume_root: PathBuf,
+    /// Block PVCs and DataVolumes: the device node `<dev_root>/<volume>`.
+    pub dev_root: PathBuf,
+    /// containerDisk images, put there by whoever makes the pod: `<dir>/disk_<n>.img`.
+    pub container_disk_dir: PathBuf,
+    /// What the launcher makes itself: overlays, empty disks, cloud-init ISOs, EFI variables,
+    /// the VNC socket.
+    pub private_dir: PathBuf,
+    /// OVMF, as Debian's `ovmf` package installs it.
+    pub firmware_dir: PathBuf,
+}
+
+pub const OVMF_DIR: &str = "/usr/share/OVMF";
+
+impl HostPaths {
+    /// KubeVirt's pod layout.
+    pub fn pod() -> HostPaths {
+        HostPaths {
+            volume_root: "/var/run/kubevirt-private".into(),
+            dev_root: "/dev".into(),
+            container_disk_dir: "/var/run/kubevirt/container-disks".into(),
+            private_dir: "/var/run/kubevirt-private/vmlauncher".into(),
+            firmware_dir: OVMF_DIR.into(),
+        }
+    }
+
+    /// A local run: everything under the launcher's runtime directory.
+    pub fn local(runtime_dir: &Path) -> HostPaths {
+        HostPaths {
+            volume_root: runtime_dir.to_path_buf(),
+            dev_root: runtime_dir.join("dev"),
+            container_disk_dir: runtime_dir.join("container-disks"),
+            private_dir: runtime_dir.join("private"),
+            firmware_dir: OVMF_DIR.into(),
+        }
+    }
+
+    pub fn vnc_socket(&self) -> PathBuf {
+        self.private_dir.join("vnc.sock")
+    }
+
+    pub fn nvram(&self, domain: &str) -> PathBuf {
+        self.private_dir
+            .join("nvram")
+            .join(format!("{domain}_VARS.fd"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    Raw,
+    Qcow2,
+}
+
+impl ImageFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+        }
+    }
+}
+
+/// What the launcher must do on the host before the domain can use a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Preparation {
+    /// The file or device must exist.
+    Exists,
+    /// The file must exist, or is created sparse with this many bytes.
+    CreateIfMissing { capacity: u64 },
+    /// A qcow2 of this size is created if missing.
+    EmptyQcow2 { capacity: u64 },
+    /// A fresh qcow2 overlay on `backing` is made on every start (ephemeral by design).
+    Overlay { backing: PathBuf },
+    /// A `cidata` ISO with these files is built on every start.
+    CloudInit { files: Vec<(String, Vec<u8>)> },
+}
+
+/// A volume resolved to its host source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedVolume {
+    pub path: PathBuf,
+    pub block: bool,
+    pub format: ImageFormat,
+    pub preparation: Preparation,
+}
+
+/// The host path of a filesystem or block claim of volume `name`.
+pub fn claim_path(paths: &HostPaths, name: &str, block: bool) -> PathBuf {
+    if block {
+        paths.dev_root.join(name)
+    } else {
+        paths
+            .volume_root
+            .join("vmi-disks")
+            .join(name)
+            .join("disk.img")
+    }
+}
+
+/// Resolves a (validated) volume. `block_volumes` names the volumes whose source the host found
+/// to be a block device.
+pub fn resolve(
+    vmi: &VirtualMachineInstance,
+    volume: &Volume,
+    paths: &HostPaths,
+    block_volumes: &BTreeSet<String>,
+) -> Option<ResolvedVolume> {
+    let block = block_volumes.contains(&volume.name);
+    let name = volume.name.as_str();
+    let resolved = match volume.source()? {
+        VolumeSource::HostDisk(hd) => ResolvedVolume {
+            path: hd.path.clone().into(),
+            block,
+            format: ImageFormat::Raw,
+            preparation: match (&hd.disk_type[..], &hd.capacity) {
+                ("DiskOrCreate", Some(q)) => Preparation::CreateIfMissing {
+                    capacity: q.to_bytes().ok()?,
+                },
+                _ => Preparation::Exists,
+            },
+        },
+        VolumeSource::PersistentVolumeClaim(_) | VolumeSource::DataVolume(_) => ResolvedVolume {
+            path: claim_path(paths, name, block),
+            block,
+            format: ImageFormat::Raw,
+            preparation: Preparation::Exists,
+        },
+        VolumeSource::ContainerDisk(_) => {
+            // KubeVirt numbers container disks by their position among the container disks.
+            let n = vmi
+                .spec
+                .volumes
+                .iter()
+                .filter(|v| v.container_disk.is_some())
+                .position(|v| v.name == volume.name)?;
+            ResolvedVolume {
+                path: paths
+                    .private_dir
+                    .join("container-disks")
+                    .join(format!("{name}.qcow2")),
+                block: false,
+                format: ImageFormat::Qcow2,
+                preparation: Preparation::Overlay {
+                    backing: paths.container_disk_dir.join(format!("disk_{n}.img")),
+                },
+            }
+        }
+        VolumeSource::EmptyDisk(ed) => ResolvedVolume {
+            path: paths
+                .private_dir
+                .join("empty-disks")
+                .join(format!("{name}.qcow2")),
+            block: false,
+            format: ImageFormat::Qcow2,
+            preparation: Preparation::EmptyQcow2 {
+                capacity: ed.capacity.to_bytes().ok()?,
+            },
+        },
+        VolumeSource::Ephemeral(_) => ResolvedVolume {
+            path: paths
+                .private_dir
+                .join("ephemeral-disks")
+                .join(format!("{name}.qcow2")),
+            block: false,
+            format: ImageFormat::Qcow2,
+            preparation: Preparation::Overlay {
+                backing: claim_path(paths, name, block),
+            },
+        },
+        VolumeSource::CloudInitNoCloud(ci) => {
+            let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
+                match (plain, b64) {
+                    (Some(text), _) => Some(text.clone().into_bytes()),
+                    (None, Some(b64)) => crate::spec::decode_base64(b64).ok(),
+                    (None, None) => None,
+                }
+            };
+            let namespace = vmi
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or(crate::convert::DEFAULT_NAMESPACE);
+            let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
+            // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
+            let meta = format!(
+                "instance-id: {}.{namespace}\nlocal-hostname: {hostname}\n",
+                vmi.metadata.name
+            );
+            let mut files = vec![
+                ("meta-data".to_string(), meta.into_bytes()),
+                (
+                    "user-data".to_string(),
+                    decode(&ci.user_data, &ci.user_data_base64).unwrap_or_default(),
+                ),
+            ];
+            if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
+                files.push(("network-config".to_string(), network));
+            }
+            ResolvedVolume {
+                path: paths
+                    .private_dir
+                    .join("cloud-init")
+                    .join(format!("{name}.iso")),
+                block: false,
+                format: ImageFormat::Raw,
+                preparation: Preparation::CloudInit { files },
+            }
+        }
+    };
+    Some(resolved)
+}
+
+/// Volumes whose claim could be a block device, with the node path to check: what a caller
+/// looks at on the host to fill `ConvertOptions::block_volumes`.
+pub fn block_candidates(vmi: &VirtualMachineInstance, paths: &HostPaths) -> Vec<(String, PathBuf)> {
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| match v.source()? {
+            VolumeSource::PersistentVolumeClaim(_)
+            | VolumeSource::DataVolume(_)
+            | VolumeSource::Ephemeral(_) => {
+                Some((v.name.clone(), claim_path(paths, &v.name, true)))
+            }
+            VolumeSource::HostDisk(hd) => Some((v.name.clone(), PathBuf::from(&hd.path))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: vm, namespace: ns}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices:
+      disks:
+      - name: a
+      - name: b
+      - name: c
+      - name: d
+      - name: e
+  volumes:
+  - {name: a, containerDisk: {image: x}}
+  - {name: b, persistentVolumeClaim: {claimName: pvc}}
+  - {name: c, containerDisk: {image: y}}
+  - {name: d, cloudInitNoCloud: {userDataBase64: aGVsbG8=}}
+  - {name: e, emptyDisk: {capacity: 1Gi}}
+"#;
+
+    #[test]
+    fn follows_kubevirt_conventions() {
+        let vmi = crate::spec::parse(SPEC).unwrap();
+        let paths = HostPaths::pod();
+        let block: BTreeSet<String> = ["b".to_string()].into();
+        let r = |i: usize| resolve(&vmi, &vmi.spec.volumes[i], &paths, &block).unwrap();
+        assert_eq!(
+            r(2).preparation,
+            Preparation::Overlay {
+                backing: "/var/run/kubevirt/container-disks/disk_1.img".into()
+            }
+        );
+        assert_eq!(r(1).path, PathBuf::from("/dev/b"));
+        assert!(r(1).block);
+        let Preparation::CloudInit { files } = r(3).preparation else {
+            panic!("cloud-init")
+        };
+        assert_eq!(files[0].1, b"instance-id: vm.ns\nlocal-hostname: vm\n");
+        assert_eq!(files[1], ("user-data".into(), b"hello".to_vec()));
+        assert_eq!(
+            r(4).preparation,
+            Preparation::EmptyQcow2 { capacity: 1 << 30 }
+        );
+        assert_eq!(
+            claim_path(&paths, "b", false),
+            PathBuf::from("/var/run/kubevirt-private/vmi-disks/b/disk.img")
+        );
+    }
+}
