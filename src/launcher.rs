@@ -573,6 +573,10 @@ impl Launcher {
 
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
     async fn refresh(&self) {
+        if *self.closing.borrow() {
+            // Shutting down: the domain is being removed on purpose; nothing to learn.
+            return;
+        }
         let n = self.domain_name.clone();
         let observation = match self.call(move |hv| hv.power_state(&n)).await {
             Ok(power) => Observation::Domain(power),
@@ -851,9 +855,18 @@ impl Launcher {
     /// Settles the vm_state by how the task went (`failure` is its error, if any).
     fn end_task(&self, guard: TaskGuard<'_>, failure: Option<String>) {
         let TaskGuard { _slot, info } = guard;
+        // An owner's stop is final for a VM that would never be started again by its strategy:
+        // a pod's launcher then exits, as KubeVirt's does when its VMI is stopped.
+        let final_stop = failure.is_none()
+            && matches!(info.command, Command::Shutdown | Command::Kill)
+            && matches!(
+                self.options.strategy,
+                RunStrategy::Once | RunStrategy::RerunOnFailure
+            );
         self.update(|s| {
             s.vm_state = lifecycle::settle(s.vm_state, info.command, failure.is_none());
             s.task = None;
+            s.finished |= final_stop;
         });
         self.events.publish(EventKind::Task {
             id: info.id,

@@ -400,3 +400,22 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_stop_ends_a_launcher_whose_vm_runs_once() {
+    let name = "stop-once";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    boot(&mut vm);
+    let qemu = qemu_pid(&vm, name);
+    assert_eq!(
+        vm_state_after(&vm, &["stop", "--grace-period", "30"]),
+        "Stopped"
+    );
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(
+        vm.stdout_seen.iter().any(|l| l.contains("phase Succeeded")),
+        "{:?}",
+        vm.stdout_seen
+    );
+    assert!(!alive(qemu));
+}
