@@ -698,9 +698,40 @@ impl Launcher {
                 });
                 true
             }
+            _ if *self.closing.borrow() => false,
             HypervisorEvent::ConnectionClosed { reason } => {
-                tracing::error!(reason, "the libvirt connection closed");
-                self.reconnect().await;
+                // A close of a connection already replaced (after a daemon restart) is old news.
+                let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
+                if !current_alive {
+                    tracing::error!(reason, "the libvirt connection closed");
+                    self.reconnect().await;
+                }
+                true
+            }
+            HypervisorEvent::DaemonExited { daemon } => {
+                tracing::error!(daemon, "a private daemon exited");
+                self.events.publish(EventKind::Hypervisor {
+                    event: "DaemonExited".into(),
+                    detail: daemon.into(),
+                });
+                if daemon == "libvirtd" {
+                    self.reconnect().await;
+                } else {
+                    let c = self.connector.clone();
+                    match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(daemon, "restarted");
+                            self.events.publish(EventKind::Hypervisor {
+                                event: "DaemonRestarted".into(),
+                                detail: daemon.into(),
+                            });
+                        }
+                        Ok(Err(e)) => {
+                            tracing::error!(daemon, error = %crate::error_chain(&e), "cannot restart")
+                        }
+                        Err(e) => tracing::error!(daemon, error = %e, "restart panicked"),
+                    }
+                }
                 true
             }
             _ => false,

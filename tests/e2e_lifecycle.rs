@@ -157,7 +157,23 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert!(alive(new_daemon));
     assert_eq!(qemu_pid(&vm, name), qemu, "the same QEMU");
     assert!(alive(qemu), "QEMU kept running throughout");
-    // And the launcher still controls it through the new daemon.
+    // virtlogd too: it is restarted at once, and the VM runs on.
+    let mut events = EventWatcher::start(&vm.socket()).await;
+    let virtlogd = vm.pid_from("libvirt/virtlogd.pid").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(virtlogd),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    events
+        .wait_for("virtlogd restarted", GUEST_DEADLINE, |e| {
+            matches!(&e.kind, Some(Kind::Hypervisor(h)) if h.event == "DaemonRestarted" && h.detail == "virtlogd")
+        })
+        .await;
+    let new_virtlogd = vm.pid_from("libvirt/virtlogd.pid").unwrap();
+    assert_ne!(virtlogd, new_virtlogd);
+    assert!(alive(new_virtlogd) && alive(qemu));
+    // And the launcher still controls it through the new daemons.
     let out = Process::new(common::bin())
         .args(["pause", "--socket"])
         .arg(vm.socket())
@@ -170,7 +186,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     );
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    assert!(!alive(qemu) && !alive(new_daemon));
+    assert!(!alive(qemu) && !alive(new_daemon) && !alive(new_virtlogd));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

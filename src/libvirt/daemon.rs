@@ -1,28 +1,36 @@
-//! A private libvirtd for one launcher: its own configuration, sockets, state and logs under the
-//! runtime directory, so that it never collides with a system libvirtd on the same machine.
+//! A private libvirtd and virtlogd for one launcher: their own configuration, sockets, state and
+//! logs under the runtime directory, so that they never collide with a system libvirtd.
 //!
 //! A root libvirtd keeps state at fixed paths (`/run/libvirt`, `/var/lib/libvirt`, ...); a second
-//! one fails on its pid files. So the daemon runs in a mount namespace of its own in which those
-//! paths are the runtime directory's subdirectories — what a container gives it for free. Its
-//! client socket lives outside the covered paths, so `virsh -c <uri>` reaches it from the host.
+//! one fails on its pid files. So both daemons run in mount namespaces of their own in which those
+//! paths are the runtime directory's subdirectories — what a container gives them for free. Both
+//! see the same directories, so libvirtd finds virtlogd at `/run/libvirt/virtlogd-sock`. The
+//! libvirtd client socket lives outside the covered paths, so `virsh -c <uri>` works from the host.
 //!
-//! QEMU's standard output goes to files (`stdio_handler = "file"`), so no virtlogd is needed.
+//! Each daemon the launcher starts is watched by a thread blocked in `wait()`: when one exits, the
+//! launcher hears of it at once (no polling) and [`PrivateDaemon::ensure_running`] starts it again.
 
 use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, MsFlags};
 use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
-/// How long a fresh daemon may take to answer (the first start probes QEMU's capabilities).
+/// How long a fresh daemon may take to answer (the first libvirtd start probes QEMU).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a daemon may take to stop on SIGTERM before it gets SIGKILL.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The host paths a root libvirtd insists on, and the subdirectory of ours that covers each.
 const COVERED: [(&str, &str); 5] = [
@@ -41,17 +49,21 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot start libvirtd (is libvirt-daemon installed?)")]
-    Spawn(#[source] io::Error),
-    #[error("libvirtd exited during start-up ({status}); its log {log} ends with:\n{tail}")]
+    #[error("cannot start {daemon} (is libvirt-daemon installed?)")]
+    Spawn {
+        daemon: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{daemon} exited during start-up; its log {log} ends with:\n{tail}")]
     Exited {
-        status: std::process::ExitStatus,
+        daemon: &'static str,
         log: PathBuf,
         tail: String,
     },
-    #[error("libvirtd did not answer on {uri} within {timeout:?}; see {log}")]
+    #[error("{daemon} did not answer within {timeout:?}; see {log}")]
     Timeout {
-        uri: String,
+        daemon: &'static str,
         timeout: Duration,
         log: PathBuf,
     },
@@ -64,19 +76,88 @@ pub struct DaemonOptions {
     pub pod_cgroups: bool,
 }
 
-/// A running private libvirtd: one this launcher started (its child), or one an earlier launcher
-/// of the same runtime directory left running (adopted). `stop` ends it; QEMU outlives it.
+/// Told the name of a daemon the launcher started when it exits.
+pub type ExitNotifier = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// One daemon process: started by us (watched by a thread) or adopted from its pid file.
 #[derive(Debug)]
+struct DaemonProcess {
+    name: &'static str,
+    pid: i32,
+    /// Set by the watching thread when our child exits; `None` for an adopted process.
+    exited: Option<Arc<(Mutex<bool>, Condvar)>>,
+}
+
+impl DaemonProcess {
+    fn is_alive(&self) -> bool {
+        match &self.exited {
+            Some(flag) => !*flag.0.lock().expect("exit flag"),
+            None => process_alive(self.pid),
+        }
+    }
+
+    /// Waits until the process is gone, at most `limit`; true if it is.
+    fn wait_gone(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        match &self.exited {
+            Some(flag) => {
+                let (lock, cv) = &**flag;
+                let guard = lock.lock().expect("exit flag");
+                let (guard, _) = cv
+                    .wait_timeout_while(guard, limit, |exited| !*exited)
+                    .expect("exit flag");
+                *guard
+            }
+            // Not our child: nothing to wait on but its /proc entry.
+            None => loop {
+                if !process_alive(self.pid) {
+                    return true;
+                }
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            },
+        }
+    }
+
+    /// SIGTERM, then SIGKILL if it does not go within the stop timeout.
+    fn stop(&self) {
+        if !self.is_alive() {
+            return;
+        }
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGTERM);
+        if !self.wait_gone(STOP_TIMEOUT) {
+            tracing::warn!(daemon = self.name, "did not stop on SIGTERM; killing it");
+            let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+            self.wait_gone(STOP_TIMEOUT);
+        }
+    }
+}
+
+/// The private libvirtd and virtlogd of one runtime directory.
 pub struct PrivateDaemon {
-    child: Option<Child>,
-    /// The daemon's pid, also for an adopted one (from its pid file).
-    pid: Option<i32>,
     dir: PathBuf,
     uri: String,
+    options: DaemonOptions,
+    libvirtd: Option<DaemonProcess>,
+    virtlogd: Option<DaemonProcess>,
+    /// Shared with the watching threads, so that `stop` can silence them before it kills.
+    on_exit: Arc<Mutex<Option<ExitNotifier>>>,
+}
+
+impl std::fmt::Debug for PrivateDaemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateDaemon")
+            .field("dir", &self.dir)
+            .field("libvirtd", &self.libvirtd)
+            .field("virtlogd", &self.virtlogd)
+            .finish()
+    }
 }
 
 impl PrivateDaemon {
-    /// The URI of the daemon whose files live in `dir`.
+    /// The URI of the libvirtd whose files live in `dir`.
     pub fn uri_for(dir: &Path) -> String {
         format!(
             "qemu+unix:///system?socket={}",
@@ -84,41 +165,117 @@ impl PrivateDaemon {
         )
     }
 
-    /// Reuses the daemon of `dir` if one answers there (an earlier launcher's, after that launcher
-    /// died), else starts one.
-    pub fn adopt_or_start(dir: &Path, options: DaemonOptions) -> Result<Self, DaemonError> {
-        let uri = Self::uri_for(dir);
-        if dir.join("sock/libvirt-sock").exists() && answers(&uri) {
-            let pid = fs::read_to_string(dir.join("libvirtd.pid"))
-                .ok()
-                .and_then(|p| p.trim().parse().ok());
-            tracing::info!(%uri, ?pid, "adopted the running private libvirtd");
-            return Ok(PrivateDaemon {
-                child: None,
-                pid,
-                dir: dir.into(),
-                uri,
-            });
-        }
-        Self::start(dir, options)
-    }
-
-    /// The daemon process still exists (a zombie counts as gone).
-    pub fn is_alive(&mut self) -> bool {
-        if let Some(child) = self.child.as_mut() {
-            return matches!(child.try_wait(), Ok(None));
-        }
-        self.pid.is_some_and(process_alive)
-    }
-
-    /// Starts libvirtd with everything under `dir` and waits until an API call succeeds.
+    /// Starts both daemons with everything under `dir` and waits until libvirtd answers.
     pub fn start(dir: &Path, options: DaemonOptions) -> Result<Self, DaemonError> {
+        Self::adopt_or_start(dir, options, None)
+    }
+
+    /// Reuses the daemons of `dir` that still run (an earlier launcher's, after it died) and
+    /// starts the others. `on_exit` hears of every daemon this call (or a later
+    /// [`ensure_running`](Self::ensure_running)) starts when it exits.
+    pub fn adopt_or_start(
+        dir: &Path,
+        options: DaemonOptions,
+        on_exit: Option<ExitNotifier>,
+    ) -> Result<Self, DaemonError> {
+        let mut daemon = PrivateDaemon {
+            dir: dir.into(),
+            uri: Self::uri_for(dir),
+            options,
+            libvirtd: None,
+            virtlogd: None,
+            on_exit: Arc::new(Mutex::new(on_exit)),
+        };
+        daemon.virtlogd = daemon.adopt("virtlogd", |d| d.virtlogd_socket_answers());
+        daemon.libvirtd = daemon.adopt("libvirtd", |d| answers(&d.uri));
+        daemon.ensure_running()?;
+        Ok(daemon)
+    }
+
+    fn adopt(&self, name: &'static str, answers: impl Fn(&Self) -> bool) -> Option<DaemonProcess> {
+        let pid = fs::read_to_string(self.dir.join(format!("{name}.pid")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        if !process_alive(pid) || !answers(self) {
+            return None;
+        }
+        tracing::info!(daemon = name, pid, "adopted the running private daemon");
+        Some(DaemonProcess {
+            name,
+            pid,
+            exited: None,
+        })
+    }
+
+    /// Starts whichever daemon is not running (virtlogd first: libvirtd needs it for every
+    /// domain it starts), and waits until each answers.
+    pub fn ensure_running(&mut self) -> Result<(), DaemonError> {
+        self.prepare()?;
+        if !self.virtlogd.as_ref().is_some_and(DaemonProcess::is_alive) {
+            if self.virtlogd.is_some() {
+                tracing::warn!("the private virtlogd is gone; starting it again");
+            }
+            let process = self.spawn("virtlogd")?;
+            self.virtlogd = Some(process);
+            self.wait_ready("virtlogd", |d| d.virtlogd_socket_answers())?;
+        }
+        if !self.libvirtd.as_ref().is_some_and(DaemonProcess::is_alive) {
+            if self.libvirtd.is_some() {
+                tracing::warn!("the private libvirtd is gone; starting it again");
+            }
+            let process = self.spawn("libvirtd")?;
+            self.libvirtd = Some(process);
+            self.wait_ready("libvirtd", |d| answers(&d.uri))?;
+        }
+        Ok(())
+    }
+
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// Both daemons run.
+    pub fn is_alive(&mut self) -> bool {
+        [&self.libvirtd, &self.virtlogd]
+            .iter()
+            .all(|p| p.as_ref().is_some_and(DaemonProcess::is_alive))
+    }
+
+    /// libvirtd's pid.
+    pub fn pid(&self) -> Option<i32> {
+        self.libvirtd.as_ref().map(|p| p.pid)
+    }
+
+    /// Stops libvirtd, then virtlogd, and waits for both. QEMU outlives them.
+    pub fn stop(&mut self) {
+        // No more restarts: the exits that follow are ours.
+        *self.on_exit.lock().expect("notifier lock") = None;
+        for process in [self.libvirtd.take(), self.virtlogd.take()]
+            .into_iter()
+            .flatten()
+        {
+            process.stop();
+        }
+    }
+
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
+    }
+
+    fn virtlogd_socket_answers(&self) -> bool {
+        UnixStream::connect(self.dir.join("run/virtlogd-sock")).is_ok()
+    }
+
+    /// Directories and configuration files, rewritten at every start.
+    fn prepare(&self) -> Result<(), DaemonError> {
         let prepare = |path: &Path, source| DaemonError::Prepare {
             path: path.to_path_buf(),
             source,
         };
         for sub in ["etc", "run", "lib", "cache", "log", "sock"] {
-            let path = dir.join(sub);
+            let path = self.dir.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
@@ -128,38 +285,51 @@ impl PrivateDaemon {
         for (host, _) in COVERED {
             fs::create_dir_all(host).map_err(|e| prepare(Path::new(host), e))?;
         }
-        let config = dir.join("libvirtd.conf");
-        fs::write(&config, libvirtd_conf(dir)).map_err(|e| prepare(&config, e))?;
-        let qemu_conf = dir.join("etc/qemu.conf");
-        fs::write(&qemu_conf, qemu_conf_text(options)).map_err(|e| prepare(&qemu_conf, e))?;
-        let log = dir.join("libvirtd.log");
+        let files = [
+            (self.dir.join("libvirtd.conf"), libvirtd_conf(&self.dir)),
+            (self.dir.join("virtlogd.conf"), VIRTLOGD_CONF.to_string()),
+            (self.dir.join("etc/qemu.conf"), qemu_conf_text(self.options)),
+        ];
+        for (path, text) in files {
+            fs::write(&path, text).map_err(|e| prepare(&path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Starts `name` in a mount namespace of its own that covers libvirt's fixed paths with ours,
+    /// and a thread that reports its exit.
+    fn spawn(&self, name: &'static str) -> Result<DaemonProcess, DaemonError> {
+        let log = self.log_path(name);
+        let prepare = |source| DaemonError::Prepare {
+            path: log.clone(),
+            source,
+        };
         // Appended to: a restarted daemon keeps the story of the one before.
         let log_file = fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
-            .map_err(|e| prepare(&log, e))?;
-        fs::set_permissions(&log, fs::Permissions::from_mode(0o600))
-            .map_err(|e| prepare(&log, e))?;
-
+            .map_err(prepare)?;
+        fs::set_permissions(&log, fs::Permissions::from_mode(0o600)).map_err(prepare)?;
         // Everything the child needs after fork is allocated here, before it.
         let binds: Vec<(CString, CString)> = COVERED
             .iter()
             .map(|(host, sub)| {
                 (
-                    CString::new(dir.join(sub).as_os_str().as_bytes()).expect("no NUL in paths"),
+                    CString::new(self.dir.join(sub).as_os_str().as_bytes())
+                        .expect("no NUL in paths"),
                     CString::new(*host).expect("no NUL"),
                 )
             })
             .collect();
-        let mut command = Command::new("libvirtd");
+        let mut command = Command::new(name);
         command
             .arg("--config")
-            .arg(&config)
+            .arg(self.dir.join(format!("{name}.conf")))
             .arg("--pid-file")
-            .arg(dir.join("libvirtd.pid"))
+            .arg(self.dir.join(format!("{name}.pid")))
             .stdin(Stdio::null())
-            .stdout(log_file.try_clone().map_err(|e| prepare(&log, e))?)
+            .stdout(log_file.try_clone().map_err(prepare)?)
             .stderr(log_file)
             // Its own process group: a Ctrl-C at the terminal is the launcher's to handle.
             .process_group(0);
@@ -187,81 +357,72 @@ impl PrivateDaemon {
                 Ok(())
             });
         }
-        let child = command.spawn().map_err(DaemonError::Spawn)?;
-        let mut daemon = PrivateDaemon {
-            pid: Some(child.id() as i32),
-            child: Some(child),
-            dir: dir.to_path_buf(),
-            uri: Self::uri_for(dir),
-        };
-        daemon.wait_ready()?;
-        Ok(daemon)
+        let mut child = command.spawn().map_err(|source| DaemonError::Spawn {
+            daemon: name,
+            source,
+        })?;
+        let pid = child.id() as i32;
+        let exited = Arc::new((Mutex::new(false), Condvar::new()));
+        let flag = exited.clone();
+        let on_exit = self.on_exit.clone();
+        std::thread::Builder::new()
+            .name(format!("watch-{name}"))
+            .spawn(move || {
+                // An error means a PID-1 reaper got there first: it exited all the same.
+                let status = child.wait();
+                tracing::debug!(daemon = name, ?status, "exited");
+                *flag.0.lock().expect("exit flag") = true;
+                flag.1.notify_all();
+                let notify = on_exit.lock().expect("notifier lock").clone();
+                if let Some(notify) = notify {
+                    notify(name);
+                }
+            })
+            .map_err(|source| DaemonError::Spawn {
+                daemon: name,
+                source,
+            })?;
+        Ok(DaemonProcess {
+            name,
+            pid,
+            exited: Some(exited),
+        })
     }
 
-    pub fn uri(&self) -> &str {
-        &self.uri
-    }
-
-    pub fn pid(&self) -> Option<i32> {
-        self.pid
-    }
-
-    /// Ready means an API call succeeds, not that the socket exists.
-    fn wait_ready(&mut self) -> Result<(), DaemonError> {
+    /// Ready means the daemon answers, not that its socket exists.
+    fn wait_ready(
+        &self,
+        name: &'static str,
+        answers: impl Fn(&Self) -> bool,
+    ) -> Result<(), DaemonError> {
         crate::libvirt::events::ensure_event_loop().ok();
+        let process = match name {
+            "libvirtd" => self.libvirtd.as_ref(),
+            _ => self.virtlogd.as_ref(),
+        };
         let deadline = Instant::now() + START_TIMEOUT;
         let mut backoff = Duration::from_millis(10);
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    self.child = None;
-                    let log = self.dir.join("libvirtd.log");
-                    return Err(DaemonError::Exited {
-                        status,
-                        tail: log_tail(&log),
-                        log,
-                    });
-                }
+            if !process.is_some_and(DaemonProcess::is_alive) {
+                let log = self.log_path(name);
+                return Err(DaemonError::Exited {
+                    daemon: name,
+                    tail: log_tail(&log),
+                    log,
+                });
             }
-            if answers(&self.uri) {
+            if answers(self) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
                 return Err(DaemonError::Timeout {
-                    uri: self.uri.clone(),
+                    daemon: name,
                     timeout: START_TIMEOUT,
-                    log: self.dir.join("libvirtd.log"),
+                    log: self.log_path(name),
                 });
             }
             std::thread::sleep(backoff);
             backoff = (backoff * 2).min(Duration::from_millis(200));
-        }
-    }
-
-    /// Stops the daemon (SIGTERM, then SIGKILL after five seconds) and waits for it.
-    pub fn stop(&mut self) {
-        let Some(pid) = self.pid.take() else {
-            return;
-        };
-        let mut child = self.child.take();
-        use nix::sys::signal::{kill, Signal};
-        let target = nix::unistd::Pid::from_raw(pid);
-        let _ = kill(target, Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let mut gone = || match child.as_mut() {
-            // Our child: reap it. An error means someone else (a PID-1 reaper) already did.
-            Some(c) => !matches!(c.try_wait(), Ok(None)),
-            None => !process_alive(pid),
-        };
-        while !gone() {
-            if Instant::now() >= deadline {
-                let _ = kill(target, Signal::SIGKILL);
-                if let Some(c) = child.as_mut() {
-                    let _ = c.wait();
-                }
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
     }
 }
@@ -314,6 +475,10 @@ log_outputs = "3:stderr"
     )
 }
 
+const VIRTLOGD_CONF: &str = r#"# Written by vmlauncher for its private virtlogd; rewritten at every start.
+log_outputs = "3:stderr"
+"#;
+
 fn qemu_conf_text(options: DaemonOptions) -> String {
     let cgroups = if options.pod_cgroups {
         "cgroup_controllers = [ ]\n"
@@ -327,7 +492,7 @@ group = "root"
 dynamic_ownership = 0
 remember_owner = 0
 namespaces = [ ]
-stdio_handler = "file"
+stdio_handler = "logd"
 security_driver = "none"
 {cgroups}"#
     )

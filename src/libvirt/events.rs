@@ -48,6 +48,10 @@ pub enum HypervisorEvent {
     ControlError {
         domain: String,
     },
+    /// A private daemon the launcher started (libvirtd, virtlogd) exited.
+    DaemonExited {
+        daemon: &'static str,
+    },
     /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
     ConnectionClosed {
         reason: i32,

@@ -7,7 +7,7 @@ pub mod daemon;
 pub mod events;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
 use virt::connect::Connect;
@@ -95,6 +95,11 @@ impl Hypervisor {
 
     pub fn uri(&self) -> &str {
         &self.uri
+    }
+
+    /// The connection still works (libvirt's keepalive and socket state).
+    pub fn is_alive(&self) -> bool {
+        self.conn.is_alive().unwrap_or(false)
     }
 
     fn call_err<'a>(
@@ -300,19 +305,34 @@ impl Connector {
         }
     }
 
-    /// Blocking. Every domain event of the new connection goes to the connector's channel.
+    /// Blocking. Makes sure the private daemons run (adopting, starting or restarting them),
+    /// then connects; every domain event of the new connection goes to the connector's channel.
     pub fn connect(&self) -> Result<Hypervisor, ConnectError> {
-        if let Backend::Private { dir, options } = &self.backend {
-            let mut slot = self.daemon.lock().expect("daemon lock");
-            let alive = slot.as_mut().is_some_and(|d| d.is_alive());
-            if !alive {
-                if slot.is_some() {
-                    tracing::warn!("the private libvirtd is gone; starting it again");
-                }
-                *slot = Some(daemon::PrivateDaemon::adopt_or_start(dir, *options)?);
+        self.ensure_daemons()?;
+        Ok(Hypervisor::open(&self.uri(), self.events.clone())?)
+    }
+
+    /// Blocking. Starts whichever private daemon is not running; nothing for a `--connect` URI.
+    pub fn ensure_daemons(&self) -> Result<(), ConnectError> {
+        let Backend::Private { dir, options } = &self.backend else {
+            return Ok(());
+        };
+        let mut slot = self.daemon.lock().expect("daemon lock");
+        match slot.as_mut() {
+            Some(daemon) => daemon.ensure_running()?,
+            None => {
+                let events = self.events.clone();
+                let notify: daemon::ExitNotifier = Arc::new(move |daemon| {
+                    let _ = events.send(HypervisorEvent::DaemonExited { daemon });
+                });
+                *slot = Some(daemon::PrivateDaemon::adopt_or_start(
+                    dir,
+                    *options,
+                    Some(notify),
+                )?);
             }
         }
-        Ok(Hypervisor::open(&self.uri(), self.events.clone())?)
+        Ok(())
     }
 
     /// The private daemon's pid, if the launcher runs one.
