@@ -10,6 +10,7 @@ pub mod domain;
 pub mod exit;
 pub mod host;
 pub mod hotplug;
+pub mod init;
 pub mod launcher;
 pub mod libvirt;
 pub mod lifecycle;

@@ -144,6 +144,8 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> std::process::ExitCode {
+    // First, before any thread exists: as PID 1, fork a reaper that stays PID 1.
+    vmlauncher::init::become_init_if_pid1();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {

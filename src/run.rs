@@ -94,9 +94,6 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         );
         return ExitCode::Internal;
     }
-    if std::process::id() == 1 {
-        reap_children();
-    }
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let backend = match &opts.connect {
@@ -246,28 +243,6 @@ async fn follow(launcher: &Launcher, started: Instant) -> ExitCode {
             () = &mut terminate, if terminating => terminating = false,
         }
     }
-}
-
-/// As PID 1, every orphan (QEMU, once libvirt daemonised it) becomes ours to reap.
-fn reap_children() {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    let Ok(mut sigchld) = signal(SignalKind::child()) else {
-        tracing::warn!("cannot watch SIGCHLD; orphans will not be reaped");
-        return;
-    };
-    tokio::spawn(async move {
-        loop {
-            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                if status == WaitStatus::StillAlive {
-                    break;
-                }
-                tracing::debug!(?status, "reaped a child");
-            }
-            if sigchld.recv().await.is_none() {
-                return;
-            }
-        }
-    });
 }
 
 fn mirror_console(path: PathBuf) {

@@ -294,6 +294,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "manual"]);
     let line = vm.wait_stdout("domain default_commands", GUEST_DEADLINE);
     assert!(line.contains("not started"), "{line}");
+    vm.wait_stdout("api unix:", GUEST_DEADLINE);
     // `vmlauncher events` follows the stream as a separate process, as an operator would.
     let mut follower = Process::new(common::bin())
         .args(["events", "--output", "json", "--socket"])
@@ -434,4 +435,69 @@ async fn an_owner_stop_ends_a_launcher_whose_vm_runs_once() {
         vm.stdout_seen
     );
     assert!(!alive(qemu));
+}
+
+/// Host pids of the QEMU processes of `domain`, zombies included.
+fn qemu_host_pids(domain: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&format!("guest={domain},")))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
+    let name = "pid-one";
+    let owned = tempfile::Builder::new()
+        .prefix("vml-e2e-")
+        .tempdir()
+        .unwrap();
+    // A new PID namespace (with its own /proc) in which the launcher is PID 1, as in a pod.
+    let mut vm = Launched::start_wrapped(
+        &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
+        owned.path(),
+        &guest_spec(name, "vmltest.poweroff_after=1", &[]),
+        &["--run-strategy", "manual"],
+    );
+    vm.wait_stdout("api unix:", GUEST_DEADLINE);
+    assert_eq!(vm_state_after(&vm, &["start"]), "Active");
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    let first = qemu_host_pids(&format!("default_{name}"));
+    assert_eq!(first.len(), 1, "{first:?}");
+    // The guest powers itself off: QEMU exits, an orphan of the namespace's PID 1.
+    vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
+    // Boot it again and let that one come up: the first QEMU has long been reaped by then.
+    assert_eq!(vm_state_after(&vm, &["start"]), "Active");
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", first[0])).exists(),
+        "the first QEMU ({}) was never reaped: a zombie under PID 1",
+        first[0]
+    );
+    // unshare ignores SIGTERM while it waits: signal the namespace's PID 1, as a runtime would.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", vm.child.id())).unwrap();
+    let pid1: i32 = children
+        .split_whitespace()
+        .next()
+        .expect("unshare's child")
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid1),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert_eq!(
+        vm.wait_exit(GUEST_DEADLINE).code(),
+        Some(0),
+        "PID 1 exits as the launcher did"
+    );
+    drop(vm);
+    drop(owned);
 }

@@ -78,6 +78,20 @@ spec:
     text
 }
 
+/// A runtime dir prepared for a launcher not started yet.
+pub struct Pending {
+    owned: Option<tempfile::TempDir>,
+}
+
+impl Pending {
+    pub fn run(&mut self, spec: &str, extra_args: &[&str]) -> Launched {
+        let owned = self.owned.take().expect("run once");
+        let mut launched = Launched::start_in(owned.path(), spec, extra_args);
+        launched._owned = Some(owned);
+        launched
+    }
+}
+
 /// A running `vmlauncher run`, with its runtime dir.
 pub struct Launched {
     pub child: Child,
@@ -100,8 +114,29 @@ impl Launched {
         launched
     }
 
+    /// A launcher-to-be with a fresh runtime dir that `prepare` may adjust; `run` starts it.
+    pub fn start_owned(prepare: impl FnOnce(&Path)) -> Pending {
+        let owned = tempfile::Builder::new()
+            .prefix("vml-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        prepare(owned.path());
+        Pending { owned: Some(owned) }
+    }
+
     /// Starts a launcher on an existing runtime dir (e.g. the one a killed launcher left).
     pub fn start_in(runtime_dir: &Path, spec: &str, extra_args: &[&str]) -> Launched {
+        Self::start_wrapped(&[], runtime_dir, spec, extra_args)
+    }
+
+    /// Starts the launcher through `wrapper` (a command and its arguments that run it, e.g.
+    /// `unshare --pid --fork` to make it PID 1).
+    pub fn start_wrapped(
+        wrapper: &[&str],
+        runtime_dir: &Path,
+        spec: &str,
+        extra_args: &[&str],
+    ) -> Launched {
         let spec_path = runtime_dir.join("spec.yaml");
         std::fs::write(&spec_path, spec).unwrap();
         let stderr = std::fs::OpenOptions::new()
@@ -109,7 +144,15 @@ impl Launched {
             .append(true)
             .open(runtime_dir.join("launcher.stderr"))
             .unwrap();
-        let mut child = Command::new(bin())
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let mut child = command
             .arg("run")
             .arg(&spec_path)
             .arg("--runtime-dir")
