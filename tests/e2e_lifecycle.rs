@@ -190,6 +190,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .sync(proto::SyncRequest {
             spec: with_disk.clone(),
             dry_run: false,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -239,6 +240,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .sync(proto::SyncRequest {
             spec: with_disk,
             dry_run: false,
+            ..Default::default()
         })
         .await
         .unwrap()
