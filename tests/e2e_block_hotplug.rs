@@ -410,7 +410,11 @@ async fn scenario(kind: Kind) {
         },
     );
     for (what, req, needle) in [
-        ("a name with ..", bad_name, "volume name \"../etc\" cannot name a device node"),
+        (
+            "a name with ..",
+            bad_name,
+            "volume name \"../etc\" cannot name a device node",
+        ),
         ("a char device", char_dev, "/dev/null is not a block device"),
         (
             "an unknown device number",
