@@ -55,9 +55,10 @@ fn to_status(e: LauncherError) -> tonic::Status {
     use tonic::Code;
     let code = match &e {
         _ if e.is_unavailable() => Code::Unavailable,
-        LauncherError::InvalidSpec(_) | LauncherError::WrongInstance { .. } => {
-            Code::InvalidArgument
-        }
+        LauncherError::InvalidSpec(_)
+        | LauncherError::WrongInstance { .. }
+        | LauncherError::BlockDevice { .. }
+        | LauncherError::NotAHotplugVolume { .. } => Code::InvalidArgument,
         LauncherError::FrozenFieldsChanged { .. } | LauncherError::Refused(_) => {
             Code::FailedPrecondition
         }
@@ -168,6 +169,57 @@ fn event_to_proto(e: launcher::LauncherEvent) -> proto::Event {
     }
 }
 
+/// The block devices of a Sync request; one without a source is refused.
+pub fn block_devices_from_proto(
+    devices: std::collections::HashMap<String, proto::BlockDevice>,
+) -> Result<std::collections::BTreeMap<String, launcher::BlockSource>, tonic::Status> {
+    use proto::block_device::Source;
+    devices
+        .into_iter()
+        .map(|(volume, d)| {
+            let source = match d.source {
+                Some(Source::Path(p)) => launcher::BlockSource::Path(p.into()),
+                Some(Source::Number(n)) => {
+                    launcher::BlockSource::Number(crate::host::devnode::DevNumber {
+                        major: n.major,
+                        minor: n.minor,
+                    })
+                }
+                None => {
+                    return Err(tonic::Status::invalid_argument(format!(
+                        "block_devices[{volume:?}]: neither path nor number is set"
+                    )))
+                }
+            };
+            Ok((volume, source))
+        })
+        .collect()
+}
+
+pub fn block_devices_to_proto(
+    devices: &std::collections::BTreeMap<String, launcher::BlockSource>,
+) -> std::collections::HashMap<String, proto::BlockDevice> {
+    use proto::block_device::Source;
+    devices
+        .iter()
+        .map(|(volume, source)| {
+            let source = match source {
+                launcher::BlockSource::Path(p) => Source::Path(p.to_string_lossy().into()),
+                launcher::BlockSource::Number(n) => Source::Number(proto::DeviceNumber {
+                    major: n.major,
+                    minor: n.minor,
+                }),
+            };
+            (
+                volume.clone(),
+                proto::BlockDevice {
+                    source: Some(source),
+                },
+            )
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 struct Service {
     launcher: Arc<Launcher>,
@@ -200,11 +252,13 @@ impl proto::launcher_server::Launcher for Service {
         request: Request<proto::SyncRequest>,
     ) -> Result<Response<proto::SyncResponse>, tonic::Status> {
         let req = request.into_inner();
-        let outcome = self
-            .launcher
-            .sync(&req.spec, req.dry_run)
-            .await
-            .map_err(to_status)?;
+        let input = launcher::SyncInput {
+            block_devices: block_devices_from_proto(req.block_devices)?,
+            spec: req.spec,
+            dry_run: req.dry_run,
+            persist: req.persist.into_iter().collect(),
+        };
+        let outcome = self.launcher.sync_with(input).await.map_err(to_status)?;
         Ok(Response::new(proto::SyncResponse {
             plan: outcome
                 .plan
@@ -219,6 +273,18 @@ impl proto::launcher_server::Launcher for Service {
                 })
                 .collect(),
             volumes: outcome.volumes.iter().map(volume_to_proto).collect(),
+        }))
+    }
+
+    async fn get_spec(
+        &self,
+        _request: Request<proto::GetSpecRequest>,
+    ) -> Result<Response<proto::GetSpecResponse>, tonic::Status> {
+        let input = self.launcher.last_input();
+        Ok(Response::new(proto::GetSpecResponse {
+            spec: input.spec,
+            block_devices: block_devices_to_proto(&input.block_devices),
+            persist: input.persist.into_iter().collect(),
         }))
     }
 

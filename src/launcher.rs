@@ -8,8 +8,8 @@
 //! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
 //! rules live in `lifecycle`; this module executes them.
 
-use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -18,7 +18,10 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
 
 use crate::convert::{self, ConvertOptions};
 use crate::domain::{self, DiskDef, DomainDef};
-use crate::host::{self, HostError};
+use crate::host::cgroup::{CgroupRoots, DeviceCgroup};
+use crate::host::devnode::{self, DevNodeError, DevNumber, NodeOwner};
+use crate::host::records::{NodeRecord, Records};
+use crate::host::{self, BlockHostError, HostError};
 use crate::hotplug::{self, Plan, PlanError};
 use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::{ConnectError, Connector, Hypervisor, LibvirtError};
@@ -51,6 +54,14 @@ pub enum LauncherError {
     FrozenFieldsChanged { fields: String },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error("block device of volume {volume:?}")]
+    BlockDevice {
+        volume: String,
+        #[source]
+        source: DevNodeError,
+    },
+    #[error("block_devices names volume {volume:?}, which is not a hot-pluggable claim (persistentVolumeClaim or dataVolume with hotpluggable: true) of the spec")]
+    NotAHotplugVolume { volume: String },
     #[error("volume {volume:?}")]
     HostDisk {
         volume: String,
@@ -242,7 +253,104 @@ pub struct LaunchOptions {
     pub convert: ConvertOptions,
     /// The periodic safety-net re-read of the real state.
     pub resync_interval: Duration,
+    pub hotplug: HotplugOptions,
+    /// The spec text the VM was started from (what `GetSpec` returns before the first Sync).
+    pub spec_text: String,
 }
+
+/// Where the host side of block-device hotplug happens. The hotplug dir itself is
+/// `convert.paths.hotplug_dir`.
+#[derive(Debug, Clone)]
+pub struct HotplugOptions {
+    /// Owner of the nodes: the user and group QEMU runs as.
+    pub node_owner: NodeOwner,
+    pub cgroup_roots: CgroupRoots,
+    /// `/sys/dev/block`: which device numbers exist.
+    pub sys_dev_block: PathBuf,
+    /// `/proc`.
+    pub proc_root: PathBuf,
+    /// Where libvirt writes `<domain>.pid` for QEMU.
+    pub qemu_pid_dir: PathBuf,
+    /// The state file of what the launcher made (`host::records`).
+    pub records: PathBuf,
+}
+
+/// The block device behind a hot-plugged volume, as a Sync names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockSource {
+    Path(PathBuf),
+    Number(DevNumber),
+}
+
+/// One Sync request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncInput {
+    pub spec: String,
+    pub dry_run: bool,
+    pub block_devices: BTreeMap<String, BlockSource>,
+    /// Volumes whose attach also goes to the persistent definition.
+    pub persist: BTreeSet<String>,
+}
+
+/// What the launcher made on the host for block volumes (saved as `host::records`).
+#[derive(Debug, Default)]
+struct HostState {
+    /// Hot-plugged block volumes with a node of ours.
+    nodes: BTreeMap<String, NodeRecord>,
+    /// Block devices of the boot disks.
+    boot: BTreeSet<DevNumber>,
+    /// What each cgroup allows now.
+    applied: BTreeMap<DeviceCgroup, BTreeSet<DevNumber>>,
+    /// The device program attached per cgroup v2 directory.
+    programs: BTreeMap<PathBuf, u32>,
+}
+
+impl HostState {
+    /// The complete allow-list: boot disks and every hot-plugged one.
+    fn wanted(&self) -> BTreeSet<DevNumber> {
+        let mut all = self.boot.clone();
+        all.extend(self.nodes.values().map(|n| n.dev));
+        all
+    }
+
+    fn records(&self) -> Records {
+        Records {
+            nodes: self.nodes.clone(),
+            cgroups: self
+                .applied
+                .iter()
+                .map(|(c, d)| (c.clone(), d.clone()))
+                .collect(),
+            programs: self.programs.clone(),
+        }
+    }
+}
+
+/// Undoes the cgroup rule of a volume whose attach failed (re-applies the list without it).
+struct RuleGuard<'a> {
+    launcher: &'a Launcher,
+    volume: String,
+    armed: bool,
+}
+
+impl RuleGuard<'_> {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for RuleGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.launcher.forget_block(&self.volume) {
+                tracing::warn!(volume = %self.volume, error = %crate::error_chain(&e), "undo: cannot revoke the device rule");
+            }
+        }
+    }
+}
+
+/// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
+type BlockResolution = Result<DevNumber, String>;
 
 #[derive(Debug)]
 struct State {
@@ -317,6 +425,10 @@ pub struct Launcher {
     /// Asks the reconciler to re-read and reconcile now.
     wake: Notify,
     removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Nodes and device rules of block volumes (`host::records` on disk).
+    host: Mutex<HostState>,
+    /// The last Sync request (or the start spec), for `GetSpec`.
+    last_input: Mutex<SyncInput>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
 }
@@ -373,6 +485,15 @@ impl Launcher {
             spec: vmi,
         };
         let uri = connector.uri();
+        let boot_devices: BTreeSet<DevNumber> = def
+            .disks
+            .iter()
+            .filter_map(|d| match &d.source {
+                domain::DiskSource::Block(p) => devnode::device_of(p).ok(),
+                _ => None,
+            })
+            .collect();
+        let spec_text = options.spec_text.clone();
         let launcher = Arc::new(Launcher {
             connector,
             hv: RwLock::new(Some(Arc::new(hv))),
@@ -389,6 +510,11 @@ impl Launcher {
             preempt: watch::channel(0).0,
             wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
+            host: Mutex::new(HostState::default()),
+            last_input: Mutex::new(SyncInput {
+                spec: spec_text,
+                ..SyncInput::default()
+            }),
             closing: watch::channel(false).0,
         });
         launcher.update(|_| {});
@@ -416,6 +542,8 @@ impl Launcher {
             launcher.update(|s| s.vm_state = VmState::Stopped);
             StartKind::NotStarted
         };
+        launcher.host.lock().expect("host lock").boot = boot_devices;
+        launcher.adopt_records();
         tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
         Ok((launcher, kind))
     }
@@ -650,6 +778,19 @@ impl Launcher {
                     .expect("waiters lock")
                     .remove(&alias)
                     .unwrap_or_default();
+                if waiters.is_empty() {
+                    // A removal that arrived after its detach timed out: finish it now.
+                    if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
+                        let detaching = self
+                            .status()
+                            .volumes
+                            .iter()
+                            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+                        if detaching {
+                            self.finish_detach(volume);
+                        }
+                    }
+                }
                 for w in waiters {
                     let _ = w.send(());
                 }
@@ -968,7 +1109,7 @@ impl Launcher {
     async fn start_domain(&self) -> Result<(), LauncherError> {
         let (vmi, def) = {
             let s = self.state.lock().expect("state lock");
-            let def = convert::convert(&s.spec, &self.options.convert)
+            let def = convert::convert(&s.spec, &self.convert_options())
                 .map_err(|convert::ConvertError::Invalid(e)| e)?;
             (s.spec.clone(), def)
         };
@@ -1095,9 +1236,37 @@ impl Launcher {
     /// Applies a whole new spec: validate, plan, then attach and detach scsi disks. Invalid
     /// input changes nothing; a failure of one volume does not stop the others.
     pub async fn sync(&self, spec_text: &str, dry_run: bool) -> Result<SyncOutcome, LauncherError> {
-        let vmi = spec::parse(spec_text)?;
-        let desired = convert::convert(&vmi, &self.options.convert)
-            .map_err(|convert::ConvertError::Invalid(e)| e)?;
+        self.sync_with(SyncInput {
+            spec: spec_text.into(),
+            dry_run,
+            ..SyncInput::default()
+        })
+        .await
+    }
+
+    /// The spec, block devices and persisted volumes of the last Sync (or the start spec).
+    pub fn last_input(&self) -> SyncInput {
+        let mut input = self.last_input.lock().expect("input lock").clone();
+        // Block volumes the launcher holds, also when the last Sync did not repeat them.
+        let host = self.host.lock().expect("host lock");
+        for (name, node) in &host.nodes {
+            input
+                .block_devices
+                .entry(name.clone())
+                .or_insert(BlockSource::Number(node.dev));
+        }
+        input
+    }
+
+    /// A Sync with block devices (`SyncInput`): every block device is checked before anything
+    /// is touched.
+    pub async fn sync_with(&self, input: SyncInput) -> Result<SyncOutcome, LauncherError> {
+        let vmi = spec::parse(&input.spec)?;
+        let devices = self.resolve_block_devices(&vmi, &input)?;
+        let mut opts = self.convert_options();
+        opts.block_volumes.extend(devices.keys().cloned());
+        let desired =
+            convert::convert(&vmi, &opts).map_err(|convert::ConvertError::Invalid(e)| e)?;
         if desired.name != self.domain_name {
             return Err(LauncherError::WrongInstance {
                 running: self.domain_name.clone(),
@@ -1105,24 +1274,91 @@ impl Launcher {
             });
         }
         let guard = self.begin_task(Command::Sync).await?;
-        let result = self.sync_locked(vmi, desired, dry_run).await;
+        let result = self
+            .sync_locked(vmi, desired, &input, &devices, input.dry_run)
+            .await;
         let failure = result.as_ref().err().map(|e| crate::error_chain(e));
-        if !dry_run {
+        if !input.dry_run {
             self.update(|s| s.sync_failure = failure.clone());
+            if failure.is_none() {
+                *self.last_input.lock().expect("input lock") = input.clone();
+            }
         }
         self.end_task(guard, failure);
         result
+    }
+
+    /// Checks every block device of a Sync: names, sources, device numbers. A path that is not
+    /// there yet is not an error: that volume will be Pending.
+    fn resolve_block_devices(
+        &self,
+        vmi: &VirtualMachineInstance,
+        input: &SyncInput,
+    ) -> Result<BTreeMap<String, BlockResolution>, LauncherError> {
+        let hotpluggable: BTreeSet<&str> = vmi
+            .spec
+            .volumes
+            .iter()
+            .filter(|v| crate::volumes::is_hotpluggable(v))
+            .map(|v| v.name.as_str())
+            .collect();
+        let mut devices = BTreeMap::new();
+        for (volume, source) in &input.block_devices {
+            let refuse = |source| LauncherError::BlockDevice {
+                volume: volume.clone(),
+                source,
+            };
+            devnode::check_name(volume).map_err(refuse)?;
+            if !hotpluggable.contains(volume.as_str()) {
+                return Err(LauncherError::NotAHotplugVolume {
+                    volume: volume.clone(),
+                });
+            }
+            let resolved = match source {
+                BlockSource::Path(path) => match devnode::device_of(path) {
+                    Ok(dev) => Ok(dev),
+                    Err(DevNodeError::Missing { path }) => {
+                        Err(format!("{} does not exist yet", path.display()))
+                    }
+                    Err(e) => return Err(refuse(e)),
+                },
+                BlockSource::Number(dev) => {
+                    devnode::check_exists(&self.options.hotplug.sys_dev_block, *dev)
+                        .map_err(refuse)?;
+                    Ok(*dev)
+                }
+            };
+            devices.insert(volume.clone(), resolved);
+        }
+        // A live block volume the request does not repeat keeps its device.
+        let host = self.host.lock().expect("host lock");
+        for (name, node) in &host.nodes {
+            if hotpluggable.contains(name.as_str()) && !devices.contains_key(name) {
+                devices.insert(name.clone(), Ok(node.dev));
+            }
+        }
+        Ok(devices)
+    }
+
+    /// The converter's options with the block volumes the launcher holds.
+    fn convert_options(&self) -> ConvertOptions {
+        let mut opts = self.options.convert.clone();
+        let host = self.host.lock().expect("host lock");
+        opts.block_volumes.extend(host.nodes.keys().cloned());
+        opts
     }
 
     async fn sync_locked(
         &self,
         vmi: VirtualMachineInstance,
         desired: DomainDef,
+        input: &SyncInput,
+        devices: &BTreeMap<String, BlockResolution>,
         dry_run: bool,
     ) -> Result<SyncOutcome, LauncherError> {
         let current = {
             let s = self.state.lock().expect("state lock");
-            convert::convert(&s.spec, &self.options.convert)
+            convert::convert(&s.spec, &self.convert_options())
                 .map_err(|convert::ConvertError::Invalid(e)| e)?
         };
         let frozen = hotplug::frozen_fields_changed(&current, &desired);
@@ -1143,7 +1379,11 @@ impl Launcher {
             });
         }
         for disk in &plan.attach {
-            self.attach(&vmi, disk).await;
+            let persist = input.persist.contains(&disk.volume);
+            match devices.get(&disk.volume) {
+                Some(resolution) => self.attach_block(disk, resolution, persist).await,
+                None => self.attach(&vmi, disk, persist).await,
+            }
         }
         for live_disk in &plan.detach {
             self.detach(live_disk).await;
@@ -1171,7 +1411,7 @@ impl Launcher {
         });
     }
 
-    async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef) {
+    async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
         if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert) {
             let LauncherError::HostDisk { source, .. } = &e else {
                 unreachable!("prepare_disks only fails with HostDisk")
@@ -1183,15 +1423,199 @@ impl Launcher {
             self.set_volume(disk, phase, source.reason(), source.to_string());
             return;
         }
+        self.attach_live(disk, persist).await;
+    }
+
+    /// The libvirt step of an attach; true if it worked.
+    async fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let (n, xml) = (self.domain_name.clone(), disk.to_xml());
-        match self.call(move |hv| hv.attach(&n, &xml, false)).await {
-            Ok(()) => self.set_volume(disk, VolumePhase::Ready, "", String::new()),
+        match self.call(move |hv| hv.attach(&n, &xml, persist)).await {
+            Ok(()) => {
+                self.set_volume(disk, VolumePhase::Ready, "", String::new());
+                true
+            }
             Err(e) => {
                 let message = libvirt_message(&e);
                 tracing::warn!(volume = %disk.volume, %message, "attach failed");
                 self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
+                false
             }
+        }
+    }
+
+    /// A hot-plugged block volume: node, then rule, then attach; each host step undone if a
+    /// later one fails.
+    async fn attach_block(&self, disk: &DiskDef, resolution: &BlockResolution, persist: bool) {
+        let dev = match resolution {
+            Ok(dev) => *dev,
+            Err(why) => {
+                self.set_volume(disk, VolumePhase::Pending, "SourceNotFound", why.clone());
+                return;
+            }
+        };
+        let started = Instant::now();
+        let dir = &self.options.convert.paths.hotplug_dir;
+        let node = match devnode::make_node(dir, &disk.volume, dev, self.options.hotplug.node_owner)
+        {
+            Ok(node) => node,
+            Err(e) => {
+                let e = BlockHostError::from(e);
+                self.set_volume(
+                    disk,
+                    VolumePhase::Failed,
+                    e.reason(),
+                    crate::error_chain(&e),
+                );
+                return;
+            }
+        };
+        let record = NodeRecord {
+            path: node.path(),
+            dev,
+        };
+        let rule = match self.allow_block(&disk.volume, record) {
+            Ok(rule) => rule,
+            Err(e) => {
+                self.set_volume(
+                    disk,
+                    VolumePhase::Failed,
+                    e.reason(),
+                    crate::error_chain(&e),
+                );
+                return;
+            }
+        };
+        if self.attach_live(disk, persist).await {
+            rule.keep();
+            node.keep();
+            tracing::info!(volume = %disk.volume, %dev, elapsed = ?started.elapsed(), "block volume attached");
+        }
+        // Otherwise the guards revoke the rule and remove the node, in that order.
+    }
+
+    /// Adds `volume`'s device to the allow-list of every cgroup QEMU is in. The guard takes it
+    /// out again unless kept.
+    fn allow_block(
+        &self,
+        volume: &str,
+        record: NodeRecord,
+    ) -> Result<RuleGuard<'_>, BlockHostError> {
+        let mut host = self.host.lock().expect("host lock");
+        host.nodes.insert(volume.into(), record);
+        if let Err(e) = self.apply_device_rules(&mut host) {
+            host.nodes.remove(volume);
+            if let Err(undo) = self.apply_device_rules(&mut host) {
+                tracing::warn!(error = %crate::error_chain(&undo), "undo: cannot restore the device rules");
+            }
+            return Err(e);
+        }
+        Ok(RuleGuard {
+            launcher: self,
+            volume: volume.into(),
+            armed: true,
+        })
+    }
+
+    /// Takes `volume` out of the allow-list (its device stays allowed while another volume or a
+    /// boot disk uses it).
+    fn forget_block(&self, volume: &str) -> Result<(), BlockHostError> {
+        let mut host = self.host.lock().expect("host lock");
+        if host.nodes.remove(volume).is_none() {
+            return Ok(());
+        }
+        self.apply_device_rules(&mut host)
+    }
+
+    /// Makes every cgroup QEMU is in (and every one the launcher wrote to before) allow exactly
+    /// the complete list, then saves the records.
+    fn apply_device_rules(&self, host: &mut HostState) -> Result<(), BlockHostError> {
+        let wanted = host.wanted();
+        let mut cgroups: BTreeSet<DeviceCgroup> = host.applied.keys().cloned().collect();
+        let pid_file = self.qemu_pid_file();
+        match host::qemu_device_cgroups(
+            &pid_file,
+            &self.options.hotplug.proc_root,
+            &self.options.hotplug.cgroup_roots,
+        ) {
+            Ok(found) => cgroups.extend(found),
+            // No QEMU (stopped): only the cgroups already written to are updated.
+            Err(e) if cgroups.is_empty() && !wanted.is_empty() => return Err(e),
+            Err(e) => tracing::debug!(error = %crate::error_chain(&e), "QEMU's cgroups unknown"),
+        }
+        for cgroup in cgroups {
+            let previous = host.applied.get(&cgroup).cloned().unwrap_or_default();
+            let attached = host.programs.contains_key(cgroup.path());
+            if previous == wanted && (matches!(cgroup, DeviceCgroup::V1(_)) || attached) {
+                continue;
+            }
+            if let Some(id) = cgroup.apply(&previous, &wanted)? {
+                host.programs.insert(cgroup.path().into(), id);
+            }
+            host.applied.insert(cgroup, wanted.clone());
+        }
+        host.records().save(&self.options.hotplug.records)?;
+        Ok(())
+    }
+
+    fn qemu_pid_file(&self) -> PathBuf {
+        self.options
+            .hotplug
+            .qemu_pid_dir
+            .join(format!("{}.pid", self.domain_name))
+    }
+
+    /// After a detach: unlinks the node and revokes the rule of a block volume.
+    fn release_block(&self, volume: &str) -> Result<(), BlockHostError> {
+        let node = self
+            .host
+            .lock()
+            .expect("host lock")
+            .nodes
+            .get(volume)
+            .cloned();
+        let Some(node) = node else {
+            return Ok(());
+        };
+        let dir = node.path.parent().unwrap_or(Path::new("/"));
+        devnode::remove_node(dir, volume, node.dev)?;
+        self.forget_block(volume)
+    }
+
+    /// At start: takes over the records a previous launcher of this runtime dir left, keeps
+    /// what the live domain still uses, and cleans the rest.
+    fn adopt_records(&self) {
+        let records = match Records::load(&self.options.hotplug.records) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "ignoring unreadable hotplug records");
+                return;
+            }
+        };
+        if records == Records::default() {
+            return;
+        }
+        let live: BTreeSet<String> = self.status().volumes.into_iter().map(|v| v.name).collect();
+        let mut host = self.host.lock().expect("host lock");
+        host.applied = records.cgroups.into_iter().collect();
+        host.programs = records.programs;
+        for (volume, node) in records.nodes {
+            if live.contains(&volume) {
+                host.nodes.insert(volume, node);
+            } else {
+                let dir = node.path.parent().unwrap_or(Path::new("/"));
+                match devnode::remove_node(dir, &volume, node.dev) {
+                    Ok(()) => {
+                        tracing::info!(%volume, path = %node.path.display(), "removed a stale node")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error_chain(&e), "cannot remove a stale node")
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.apply_device_rules(&mut host) {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot restore the device rules");
         }
     }
 
@@ -1207,6 +1631,11 @@ impl Launcher {
                 }
             })
         };
+        let was_detaching = self
+            .status()
+            .volumes
+            .iter()
+            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
         set_phase(VolumePhase::Detaching, "", String::new());
         let removed = self.expect_removal(&alias);
         let (n, xml) = (self.domain_name.clone(), live.xml.clone());
@@ -1215,20 +1644,48 @@ impl Launcher {
                 .lock()
                 .expect("waiters lock")
                 .remove(&alias);
-            set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
+            if was_detaching {
+                // libvirt still works on the earlier request: keep waiting for its event.
+                set_phase(VolumePhase::Detaching, "DetachPending", libvirt_message(&e));
+            } else {
+                set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
+            }
             return;
         }
-        match tokio::time::timeout(DETACH_TIMEOUT, removed).await {
-            Ok(Ok(())) => self.update(|s| {
-                s.volumes.remove(&volume);
-            }),
+        match tokio::time::timeout(self.detach_timeout(), removed).await {
+            Ok(Ok(())) => self.finish_detach(&volume),
             _ => set_phase(
                 VolumePhase::Detaching,
                 "DetachTimeout",
                 format!(
-                    "libvirt did not report the device removed within {DETACH_TIMEOUT:?}; the next Sync retries"
+                    "libvirt did not report the device removed within {:?}; the next Sync retries",
+                    self.detach_timeout()
                 ),
             ),
+        }
+    }
+
+    fn detach_timeout(&self) -> Duration {
+        DETACH_TIMEOUT
+    }
+
+    /// The device is gone from the domain: clean the host side, forget the volume.
+    fn finish_detach(&self, volume: &str) {
+        match self.release_block(volume) {
+            Ok(()) => self.update(|s| {
+                s.volumes.remove(volume);
+            }),
+            Err(e) => {
+                let message = crate::error_chain(&e);
+                tracing::warn!(%volume, %message, "cannot clean up after a detach");
+                self.update(|s| {
+                    if let Some(v) = s.volumes.get_mut(volume) {
+                        v.phase = VolumePhase::Failed;
+                        v.reason = e.reason().into();
+                        v.message = message;
+                    }
+                });
+            }
         }
     }
 }

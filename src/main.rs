@@ -62,6 +62,10 @@ enum Command {
         /// Mirror the guest's serial console to standard output.
         #[arg(long)]
         console: bool,
+        /// Where hot-plugged volumes live: block nodes the launcher makes, and image files
+        /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
+        #[arg(long)]
+        hotplug_dir: Option<PathBuf>,
     },
     /// Print the libvirt domain XML for SPEC; touches nothing.
     Convert {
@@ -81,6 +85,38 @@ enum Command {
         socket: PathBuf,
         #[arg(long)]
         dry_run: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Hot-plug a block device as volume NAME (a hot-pluggable claim on the scsi bus): reads the
+    /// launcher's current spec, adds the disk and volume, and syncs.
+    Addvolume {
+        name: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// A host path to the block device.
+        #[arg(long, conflicts_with_all = ["major", "minor"], required_unless_present = "major")]
+        path: Option<PathBuf>,
+        /// The device number, when the device is not visible where the launcher runs.
+        #[arg(long, requires = "minor")]
+        major: Option<u32>,
+        #[arg(long, requires = "major")]
+        minor: Option<u32>,
+        /// The serial the guest sees (default: the volume name).
+        #[arg(long)]
+        serial: Option<String>,
+        /// Also write the disk to the persistent definition.
+        #[arg(long)]
+        persist: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Unplug volume NAME: reads the launcher's current spec, removes the disk and volume, and
+    /// syncs.
+    Removevolume {
+        name: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         output: Output,
     },
@@ -159,6 +195,19 @@ fn main() -> std::process::ExitCode {
         }
     };
     init_logging(cli.log_format);
+    if matches!(cli.command, Command::Run { .. }) {
+        // Capabilities are per thread: drop them while this is the only thread.
+        match vmlauncher::host::caps::drop_unneeded() {
+            Ok(dropped) => tracing::info!(?dropped, "dropped capabilities"),
+            Err(e) => {
+                eprintln!(
+                    "vmlauncher: cannot drop capabilities: {}",
+                    vmlauncher::error_chain(&e)
+                );
+                return ExitCode::Internal.into();
+            }
+        }
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -180,7 +229,9 @@ async fn dispatch(command: Command) -> ExitCode {
             run_strategy,
             resync_interval,
             console,
+            hotplug_dir,
         } => {
+            let spec_text = run::read_spec(&spec).unwrap_or_default();
             let spec = match run::load_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -197,6 +248,8 @@ async fn dispatch(command: Command) -> ExitCode {
                 strategy,
                 resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
                 console,
+                spec_text,
+                hotplug_dir,
             })
             .await
         }
@@ -231,6 +284,55 @@ async fn dispatch(command: Command) -> ExitCode {
             dry_run,
             output,
         } => sync(&spec, &socket, dry_run, output).await,
+        Command::Addvolume {
+            name,
+            socket,
+            path,
+            major,
+            minor,
+            serial,
+            persist,
+            output,
+        } => {
+            let source = match (path, major, minor) {
+                (Some(p), _, _) => proto::block_device::Source::Path(p.to_string_lossy().into()),
+                (None, Some(major), Some(minor)) => {
+                    proto::block_device::Source::Number(proto::DeviceNumber { major, minor })
+                }
+                _ => {
+                    eprintln!("vmlauncher: addvolume needs --path or --major and --minor");
+                    return ExitCode::Usage;
+                }
+            };
+            let serial = serial.unwrap_or_else(|| name.clone());
+            edit_volumes(&socket, output, |spec, req| {
+                add_volume(spec, &name, &serial)?;
+                req.block_devices.insert(
+                    name.clone(),
+                    proto::BlockDevice {
+                        source: Some(source.clone()),
+                    },
+                );
+                if persist {
+                    req.persist.push(name.clone());
+                }
+                Ok(())
+            })
+            .await
+        }
+        Command::Removevolume {
+            name,
+            socket,
+            output,
+        } => {
+            edit_volumes(&socket, output, |spec, req| {
+                remove_volume(spec, &name)?;
+                req.block_devices.remove(&name);
+                req.persist.retain(|p| p != &name);
+                Ok(())
+            })
+            .await
+        }
         Command::Status { socket, output } => status(&socket, output).await,
         Command::Events { socket, output } => events(&socket, output).await,
         Command::Start(t) => send_command(&t, Verb::Start).await,
@@ -417,6 +519,119 @@ fn print_volumes(volumes: &[proto::VolumeStatus]) {
     }
 }
 
+/// The spec as YAML values, to edit volumes in.
+type SpecValue = serde_yaml_ng::Value;
+
+fn spec_list<'a>(spec: &'a mut SpecValue, path: &[&str]) -> Result<&'a mut Vec<SpecValue>, String> {
+    let mut node = spec;
+    for key in path {
+        let map = node
+            .as_mapping_mut()
+            .ok_or_else(|| format!("the launcher's spec has no mapping at {key}"))?;
+        let k = SpecValue::from(*key);
+        if !map.contains_key(&k) {
+            let empty = if *key == path[path.len() - 1] {
+                SpecValue::Sequence(Vec::new())
+            } else {
+                SpecValue::Mapping(Default::default())
+            };
+            map.insert(k.clone(), empty);
+        }
+        node = map.get_mut(&k).expect("just inserted");
+    }
+    node.as_sequence_mut()
+        .ok_or_else(|| format!("{} is not a list", path.join(".")))
+}
+
+/// The spec of a VirtualMachine keeps the instance under `spec.template`.
+fn instance_root(spec: &mut SpecValue) -> &mut SpecValue {
+    let is_vm = spec.get("kind").and_then(|k| k.as_str()) == Some("VirtualMachine");
+    let has_template = spec.get("spec").and_then(|s| s.get("template")).is_some();
+    if is_vm && has_template {
+        return spec
+            .get_mut("spec")
+            .and_then(|s| s.get_mut("template"))
+            .expect("checked above");
+    }
+    spec
+}
+
+fn named(name: &str) -> impl Fn(&SpecValue) -> bool + '_ {
+    move |v| v.get("name").and_then(|n| n.as_str()) == Some(name)
+}
+
+fn add_volume(spec: &mut SpecValue, name: &str, serial: &str) -> Result<(), String> {
+    let root = instance_root(spec);
+    let volumes = spec_list(root, &["spec", "volumes"])?;
+    if volumes.iter().any(named(name)) {
+        return Err(format!("the spec already has a volume {name:?}"));
+    }
+    let volume: SpecValue = serde_yaml_ng::from_str(&format!(
+        "{{name: {name}, persistentVolumeClaim: {{claimName: {name}, hotpluggable: true}}}}"
+    ))
+    .map_err(|e| e.to_string())?;
+    volumes.push(volume);
+    let disk: SpecValue = serde_yaml_ng::from_str(&format!(
+        "{{name: {name}, disk: {{bus: scsi}}, serial: {serial:?}}}"
+    ))
+    .map_err(|e| e.to_string())?;
+    spec_list(root, &["spec", "domain", "devices", "disks"])?.push(disk);
+    Ok(())
+}
+
+fn remove_volume(spec: &mut SpecValue, name: &str) -> Result<(), String> {
+    let root = instance_root(spec);
+    let volumes = spec_list(root, &["spec", "volumes"])?;
+    let before = volumes.len();
+    volumes.retain(|v| !named(name)(v));
+    if volumes.len() == before {
+        return Err(format!("the spec has no volume {name:?}"));
+    }
+    spec_list(root, &["spec", "domain", "devices", "disks"])?.retain(|d| !named(name)(d));
+    Ok(())
+}
+
+/// `addvolume` / `removevolume`: the launcher's current spec, edited, synced back.
+async fn edit_volumes(
+    socket: &Path,
+    output: Output,
+    edit: impl FnOnce(&mut SpecValue, &mut proto::SyncRequest) -> Result<(), String>,
+) -> ExitCode {
+    let mut client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let current = match client.get_spec(proto::GetSpecRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    let mut spec: SpecValue = match serde_yaml_ng::from_str(&current.spec) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("vmlauncher: the launcher's spec does not parse: {e}");
+            return ExitCode::RequestFailed;
+        }
+    };
+    let mut req = proto::SyncRequest {
+        spec: String::new(),
+        dry_run: false,
+        block_devices: current.block_devices,
+        persist: current.persist,
+    };
+    if let Err(why) = edit(&mut spec, &mut req) {
+        eprintln!("vmlauncher: {why}");
+        return ExitCode::RequestFailed;
+    }
+    req.spec = match serde_yaml_ng::to_string(&spec) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vmlauncher: cannot write the edited spec: {e}");
+            return ExitCode::Internal;
+        }
+    };
+    sync_request(client, req, output).await
+}
+
 async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> ExitCode {
     let text = match run::read_spec(spec) {
         Ok(t) => t,
@@ -425,17 +640,26 @@ async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> Exit
             return ExitCode::BadSpec;
         }
     };
-    let mut client = match api::connect(socket).await {
+    let client = match api::connect(socket).await {
         Ok(c) => c,
         Err(e) => return request_failed(&e),
     };
-    let response = match client
-        .sync(proto::SyncRequest {
-            spec: text,
-            dry_run,
-        })
-        .await
-    {
+    // Block volumes the launcher holds keep their device without being named again.
+    let req = proto::SyncRequest {
+        spec: text,
+        dry_run,
+        ..Default::default()
+    };
+    sync_request(client, req, output).await
+}
+
+async fn sync_request(
+    mut client: proto::launcher_client::LauncherClient<tonic::transport::Channel>,
+    req: proto::SyncRequest,
+    output: Output,
+) -> ExitCode {
+    let dry_run = req.dry_run;
+    let response = match client.sync(req).await {
         Ok(r) => r.into_inner(),
         Err(status) => return rpc_failed(status),
     };

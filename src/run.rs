@@ -62,6 +62,10 @@ pub struct RunOptions {
     pub resync_interval: Duration,
     /// Mirror the guest's serial console to standard output.
     pub console: bool,
+    /// The spec as the owner wrote it (what `GetSpec` returns).
+    pub spec_text: String,
+    /// Where hot-plugged volumes live (default: RUNTIME_DIR/hotplug).
+    pub hotplug_dir: Option<PathBuf>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -108,10 +112,47 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     if opts.console {
         mirror_console(console_log.clone());
     }
+    let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
+        Ok(roots) => roots,
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
+            Default::default()
+        }
+    };
+    match crate::host::caps::effective() {
+        Ok(effective) => {
+            for missing in crate::host::caps::check(&effective, &cgroup_roots) {
+                say(format_args!(
+                    "hotplug: {} unavailable: {}",
+                    missing.feature, missing.why
+                ));
+            }
+        }
+        Err(e) => say(format_args!(
+            "hotplug: cannot check capabilities: {}",
+            crate::error_chain(&e)
+        )),
+    }
     let options = LaunchOptions {
         strategy: opts.strategy,
+        spec_text: opts.spec_text.clone(),
+        hotplug: crate::launcher::HotplugOptions {
+            // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
+            node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
+            cgroup_roots,
+            sys_dev_block: "/sys/dev/block".into(),
+            proc_root: "/proc".into(),
+            qemu_pid_dir: match &opts.connect {
+                Some(_) => "/run/libvirt/qemu".into(),
+                None => rt.libvirt_dir().join("run/qemu"),
+            },
+            records: rt.0.join("hotplug-records.json"),
+        },
         convert: {
-            let paths = crate::volumes::HostPaths::local(&rt.0);
+            let mut paths = crate::volumes::HostPaths::local(&rt.0);
+            if let Some(dir) = &opts.hotplug_dir {
+                paths.hotplug_dir = dir.clone();
+            }
             ConvertOptions {
                 virt_type: opts.emulation.resolve(),
                 console_log: console_log.clone(),

@@ -2294,12 +2294,6 @@ fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Errors) {
                     if let Err(why) = check_dns1123_subdomain(&dv.name) {
                         e.add(format!("{spath}.name"), why);
                     }
-                    if dv.hotpluggable == Some(true) {
-                        e.add(
-                            format!("{spath}.hotpluggable"),
-                            "unsupported (hot-plug volumes through Sync)",
-                        );
-                    }
                 }
                 Some(VolumeSource::ContainerDisk(cd)) => {
                     if cd.image.is_empty() {
@@ -2404,12 +2398,6 @@ fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Errors) {
 fn check_pvc(pvc: &PvcSource, path: &str, e: &mut Errors) {
     if let Err(why) = check_dns1123_subdomain(&pvc.claim_name) {
         e.add(format!("{path}.claimName"), why);
-    }
-    if pvc.hotpluggable == Some(true) {
-        e.add(
-            format!("{path}.hotpluggable"),
-            "unsupported (hot-plug volumes through Sync)",
-        );
     }
 }
 

@@ -21,6 +21,9 @@ pub struct HostPaths {
     pub private_dir: PathBuf,
     /// OVMF, as Debian's `ovmf` package installs it.
     pub firmware_dir: PathBuf,
+    /// Hot-plugged claims (`hotpluggable: true`): `<hotplug_dir>/<volume>` for a block device
+    /// (a node the launcher makes), `<hotplug_dir>/<volume>.img` for a file.
+    pub hotplug_dir: PathBuf,
 }
 
 pub const OVMF_DIR: &str = "/usr/share/OVMF";
@@ -34,6 +37,7 @@ impl HostPaths {
             container_disk_dir: "/var/run/kubevirt/container-disks".into(),
             private_dir: "/var/run/kubevirt-private/vmlauncher".into(),
             firmware_dir: OVMF_DIR.into(),
+            hotplug_dir: "/var/run/kubevirt/hotplug-disks".into(),
         }
     }
 
@@ -45,6 +49,7 @@ impl HostPaths {
             container_disk_dir: runtime_dir.join("container-disks"),
             private_dir: runtime_dir.join("private"),
             firmware_dir: OVMF_DIR.into(),
+            hotplug_dir: runtime_dir.join("hotplug"),
         }
     }
 
@@ -133,6 +138,20 @@ pub fn resolve(
                 _ => Preparation::Exists,
             },
         },
+        VolumeSource::PersistentVolumeClaim(_) | VolumeSource::DataVolume(_)
+            if is_hotpluggable(volume) =>
+        {
+            ResolvedVolume {
+                path: if block {
+                    paths.hotplug_dir.join(name)
+                } else {
+                    paths.hotplug_dir.join(format!("{name}.img"))
+                },
+                block,
+                format: ImageFormat::Raw,
+                preparation: Preparation::Exists,
+            }
+        }
         VolumeSource::PersistentVolumeClaim(_) | VolumeSource::DataVolume(_) => ResolvedVolume {
             path: claim_path(paths, name, block),
             block,
@@ -222,6 +241,15 @@ pub fn resolve(
         }
     };
     Some(resolved)
+}
+
+/// A claim marked `hotpluggable: true`: it lives in the hotplug dir.
+pub fn is_hotpluggable(volume: &Volume) -> bool {
+    match volume.source() {
+        Some(VolumeSource::PersistentVolumeClaim(pvc)) => pvc.hotpluggable == Some(true),
+        Some(VolumeSource::DataVolume(dv)) => dv.hotpluggable == Some(true),
+        _ => false,
+    }
 }
 
 /// Volumes whose claim could be a block device, with the node path to check: what a caller

@@ -87,6 +87,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: both.clone(),
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect("Sync with two new disks")
@@ -141,6 +142,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: only_one.clone(),
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect("Sync without disk two")
@@ -184,6 +186,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: only_one.clone(),
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect("the same Sync again")
@@ -205,6 +208,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: too_long,
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect_err("a 37-character scsi serial");
@@ -220,6 +224,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: unknown_field,
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect_err("an unknown field");
@@ -235,6 +240,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: more_memory,
             dry_run: false,
+            ..Default::default()
         })
         .await
         .expect_err("a memory change");
@@ -255,6 +261,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .sync(proto::SyncRequest {
             spec: both.clone(),
             dry_run: true,
+            ..Default::default()
         })
         .await
         .unwrap()

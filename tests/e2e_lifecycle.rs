@@ -206,6 +206,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .sync(proto::SyncRequest {
             spec: with_disk.clone(),
             dry_run: false,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -255,6 +256,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .sync(proto::SyncRequest {
             spec: with_disk,
             dry_run: false,
+            ..Default::default()
         })
         .await
         .unwrap()

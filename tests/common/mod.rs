@@ -124,9 +124,22 @@ impl Launched {
         Pending { owned: Some(owned) }
     }
 
+    /// Starts a launcher that runs in the cgroups whose `cgroup.procs` files are given: it
+    /// joins them between fork and exec, so its private libvirtd and QEMU (which libvirt leaves
+    /// where it is, `cgroup_controllers = [ ]`) run there too.
+    pub fn start_in_cgroups(spec: &str, extra_args: &[&str], cgroup_procs: &[PathBuf]) -> Launched {
+        let owned = tempfile::Builder::new()
+            .prefix("vml-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        let mut launched = Self::spawn(&[], owned.path(), spec, extra_args, cgroup_procs);
+        launched._owned = Some(owned);
+        launched
+    }
+
     /// Starts a launcher on an existing runtime dir (e.g. the one a killed launcher left).
     pub fn start_in(runtime_dir: &Path, spec: &str, extra_args: &[&str]) -> Launched {
-        Self::start_wrapped(&[], runtime_dir, spec, extra_args)
+        Self::spawn(&[], runtime_dir, spec, extra_args, &[])
     }
 
     /// Starts the launcher through `wrapper` (a command and its arguments that run it, e.g.
@@ -136,6 +149,16 @@ impl Launched {
         runtime_dir: &Path,
         spec: &str,
         extra_args: &[&str],
+    ) -> Launched {
+        Self::spawn(wrapper, runtime_dir, spec, extra_args, &[])
+    }
+
+    fn spawn(
+        wrapper: &[&str],
+        runtime_dir: &Path,
+        spec: &str,
+        extra_args: &[&str],
+        cgroup_procs: &[PathBuf],
     ) -> Launched {
         let spec_path = runtime_dir.join("spec.yaml");
         std::fs::write(&spec_path, spec).unwrap();
@@ -152,6 +175,35 @@ impl Launched {
             }
             None => Command::new(bin()),
         };
+        let procs: Vec<std::ffi::CString> = cgroup_procs
+            .iter()
+            .map(|p| {
+                use std::os::unix::ffi::OsStrExt;
+                std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+            })
+            .collect();
+        if !procs.is_empty() {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: runs in the forked child before exec; only open/write/close system calls
+            // on memory prepared before the fork, no allocation.
+            unsafe {
+                command.pre_exec(move || {
+                    for path in &procs {
+                        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                        if fd < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        // "0" moves the writing process itself.
+                        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                        libc::close(fd);
+                        if written != 1 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Ok(())
+                });
+            }
+        }
         let mut child = command
             .arg("run")
             .arg(&spec_path)

@@ -1,0 +1,412 @@
+//! Block device nodes for hot-plugged volumes: the launcher makes `<hotplug-dir>/<volume>` itself
+//! with `mknodat` relative to an open handle on the hotplug dir (no path is followed through a
+//! symlink, nothing is made outside that dir), owned by the user QEMU runs as, mode 0660, and
+//! removes it again. Only block devices; the hotplug dir is a parameter, so unit tests run this on
+//! a temp dir.
+
+use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{open, AtFlags, OFlag};
+use nix::sys::stat::{fchmodat, fstatat, makedev, mknodat, FchmodatFlags, Mode, SFlag};
+use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
+
+/// A block device number.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct DevNumber {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl fmt::Display for DevNumber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.major, self.minor)
+    }
+}
+
+impl DevNumber {
+    fn from_rdev(rdev: u64) -> DevNumber {
+        DevNumber {
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
+        }
+    }
+
+    fn rdev(self) -> u64 {
+        makedev(self.major.into(), self.minor.into())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevNodeError {
+    #[error("volume name {name:?} cannot name a device node: {why}")]
+    InvalidName { name: String, why: &'static str },
+    #[error("{path} is not a block device")]
+    NotABlockDevice { path: PathBuf },
+    #[error("{path} does not exist")]
+    Missing { path: PathBuf },
+    #[error("cannot inspect {path}")]
+    Stat {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no block device {dev} on this host ({sysfs} does not exist)")]
+    NoSuchDevice { dev: DevNumber, sysfs: PathBuf },
+    #[error("cannot open the hotplug dir {dir}")]
+    OpenDir {
+        dir: PathBuf,
+        #[source]
+        source: Errno,
+    },
+    #[error("{path} already exists and is not block device {dev}")]
+    Occupied { path: PathBuf, dev: DevNumber },
+    #[error("cannot make block node {path} ({dev})")]
+    Mknod {
+        path: PathBuf,
+        dev: DevNumber,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot give {path} to uid {uid} gid {gid} with mode 0660")]
+    Own {
+        path: PathBuf,
+        uid: u32,
+        gid: u32,
+        #[source]
+        source: Errno,
+    },
+    #[error("cannot remove {path}")]
+    Unlink {
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
+}
+
+/// A volume name becomes one path component inside the hotplug dir, nothing else.
+pub fn check_name(name: &str) -> Result<(), DevNodeError> {
+    let why = if name.is_empty() {
+        Some("it is empty")
+    } else if name.contains('/') {
+        Some("it contains '/'")
+    } else if name.contains("..") {
+        Some("it contains '..'")
+    } else if name.starts_with('.') {
+        Some("it starts with '.'")
+    } else if name.contains('\0') {
+        Some("it contains a NUL byte")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => Err(DevNodeError::InvalidName {
+            name: name.into(),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The device number of the block device at `path` (a host path a node daemon names).
+pub fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(DevNodeError::Missing { path: path.into() })
+        }
+        Err(source) => {
+            return Err(DevNodeError::Stat {
+                path: path.into(),
+                source,
+            })
+        }
+    };
+    if !meta.file_type().is_block_device() {
+        return Err(DevNodeError::NotABlockDevice { path: path.into() });
+    }
+    Ok(DevNumber::from_rdev(meta.rdev()))
+}
+
+/// The kernel knows block device `dev`: `<sys_dev_block>/<major>:<minor>` exists
+/// (`/sys/dev/block` on a host).
+pub fn check_exists(sys_dev_block: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
+    let sysfs = sys_dev_block.join(dev.to_string());
+    if sysfs.exists() {
+        Ok(())
+    } else {
+        Err(DevNodeError::NoSuchDevice { dev, sysfs })
+    }
+}
+
+/// Who owns the nodes: the user and group QEMU runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeOwner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+fn open_dir(dir: &Path) -> Result<OwnedFd, DevNodeError> {
+    let open_err = |source| DevNodeError::OpenDir {
+        dir: dir.into(),
+        source,
+    };
+    if let Err(e) = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+    {
+        return Err(open_err(Errno::from_raw(e.raw_os_error().unwrap_or(0))));
+    }
+    open(
+        dir,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(open_err)
+}
+
+/// What is at `name` in the open dir, without following a symlink.
+fn node_at(dirfd: &OwnedFd, name: &str) -> Result<Option<(SFlag, u64)>, Errno> {
+    match fstatat(dirfd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some((
+            SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()),
+            st.st_rdev,
+        ))),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// A node the launcher made; removed on drop unless `keep` is called (the undo of a failed attach).
+#[derive(Debug)]
+#[must_use = "dropping the guard removes the node"]
+pub struct NodeGuard {
+    dir: PathBuf,
+    name: String,
+    dev: DevNumber,
+    armed: bool,
+}
+
+impl NodeGuard {
+    pub fn path(&self) -> PathBuf {
+        self.dir.join(&self.name)
+    }
+
+    /// The attach succeeded: the node stays.
+    pub fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for NodeGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = remove_node(&self.dir, &self.name, self.dev) {
+                tracing::warn!(error = %crate::error_chain(&e), "undo: cannot remove the node");
+            }
+        }
+    }
+}
+
+/// Makes the block node `<dir>/<name>` for `dev`, owned by `owner`, mode 0660. A node that is
+/// already there for the same device is taken as it is (a retried attach); anything else at that
+/// name is refused.
+pub fn make_node(
+    dir: &Path,
+    name: &str,
+    dev: DevNumber,
+    owner: NodeOwner,
+) -> Result<NodeGuard, DevNodeError> {
+    check_name(name)?;
+    let path = dir.join(name);
+    let dirfd = open_dir(dir)?;
+    let mknod_err = |source| DevNodeError::Mknod {
+        path: path.clone(),
+        dev,
+        source,
+    };
+    match node_at(&dirfd, name).map_err(mknod_err)? {
+        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => {}
+        Some(_) => return Err(DevNodeError::Occupied { path, dev }),
+        None => mknodat(
+            dirfd.as_fd(),
+            name,
+            SFlag::S_IFBLK,
+            Mode::from_bits_truncate(0o660),
+            dev.rdev(),
+        )
+        .map_err(mknod_err)?,
+    }
+    // From here on the node is ours to remove if anything fails.
+    let guard = NodeGuard {
+        dir: dir.into(),
+        name: name.into(),
+        dev,
+        armed: true,
+    };
+    let own_err = |source| DevNodeError::Own {
+        path: path.clone(),
+        uid: owner.uid,
+        gid: owner.gid,
+        source,
+    };
+    fchownat(
+        dirfd.as_fd(),
+        name,
+        Some(Uid::from_raw(owner.uid)),
+        Some(Gid::from_raw(owner.gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(own_err)?;
+    // mknod applied the umask. Linux cannot chmod without following a symlink, so check that
+    // the name is still our block node first (only root can write the hotplug dir).
+    match node_at(&dirfd, name).map_err(own_err)? {
+        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => {}
+        _ => return Err(DevNodeError::Occupied { path, dev }),
+    }
+    fchmodat(
+        dirfd.as_fd(),
+        name,
+        Mode::from_bits_truncate(0o660),
+        FchmodatFlags::FollowSymlink,
+    )
+    .map_err(own_err)?;
+    Ok(guard)
+}
+
+/// Removes `<dir>/<name>` if it is the block node for `dev`; a node already gone is fine, and
+/// anything else at that name is left alone.
+pub fn remove_node(dir: &Path, name: &str, dev: DevNumber) -> Result<(), DevNodeError> {
+    check_name(name)?;
+    let path = dir.join(name);
+    let dirfd = match open(
+        dir,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(()),
+        Err(source) => {
+            return Err(DevNodeError::OpenDir {
+                dir: dir.into(),
+                source,
+            })
+        }
+    };
+    let unlink_err = |source| DevNodeError::Unlink {
+        path: path.clone(),
+        source,
+    };
+    match node_at(&dirfd, name).map_err(unlink_err)? {
+        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => {
+            match unlinkat(dirfd.as_fd(), name, UnlinkatFlags::NoRemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => Ok(()),
+                Err(e) => Err(unlink_err(e)),
+            }
+        }
+        None => Ok(()),
+        Some(_) => Err(DevNodeError::Occupied { path, dev }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const LOOP0: DevNumber = DevNumber { major: 7, minor: 0 };
+    const ROOT: NodeOwner = NodeOwner { uid: 0, gid: 0 };
+
+    #[test]
+    fn makes_a_0660_block_node_and_removes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let hp = dir.path().join("hotplug");
+        let guard = make_node(&hp, "vol-a", LOOP0, NodeOwner { uid: 107, gid: 108 }).unwrap();
+        let meta = std::fs::symlink_metadata(hp.join("vol-a")).unwrap();
+        assert!(meta.file_type().is_block_device());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o660);
+        assert_eq!((meta.uid(), meta.gid()), (107, 108));
+        assert_eq!(device_of(&hp.join("vol-a")).unwrap(), LOOP0);
+        guard.keep();
+        assert!(hp.join("vol-a").exists());
+        // Same device again: taken as it is.
+        make_node(&hp, "vol-a", LOOP0, ROOT).unwrap().keep();
+        remove_node(&hp, "vol-a", LOOP0).unwrap();
+        assert!(!hp.join("vol-a").exists());
+        remove_node(&hp, "vol-a", LOOP0).unwrap();
+    }
+
+    #[test]
+    fn a_dropped_guard_removes_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(make_node(dir.path(), "v", LOOP0, ROOT).unwrap());
+        assert!(std::fs::symlink_metadata(dir.path().join("v")).is_err());
+    }
+
+    #[test]
+    fn refuses_names_that_leave_the_dir() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["a/b", "..", "../x", "", ".hidden"] {
+            let err = make_node(dir.path(), name, LOOP0, ROOT).unwrap_err();
+            assert!(
+                matches!(err, DevNodeError::InvalidName { .. }),
+                "{name}: {err}"
+            );
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn never_follows_or_replaces_what_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"x").unwrap();
+        std::os::unix::fs::symlink(&outside, dir.path().join("link")).unwrap();
+        let err = make_node(dir.path(), "link", LOOP0, ROOT).unwrap_err();
+        assert!(matches!(err, DevNodeError::Occupied { .. }), "{err}");
+        let err = remove_node(dir.path(), "link", LOOP0).unwrap_err();
+        assert!(matches!(err, DevNodeError::Occupied { .. }), "{err}");
+        assert_eq!(std::fs::read(&outside).unwrap(), b"x");
+        // A node for another device is not ours either.
+        make_node(dir.path(), "n", LOOP0, ROOT).unwrap().keep();
+        let other = DevNumber { major: 7, minor: 1 };
+        assert!(make_node(dir.path(), "n", other, ROOT).is_err());
+        assert!(remove_node(dir.path(), "n", other).is_err());
+        // A symlinked hotplug dir is refused.
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("dirlink")).unwrap();
+        let err = make_node(&dir.path().join("dirlink"), "x", LOOP0, ROOT).unwrap_err();
+        assert!(matches!(err, DevNodeError::OpenDir { .. }), "{err}");
+    }
+
+    #[test]
+    fn char_devices_and_unknown_numbers_are_refused() {
+        let err = device_of(Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(err, DevNodeError::NotABlockDevice { .. }), "{err}");
+        let err = device_of(Path::new("/nonexistent/disk")).unwrap_err();
+        assert!(matches!(err, DevNodeError::Missing { .. }), "{err}");
+        let sys = tempfile::tempdir().unwrap();
+        std::fs::create_dir(sys.path().join("7:0")).unwrap();
+        check_exists(sys.path(), LOOP0).unwrap();
+        let err = check_exists(
+            sys.path(),
+            DevNumber {
+                major: 7,
+                minor: 99,
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "no block device 7:99 on this host ({}/7:99 does not exist)",
+                sys.path().display()
+            )
+        );
+    }
+}
