@@ -1,0 +1,81 @@
+//! `run --connect URI`: the launcher drives a libvirt it did not start. The test starts one (a
+//! private libvirtd of its own, so CI needs no system daemon), and the launcher must boot, hot-plug,
+//! stop, remove its domain there, and leave that libvirtd running.
+
+mod common;
+
+use std::time::Instant;
+
+use common::{alive, guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use vmlauncher::api::{self, proto};
+use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_a_vm_on_a_libvirt_given_by_uri() {
+    let name = "by-uri";
+    let domain = format!("default_{name}");
+    let external = tempfile::tempdir().unwrap();
+    let daemon = PrivateDaemon::start(
+        &external.path().join("libvirt"),
+        DaemonOptions { pod_cgroups: true },
+    )
+    .expect("the test's own libvirtd");
+    let uri = daemon.uri().to_string();
+    let has_domain = |uri: &str| {
+        let conn = virt::connect::Connect::open(Some(uri)).unwrap();
+        conn.lookup_domain_by_name(&domain).is_ok()
+    };
+
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--connect", &uri]);
+    let line = vm.wait_stdout("vmlauncher: libvirt", GUEST_DEADLINE);
+    assert!(line.ends_with(&uri), "{line}");
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    let mut console = vm.console();
+    console
+        .wait_for(
+            "the guest's boot line",
+            Instant::now() + BOOT_DEADLINE,
+            |l| l == "VMLTEST-BOOTED",
+        )
+        .unwrap();
+    assert!(has_domain(&uri));
+    assert!(
+        !vm.dir().join("libvirt").exists(),
+        "no private libvirtd with --connect"
+    );
+
+    let disk = vm.dir().join("uri.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    let reply = api::connect(&vm.socket())
+        .await
+        .unwrap()
+        .sync(proto::SyncRequest {
+            spec: guest_spec(name, "", &[("d", "By-Uri-1", &disk)]),
+            ..Default::default()
+        })
+        .await
+        .expect("Sync")
+        .into_inner();
+    assert_eq!(
+        reply.volumes.iter().find(|v| v.name == "d").unwrap().phase,
+        proto::volume_status::Phase::Ready as i32
+    );
+    console
+        .wait_for(
+            "the disk in the guest",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l.starts_with("VMLTEST-DISKS") && l.contains(":By-Uri-1:8192"),
+        )
+        .unwrap();
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(!has_domain(&uri), "the launcher left its domain behind");
+    assert!(
+        alive(daemon.pid().unwrap()),
+        "the launcher stopped a libvirtd it does not own"
+    );
+}
