@@ -106,7 +106,7 @@ fn main() {
             client
                 .sync(proto::SyncRequest {
                     spec: with_disk.clone(),
-                    dry_run: false,
+                    ..Default::default()
                 })
                 .await
                 .unwrap();
@@ -115,7 +115,7 @@ fn main() {
             client
                 .sync(proto::SyncRequest {
                     spec: without.clone(),
-                    dry_run: false,
+                    ..Default::default()
                 })
                 .await
                 .unwrap();
