@@ -429,6 +429,11 @@ pub struct Launcher {
     host: Mutex<HostState>,
     /// The last Sync request (or the start spec), for `GetSpec`.
     last_input: Mutex<SyncInput>,
+    /// Volumes waiting for their source, and the path each waits for: watched, so that they are
+    /// attached as soon as it appears.
+    pending: watch::Sender<BTreeMap<String, PathBuf>>,
+    /// The block sources of the Sync being applied.
+    applying: Mutex<BTreeMap<String, BlockSource>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
 }
@@ -516,6 +521,8 @@ impl Launcher {
                 ..SyncInput::default()
             }),
             closing: watch::channel(false).0,
+            pending: watch::channel(BTreeMap::new()).0,
+            applying: Mutex::new(BTreeMap::new()),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -545,6 +552,7 @@ impl Launcher {
         launcher.host.lock().expect("host lock").boot = boot_devices;
         launcher.adopt_records();
         tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
+        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
         Ok((launcher, kind))
     }
 
@@ -1340,6 +1348,14 @@ impl Launcher {
         Ok(devices)
     }
 
+    /// The host path a block volume of the Sync in flight was given by, if any.
+    fn last_block_path(&self, volume: &str) -> Option<PathBuf> {
+        match self.applying.lock().expect("applying lock").get(volume)? {
+            BlockSource::Path(p) => Some(p.clone()),
+            BlockSource::Number(_) => None,
+        }
+    }
+
     /// The converter's options with the block volumes the launcher holds.
     fn convert_options(&self) -> ConvertOptions {
         let mut opts = self.options.convert.clone();
@@ -1378,6 +1394,23 @@ impl Launcher {
                 volumes: self.status().volumes,
             });
         }
+        *self.applying.lock().expect("applying lock") = input.block_devices.clone();
+        // A volume the spec no longer names and libvirt does not have (one that was pending or
+        // failed) has nothing left to report.
+        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
+        let live_names: BTreeSet<String> = live
+            .iter()
+            .filter_map(|d| d.volume().map(str::to_string))
+            .collect();
+        self.update(|s| {
+            s.volumes
+                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
+        });
+        self.pending.send_if_modified(|p| {
+            let before = p.len();
+            p.retain(|name, _| wanted.contains(name));
+            p.len() != before
+        });
         for disk in &plan.attach {
             let persist = input.persist.contains(&disk.volume);
             match devices.get(&disk.volume) {
@@ -1395,7 +1428,35 @@ impl Launcher {
         })
     }
 
+    /// The volume waits for `path` to appear; the pending watcher retries it then.
+    fn mark_pending(&self, disk: &DiskDef, reason: &str, message: String, path: PathBuf) {
+        self.set_volume(disk, VolumePhase::Pending, reason, message);
+        self.pending.send_modify(|p| {
+            p.insert(disk.volume.clone(), path);
+        });
+    }
+
+    /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
+    /// only what is missing is done).
+    async fn retry_pending(&self) {
+        if *self.closing.borrow() {
+            return;
+        }
+        let input = SyncInput {
+            dry_run: false,
+            ..self.last_input()
+        };
+        tracing::info!("a pending volume's source appeared; syncing again");
+        if let Err(e) = self.sync_with(input).await {
+            tracing::warn!(error = %crate::error_chain(&e), "retrying pending volumes failed");
+        }
+    }
+
     fn set_volume(&self, disk: &DiskDef, phase: VolumePhase, reason: &str, message: String) {
+        if phase != VolumePhase::Pending {
+            self.pending
+                .send_if_modified(|p| p.remove(&disk.volume).is_some());
+        }
         let status = VolumeStatus {
             name: disk.volume.clone(),
             target: disk.target.clone(),
@@ -1416,11 +1477,17 @@ impl Launcher {
             let LauncherError::HostDisk { source, .. } = &e else {
                 unreachable!("prepare_disks only fails with HostDisk")
             };
-            let phase = match source {
-                HostError::Missing { .. } => VolumePhase::Pending,
-                _ => VolumePhase::Failed,
-            };
-            self.set_volume(disk, phase, source.reason(), source.to_string());
+            match source {
+                HostError::Missing { path } => {
+                    self.mark_pending(disk, source.reason(), source.to_string(), path.clone())
+                }
+                _ => self.set_volume(
+                    disk,
+                    VolumePhase::Failed,
+                    source.reason(),
+                    source.to_string(),
+                ),
+            }
             return;
         }
         self.attach_live(disk, persist).await;
@@ -1450,7 +1517,12 @@ impl Launcher {
         let dev = match resolution {
             Ok(dev) => *dev,
             Err(why) => {
-                self.set_volume(disk, VolumePhase::Pending, "SourceNotFound", why.clone());
+                match self.last_block_path(&disk.volume) {
+                    Some(path) => self.mark_pending(disk, "SourceNotFound", why.clone(), path),
+                    None => {
+                        self.set_volume(disk, VolumePhase::Pending, "SourceNotFound", why.clone())
+                    }
+                }
                 return;
             }
         };
@@ -1771,6 +1843,61 @@ fn prepare_disks(
         })?;
     }
     Ok(())
+}
+
+/// Watches the sources pending volumes wait for, and syncs again as soon as one appears.
+async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {
+    let Some(mut pending) = launcher.upgrade().map(|l| l.pending.subscribe()) else {
+        return;
+    };
+    loop {
+        let waiting: BTreeMap<String, PathBuf> = pending.borrow_and_update().clone();
+        if waiting.is_empty() {
+            if pending.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let paths: Vec<PathBuf> = waiting.values().cloned().collect();
+        // Armed before looking, so that nothing appearing in between is missed.
+        let mut watch = match crate::host::watch::PathWatch::new(&paths) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot watch pending volumes' sources; the next Sync retries them");
+                None
+            }
+        };
+        if !paths.iter().any(|p| p.exists()) {
+            tokio::select! {
+                changed = pending.changed() => {
+                    if changed.is_err() { return; }
+                    continue;
+                }
+                woke = async { match watch.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                } } => {
+                    if let Err(e) = woke {
+                        tracing::warn!(error = %crate::error_chain(&e), "watching pending volumes failed");
+                    }
+                }
+            }
+            if !paths.iter().any(|p| p.exists()) {
+                // Something else changed there (or a directory on the way appeared): re-arm.
+                continue;
+            }
+        }
+        let Some(l) = launcher.upgrade() else {
+            return;
+        };
+        l.retry_pending().await;
+        drop(l);
+        // If the retry could not settle them (the VM is stopped, say), wait for a change rather
+        // than retrying in a loop.
+        if *pending.borrow() == waiting && pending.changed().await.is_err() {
+            return;
+        }
+    }
 }
 
 /// Follows libvirt's events for as long as the launcher lives: after every event (and on the

@@ -15,63 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_spec, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 use vmlauncher::host::cgroup::{attached_programs, DeviceCgroup};
-
-/// A loop device on a file in a temp dir, detached on drop.
-struct Loop {
-    dev: PathBuf,
-    major: u32,
-    minor: u32,
-}
-
-impl Loop {
-    fn new(dir: &Path, name: &str, mib: u64, read_only: bool) -> Loop {
-        let file = dir.join(format!("{name}.raw"));
-        std::fs::File::create(&file)
-            .unwrap()
-            .set_len(mib << 20)
-            .unwrap();
-        let mut cmd = Command::new("losetup");
-        cmd.args(["--find", "--show"]);
-        if read_only {
-            cmd.arg("--read-only");
-        }
-        let out = cmd.arg(&file).output().expect("losetup");
-        assert!(
-            out.status.success(),
-            "losetup: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dev = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-        let rdev = std::fs::metadata(&dev).unwrap().rdev();
-        Loop {
-            dev,
-            major: libc::major(rdev),
-            minor: libc::minor(rdev),
-        }
-    }
-
-    fn number(&self) -> String {
-        format!("{}:{}", self.major, self.minor)
-    }
-
-    fn block_device(&self) -> proto::BlockDevice {
-        proto::BlockDevice {
-            source: Some(proto::block_device::Source::Number(proto::DeviceNumber {
-                major: self.major,
-                minor: self.minor,
-            })),
-        }
-    }
-}
-
-impl Drop for Loop {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.dev).status();
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Kind {

@@ -312,3 +312,124 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     );
     assert!(!vm.socket().exists(), "the socket was left behind");
 }
+
+/// A volume whose source is not there yet is Pending, and is attached as soon as the source
+/// appears (the launcher watches for it); then the CLI's addvolume/removevolume on a block device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
+    let name = "e2e-pending";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    let mut console = vm.console();
+    console
+        .wait_for(
+            "the guest's boot line",
+            Instant::now() + BOOT_DEADLINE,
+            |l| l == "VMLTEST-BOOTED",
+        )
+        .unwrap();
+
+    // The source's directory does not even exist yet.
+    let late = vm.dir().join("arrives-later/late.img");
+    let spec = guest_spec(name, "", &[("late", "Late-Serial-1", &late)]);
+    let mut events = common::EventWatcher::start(&vm.socket()).await;
+    let reply = api::connect(&vm.socket())
+        .await
+        .unwrap()
+        .sync(proto::SyncRequest {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .expect("Sync with a missing source")
+        .into_inner();
+    let status = reply
+        .volumes
+        .iter()
+        .find(|v| v.name == "late")
+        .expect("status for late");
+    assert_eq!(
+        status.phase,
+        proto::volume_status::Phase::Pending as i32,
+        "{status:?}"
+    );
+    assert_eq!(status.reason, "SourceNotFound");
+
+    // Made elsewhere and moved into place, as a provisioner would.
+    let parent = late.parent().unwrap();
+    std::fs::create_dir(parent).unwrap();
+    let staging = vm.dir().join("staging.img");
+    std::fs::File::create(&staging)
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    std::fs::rename(&staging, &late).unwrap();
+    events
+        .wait_for("the pending volume Ready", GUEST_DEADLINE, |e| {
+            matches!(&e.kind, Some(proto::event::Kind::Volume(v))
+                if v.name == "late" && v.phase == proto::volume_status::Phase::Ready as i32)
+        })
+        .await;
+    console
+        .wait_for(
+            "the late disk in the guest",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l.starts_with("VMLTEST-DISKS") && l.contains(":Late-Serial-1:4096"),
+        )
+        .unwrap();
+
+    // addvolume / removevolume: a block device by path, through the CLI.
+    let scratch = tempfile::tempdir().unwrap();
+    let lo = common::Loop::new(scratch.path(), "cli", 3, false);
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(common::bin())
+            .args(args)
+            .arg("--socket")
+            .arg(vm.socket())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    cli(&[
+        "addvolume",
+        "blk",
+        "--path",
+        lo.dev.to_str().unwrap(),
+        "--serial",
+        "Cli-Block-1",
+    ]);
+    console
+        .wait_for(
+            "the CLI's block disk in the guest",
+            Instant::now() + GUEST_DEADLINE,
+            |l| {
+                l.starts_with("VMLTEST-DISKS")
+                    && l.contains(":Cli-Block-1:6144")
+                    && l.contains(":Late-Serial-1:")
+            },
+        )
+        .unwrap();
+    cli(&["removevolume", "blk"]);
+    console
+        .wait_for(
+            "the CLI's block disk gone",
+            Instant::now() + GUEST_DEADLINE,
+            |l| {
+                l.starts_with("VMLTEST-DISKS")
+                    && !l.contains("Cli-Block-1")
+                    && l.contains(":Late-Serial-1:")
+            },
+        )
+        .unwrap();
+    assert!(
+        !vm.dir().join("hotplug/blk").exists(),
+        "the block node was left behind"
+    );
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}

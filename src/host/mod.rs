@@ -12,6 +12,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod devnode;
 pub mod records;
+pub mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -437,3 +437,61 @@ impl Drop for Launched {
         }
     }
 }
+
+/// A loop device on a file in a temp dir, detached on drop.
+pub struct Loop {
+    pub dev: PathBuf,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Loop {
+    pub fn new(dir: &Path, name: &str, mib: u64, read_only: bool) -> Loop {
+        let file = dir.join(format!("{name}.raw"));
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(mib << 20)
+            .unwrap();
+        let mut cmd = std::process::Command::new("losetup");
+        cmd.args(["--find", "--show"]);
+        if read_only {
+            cmd.arg("--read-only");
+        }
+        let out = cmd.arg(&file).output().expect("losetup");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dev = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+        let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&dev).unwrap());
+        Loop {
+            dev,
+            major: libc::major(rdev),
+            minor: libc::minor(rdev),
+        }
+    }
+
+    pub fn number(&self) -> String {
+        format!("{}:{}", self.major, self.minor)
+    }
+
+    pub fn block_device(&self) -> vmlauncher::api::proto::BlockDevice {
+        use vmlauncher::api::proto;
+        proto::BlockDevice {
+            source: Some(proto::block_device::Source::Number(proto::DeviceNumber {
+                major: self.major,
+                minor: self.minor,
+            })),
+        }
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&self.dev)
+            .status();
+    }
+}

@@ -1,0 +1,126 @@
+//! Waiting for paths to appear, woken by inotify — never by polling. A path whose directory does
+//! not exist yet is watched through its nearest existing ancestor; whoever waits re-arms the
+//! watch after each wake-up, so the next level is watched once it exists.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::io::unix::AsyncFd;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("cannot watch {path}")]
+    Watch {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// An inotify instance watching the directories in which `paths` will appear.
+#[derive(Debug)]
+pub struct PathWatch {
+    fd: AsyncFd<OwnedInotify>,
+}
+
+/// The inotify instance, which owns its descriptor, as tokio's reactor wants to see it.
+#[derive(Debug)]
+struct OwnedInotify(Inotify);
+
+impl AsRawFd for OwnedInotify {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+/// The nearest directory of `path` (its parent, or higher) that exists now.
+fn nearest_existing_dir(path: &Path) -> Option<&Path> {
+    path.ancestors().skip(1).find(|p| p.is_dir())
+}
+
+impl PathWatch {
+    /// Must be called from within a tokio runtime.
+    pub fn new(paths: &[PathBuf]) -> Result<PathWatch, WatchError> {
+        let err = |path: &Path, e: nix::Error| WatchError::Watch {
+            path: path.into(),
+            source: e.into(),
+        };
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| err(Path::new("(inotify)"), e))?;
+        for path in paths {
+            let Some(dir) = nearest_existing_dir(path) else {
+                continue;
+            };
+            inotify
+                .add_watch(
+                    dir,
+                    AddWatchFlags::IN_CREATE
+                        | AddWatchFlags::IN_MOVED_TO
+                        | AddWatchFlags::IN_CLOSE_WRITE
+                        | AddWatchFlags::IN_ATTRIB,
+                )
+                .map_err(|e| err(dir, e))?;
+        }
+        // SAFETY: the descriptor is owned by the `Inotify` inside the `AsyncFd`: it stays open,
+        // and is the same one, for as long as the `AsyncFd` lives.
+        let fd =
+            unsafe { AsyncFd::register(OwnedInotify(inotify)) }.map_err(|e| WatchError::Watch {
+                path: "(inotify)".into(),
+                source: e.into(),
+            })?;
+        Ok(PathWatch { fd })
+    }
+
+    /// Waits until something is created, moved in or changed in a watched directory.
+    pub async fn changed(&mut self) -> Result<(), WatchError> {
+        loop {
+            let mut ready = self
+                .fd
+                .readable()
+                .await
+                .map_err(|source| WatchError::Watch {
+                    path: "(inotify)".into(),
+                    source,
+                })?;
+            match ready.get_inner().0.read_events() {
+                Ok(events) if !events.is_empty() => return Ok(()),
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+                Err(e) => {
+                    return Err(WatchError::Watch {
+                        path: "(inotify)".into(),
+                        source: e.into(),
+                    })
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn wakes_when_a_file_appears_even_in_a_directory_made_later() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("later/disk.img");
+        let mut watch = PathWatch::new(std::slice::from_ref(&target)).unwrap();
+        let sub = dir.path().join("later");
+        let maker = tokio::spawn(async move { std::fs::create_dir(&sub).unwrap() });
+        tokio::time::timeout(Duration::from_secs(10), watch.changed())
+            .await
+            .expect("woken by the new directory")
+            .unwrap();
+        maker.await.unwrap();
+        // Re-armed one level down, it sees the file itself.
+        let mut watch = PathWatch::new(std::slice::from_ref(&target)).unwrap();
+        std::fs::write(&target, b"x").unwrap();
+        tokio::time::timeout(Duration::from_secs(10), watch.changed())
+            .await
+            .expect("woken by the file")
+            .unwrap();
+    }
+}
