@@ -1710,8 +1710,8 @@ impl Launcher {
             .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
         set_phase(VolumePhase::Detaching, "", String::new());
         let removed = self.expect_removal(&alias);
-        let (n, xml) = (self.domain_name.clone(), live.xml.clone());
-        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml)).await {
+        let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
+        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)).await {
             self.removal_waiters
                 .lock()
                 .expect("waiters lock")

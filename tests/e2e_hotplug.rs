@@ -401,7 +401,24 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
         lo.dev.to_str().unwrap(),
         "--serial",
         "Cli-Block-1",
+        "--persist",
     ]);
+    let uri = vm.libvirt_uri();
+    let inactive = || {
+        let conn = virt::connect::Connect::open(Some(&uri)).unwrap();
+        let dom = conn
+            .lookup_domain_by_name(&format!("default_{name}"))
+            .unwrap();
+        dom.xml_desc(virt::sys::VIR_DOMAIN_XML_INACTIVE).unwrap()
+    };
+    assert!(
+        inactive().contains("<alias name='ua-blk'/>"),
+        "--persist: the disk is in the persistent definition"
+    );
+    assert!(
+        !inactive().contains("<alias name='ua-late'/>"),
+        "without --persist it is not"
+    );
     console
         .wait_for(
             "the CLI's block disk in the guest",
@@ -428,6 +445,10 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     assert!(
         !vm.dir().join("hotplug/blk").exists(),
         "the block node was left behind"
+    );
+    assert!(
+        !inactive().contains("ua-blk"),
+        "the persisted disk left the persistent definition too"
     );
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);

@@ -200,10 +200,27 @@ impl Hypervisor {
     }
 
     /// Asks for a detach; the device is gone only when libvirt sends DEVICE_REMOVED.
-    pub fn detach(&self, name: &str, disk_xml: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .detach_device_flags(disk_xml, sys::VIR_DOMAIN_AFFECT_LIVE)
+    /// The live detach; a disk that an attach also wrote to the persistent definition (a user
+    /// alias there) leaves that definition too, so a later start does not bring it back.
+    pub fn detach(&self, name: &str, disk_xml: &str, alias: &str) -> Result<(), LibvirtError> {
+        let dom = self.domain(name)?;
+        let inactive = dom
+            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
+            .map_err(Self::call_err("get inactive XML", name))?;
+        let persisted = !alias.is_empty() && inactive.contains(&format!("<alias name='{alias}'/>"));
+        let mut flags = sys::VIR_DOMAIN_AFFECT_LIVE;
+        if persisted {
+            flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
+        }
+        dom.detach_device_flags(disk_xml, flags)
             .map_err(Self::call_err("detach", name))
+    }
+
+    /// The persistent definition, as libvirt would boot it next.
+    pub fn inactive_xml(&self, name: &str) -> Result<String, LibvirtError> {
+        self.domain(name)?
+            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
+            .map_err(Self::call_err("get inactive XML", name))
     }
 
     /// Presses the ACPI power button.
