@@ -201,20 +201,42 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .set_len(4 << 20)
         .unwrap();
     let with_disk = guest_spec(name, "", &[("data", "Adopt-Me-1", &disk)]);
+    // Plus a hot-plugged block volume: its node is the launcher's own, known from its records.
+    let scratch = tempfile::tempdir().unwrap();
+    let lo = common::Loop::new(scratch.path(), "adopt", 3, false);
+    let with_block = with_disk
+        .replace(
+            "      disks:\n",
+            "      disks:\n      - name: blk\n        disk: {bus: scsi}\n        serial: Adopt-Block-1\n",
+        )
+        .replace(
+            "  volumes:\n",
+            "  volumes:\n  - name: blk\n    persistentVolumeClaim: {claimName: blk, hotpluggable: true}\n",
+        );
     let mut client = vmlauncher::api::connect(&first.socket()).await.unwrap();
-    client
+    let reply = client
         .sync(proto::SyncRequest {
-            spec: with_disk.clone(),
-            dry_run: false,
+            spec: with_block.clone(),
+            block_devices: [("blk".to_string(), lo.block_device())].into(),
             ..Default::default()
         })
         .await
-        .unwrap();
+        .unwrap()
+        .into_inner();
+    assert!(
+        reply
+            .volumes
+            .iter()
+            .all(|v| v.phase == proto::volume_status::Phase::Ready as i32),
+        "{reply:?}"
+    );
+    let node = first.dir().join("hotplug/blk");
+    assert!(node.exists());
     drop(client);
     first.kill9();
     assert!(alive(qemu), "QEMU outlives its launcher");
 
-    let mut second = Launched::start_in(first.dir(), &with_disk, &[]);
+    let mut second = Launched::start_in(first.dir(), &with_block, &[]);
     first.keep_dir_for(&mut second);
     let line = second.wait_stdout("domain default_adopt", GUEST_DEADLINE);
     assert!(line.contains("adopted"), "{line}");
@@ -241,27 +263,38 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         .iter()
         .map(|v| (v.name.as_str(), v.serial.as_str(), v.phase))
         .collect();
+    let ready = proto::volume_status::Phase::Ready as i32;
     assert_eq!(
         volumes,
-        [(
-            "data",
-            "Adopt-Me-1",
-            proto::volume_status::Phase::Ready as i32
-        )]
+        [
+            ("blk", "Adopt-Block-1", ready),
+            ("data", "Adopt-Me-1", ready)
+        ]
     );
     // Syncing the same spec again changes nothing: the adopted state is the real one.
-    let reply = vmlauncher::api::connect(&second.socket())
-        .await
-        .unwrap()
+    let mut client = vmlauncher::api::connect(&second.socket()).await.unwrap();
+    let reply = client
         .sync(proto::SyncRequest {
-            spec: with_disk,
-            dry_run: false,
+            spec: with_block,
+            block_devices: [("blk".to_string(), lo.block_device())].into(),
             ..Default::default()
         })
         .await
         .unwrap()
         .into_inner();
     assert!(reply.plan.is_empty(), "{:?}", reply.plan);
+    // The new launcher owns the old one's node: dropping the volume removes it.
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: with_disk,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reply.plan.len(), 1, "{:?}", reply.plan);
+    assert!(!node.exists(), "the adopted block node was not removed");
+    drop(client);
     second.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(second.wait_exit(GUEST_DEADLINE).code(), Some(0));
     assert!(!alive(qemu));
