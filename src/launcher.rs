@@ -1511,6 +1511,10 @@ impl Launcher {
         }
     }
 
+    fn fail_block_volume(&self, disk: &DiskDef, e: &BlockHostError) {
+        self.set_volume(disk, VolumePhase::Failed, e.reason(), crate::error_chain(e));
+    }
+
     /// A hot-plugged block volume: node, then rule, then attach; each host step undone if a
     /// later one fails.
     async fn attach_block(&self, disk: &DiskDef, resolution: &BlockResolution, persist: bool) {
@@ -1531,16 +1535,7 @@ impl Launcher {
         let node = match devnode::make_node(dir, &disk.volume, dev, self.options.hotplug.node_owner)
         {
             Ok(node) => node,
-            Err(e) => {
-                let e = BlockHostError::from(e);
-                self.set_volume(
-                    disk,
-                    VolumePhase::Failed,
-                    e.reason(),
-                    crate::error_chain(&e),
-                );
-                return;
-            }
+            Err(e) => return self.fail_block_volume(disk, &BlockHostError::from(e)),
         };
         let record = NodeRecord {
             path: node.path(),
@@ -1548,15 +1543,7 @@ impl Launcher {
         };
         let rule = match self.allow_block(&disk.volume, record) {
             Ok(rule) => rule,
-            Err(e) => {
-                self.set_volume(
-                    disk,
-                    VolumePhase::Failed,
-                    e.reason(),
-                    crate::error_chain(&e),
-                );
-                return;
-            }
+            Err(e) => return self.fail_block_volume(disk, &e),
         };
         if self.attach_live(disk, persist).await {
             rule.keep();
