@@ -789,6 +789,16 @@ pub fn canonical_machines(capabilities: &str) -> Result<BTreeMap<String, String>
         .collect())
 }
 
+/// The `<machine>` of a domain capabilities document (the canonical, versioned name).
+pub fn domain_capabilities_machine(xml: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(xml).ok()?;
+    let machine = doc
+        .root_element()
+        .children()
+        .find(|n| n.has_tag_name("machine"))?;
+    Some(machine.text()?.trim().to_string())
+}
+
 /// A `<disk>` of libvirt's live XML: the facts the hotplug diff needs, and the element's own bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveDisk {
@@ -977,6 +987,13 @@ mod tests {
         assert_eq!(b.volume(), None);
         assert_eq!(b.source.as_deref(), Some("/dev/loop0"));
         assert_eq!(b.address, None);
+    }
+
+    #[test]
+    fn reads_the_machine_of_domain_capabilities() {
+        let xml = "<domainCapabilities>\n  <path>/usr/bin/qemu-system-x86_64</path>\n  <domain>qemu</domain>\n  <machine>pc-q35-7.2</machine>\n  <arch>x86_64</arch>\n</domainCapabilities>";
+        assert_eq!(domain_capabilities_machine(xml).as_deref(), Some("pc-q35-7.2"));
+        assert_eq!(domain_capabilities_machine("<domainCapabilities/>"), None);
     }
 
     #[test]

@@ -463,11 +463,21 @@ impl Launcher {
             .map_err(LauncherError::Join)??;
         // Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start,
         // so the guest keeps the machine ABI it started with.
-        if options.convert.machines.is_empty() {
-            match hv.capabilities_xml() {
-                Ok(xml) => {
-                    options.convert.machines = domain::canonical_machines(&xml).unwrap_or_default()
+        // Only the one alias the spec uses is asked about: the host-wide capabilities would probe
+        // every QEMU binary (seconds on a fresh daemon), domain capabilities probe just ours.
+        let alias = vmi
+            .spec
+            .domain
+            .machine
+            .as_ref()
+            .and_then(|m| m.machine_type.clone())
+            .unwrap_or_else(|| convert::DEFAULT_MACHINE.to_string());
+        if !options.convert.machines.contains_key(&alias) {
+            match hv.canonical_machine(&alias, options.convert.virt_type) {
+                Ok(Some(canonical)) => {
+                    options.convert.machines.insert(alias, canonical);
                 }
+                Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written")
                 }

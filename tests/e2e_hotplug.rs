@@ -177,6 +177,8 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let uri = vm.libvirt_uri();
     let domain = format!("default_{name}");
     let before = live_xml(&uri, &domain);
+    // The bare `q35` of the spec was resolved once to this host's versioned machine.
+    assert!(before.contains("machine='pc-q35-"), "{before}");
     let status_before = client
         .get_status(proto::GetStatusRequest {})
         .await

@@ -183,6 +183,20 @@ impl Hypervisor {
             .map_err(Self::call_err("getCapabilities", &self.uri))
     }
 
+    /// The versioned machine an alias such as `q35` stands for on this host (`pc-q35-7.2`), from
+    /// the domain capabilities of the one emulator that would run it.
+    pub fn canonical_machine(
+        &self,
+        alias: &str,
+        virt_type: crate::domain::VirtType,
+    ) -> Result<Option<String>, LibvirtError> {
+        let xml = self
+            .conn
+            .domain_capabilities(None, Some("x86_64"), Some(alias), Some(virt_type.as_str()), 0)
+            .map_err(Self::call_err("getDomainCapabilities", &self.uri))?;
+        Ok(crate::domain::domain_capabilities_machine(&xml))
+    }
+
     pub fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
         self.domain(name)?
             .xml_desc(0)
