@@ -992,7 +992,10 @@ mod tests {
     #[test]
     fn reads_the_machine_of_domain_capabilities() {
         let xml = "<domainCapabilities>\n  <path>/usr/bin/qemu-system-x86_64</path>\n  <domain>qemu</domain>\n  <machine>pc-q35-7.2</machine>\n  <arch>x86_64</arch>\n</domainCapabilities>";
-        assert_eq!(domain_capabilities_machine(xml).as_deref(), Some("pc-q35-7.2"));
+        assert_eq!(
+            domain_capabilities_machine(xml).as_deref(),
+            Some("pc-q35-7.2")
+        );
         assert_eq!(domain_capabilities_machine("<domainCapabilities/>"), None);
     }
 

@@ -724,7 +724,12 @@ impl Launcher {
             return;
         }
         let n = self.domain_name.clone();
-        let observation = match self.call(move |hv| hv.power_state(&n)).await {
+        let read = self.call(move |hv| hv.power_state(&n)).await;
+        if *self.closing.borrow() {
+            // The launcher removed the domain meanwhile, on purpose.
+            return;
+        }
+        let observation = match read {
             Ok(power) => Observation::Domain(power),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
                 match self.observation() {
@@ -874,7 +879,11 @@ impl Launcher {
                     detail: daemon.into(),
                 });
                 if daemon == "libvirtd" {
-                    self.reconnect().await;
+                    // The close of its connection may have been handled first, by a reconnect
+                    // that already started a new daemon: then there is nothing left to do.
+                    if !self.hypervisor().is_ok_and(|hv| hv.is_alive()) {
+                        self.reconnect().await;
+                    }
                 } else {
                     let c = self.connector.clone();
                     match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
@@ -931,6 +940,9 @@ impl Launcher {
     /// Applies `lifecycle::reconcile` when no task runs (a running task wakes the reconciler
     /// when it ends, so nothing is missed).
     async fn reconcile(&self) {
+        if *self.closing.borrow() {
+            return;
+        }
         let Ok(slot) = self.task_slot.try_lock() else {
             return;
         };

@@ -192,7 +192,13 @@ impl Hypervisor {
     ) -> Result<Option<String>, LibvirtError> {
         let xml = self
             .conn
-            .domain_capabilities(None, Some("x86_64"), Some(alias), Some(virt_type.as_str()), 0)
+            .domain_capabilities(
+                None,
+                Some("x86_64"),
+                Some(alias),
+                Some(virt_type.as_str()),
+                0,
+            )
             .map_err(Self::call_err("getDomainCapabilities", &self.uri))?;
         Ok(crate::domain::domain_capabilities_machine(&xml))
     }
