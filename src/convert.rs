@@ -25,7 +25,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub const DEFAULT_INTERFACE: &str = "default";
 
 /// How interfaces reach a network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum NetworkMode {
     /// QEMU user-mode networking: a run on a machine, no host configuration.
     #[default]

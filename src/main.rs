@@ -66,6 +66,10 @@ enum Command {
         /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
         #[arg(long)]
         hotplug_dir: Option<PathBuf>,
+        /// Interfaces use QEMU's user-mode network (local) or the pod's tap devices (pod:
+        /// `tap0`, `tap1`, ... that the pod's network set-up prepared).
+        #[arg(long, value_enum, default_value = "local")]
+        network: vmlauncher::convert::NetworkMode,
     },
     /// Print the libvirt domain XML for SPEC; touches nothing.
     Convert {
@@ -230,6 +234,7 @@ async fn dispatch(command: Command) -> ExitCode {
             resync_interval,
             console,
             hotplug_dir,
+            network,
         } => {
             let spec_text = run::read_spec(&spec).unwrap_or_default();
             let spec = match run::load_spec(&spec) {
@@ -250,6 +255,7 @@ async fn dispatch(command: Command) -> ExitCode {
                 console,
                 spec_text,
                 hotplug_dir,
+                network,
             })
             .await
         }

@@ -66,6 +66,8 @@ pub struct RunOptions {
     pub spec_text: String,
     /// Where hot-plugged volumes live (default: RUNTIME_DIR/hotplug).
     pub hotplug_dir: Option<PathBuf>,
+    /// User-mode networking for a local run, or the pod's tap devices.
+    pub network: crate::convert::NetworkMode,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -161,7 +163,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                     &opts.spec, &paths,
                 )),
                 paths,
-                network: crate::convert::NetworkMode::Local,
+                network: opts.network,
             }
         },
         resync_interval: opts.resync_interval,
