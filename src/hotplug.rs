@@ -87,25 +87,75 @@ pub fn plan(live: &[LiveDisk], desired: &DomainDef) -> Result<Plan, PlanError> {
 
 /// The parts of a domain that a running VM cannot change, by name, where `desired` differs.
 pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'static str> {
-    let mut changed = Vec::new();
-    let mut check = |field, same: bool| {
-        if !same {
-            changed.push(field);
-        }
-    };
-    check("metadata.uid / firmware.uuid", current.uuid == desired.uuid);
-    check(
-        "spec.domain.memory",
-        current.memory_kib == desired.memory_kib,
-    );
-    check("spec.domain.cpu", current.topology == desired.topology);
-    check("spec.domain.machine", current.machine == desired.machine);
-    check(
-        "spec.domain.firmware.kernelBoot",
-        current.kernel_boot == desired.kernel_boot,
-    );
-    check("emulation", current.virt_type == desired.virt_type);
-    changed
+    // Destructured without `..`: a field added to the domain model must be classified here as
+    // either hot-pluggable or frozen, or this stops compiling.
+    let DomainDef {
+        name: _,     // checked by the caller: another name is another instance
+        instance: _, // labels and the like: no effect on the running VM
+        disks: _,    // the one thing Sync changes
+        uuid,
+        virt_type,
+        memory_kib,
+        hugepage_kib,
+        topology,
+        cpu,
+        iothreads,
+        machine,
+        firmware,
+        sysinfo_serial,
+        kernel_boot,
+        features,
+        clock,
+        interfaces,
+        inputs,
+        watchdog,
+        rng,
+        scsi_controller,
+        console_log,
+        vnc_socket,
+        memballoon,
+    } = current;
+    let d = desired;
+    let checks = [
+        ("metadata.uid / spec.domain.firmware.uuid", *uuid == d.uuid),
+        (
+            "spec.domain.memory",
+            *memory_kib == d.memory_kib && *hugepage_kib == d.hugepage_kib,
+        ),
+        ("spec.domain.cpu", *topology == d.topology && *cpu == d.cpu),
+        ("spec.domain.ioThreadsPolicy", *iothreads == d.iothreads),
+        ("spec.domain.machine", *machine == d.machine),
+        (
+            "spec.domain.firmware",
+            *firmware == d.firmware && *sysinfo_serial == d.sysinfo_serial,
+        ),
+        (
+            "spec.domain.firmware.kernelBoot",
+            *kernel_boot == d.kernel_boot,
+        ),
+        ("spec.domain.features", *features == d.features),
+        ("spec.domain.clock", *clock == d.clock),
+        (
+            "spec.domain.devices.interfaces",
+            *interfaces == d.interfaces,
+        ),
+        (
+            "spec.domain.devices (inputs, watchdog, rng, autoattach*)",
+            *inputs == d.inputs
+                && *watchdog == d.watchdog
+                && *rng == d.rng
+                && *scsi_controller == d.scsi_controller
+                && *console_log == d.console_log
+                && *vnc_socket == d.vnc_socket
+                && *memballoon == d.memballoon,
+        ),
+        ("emulation", *virt_type == d.virt_type),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, same)| !same)
+        .map(|(field, _)| field)
+        .collect()
 }
 
 fn check_unchanged(live: &LiveDisk, desired: &DiskDef) -> Result<(), PlanError> {
@@ -307,5 +357,25 @@ mod tests {
         let plan = plan(&[foreign], &domain(vec![disk("b", Bus::Scsi, "B")])).unwrap();
         assert!(plan.detach.is_empty());
         assert_eq!(plan.attach[0].target, "sdb");
+    }
+
+    #[test]
+    fn only_disks_may_change_on_a_running_vm() {
+        let current = domain(vec![disk("a", Bus::Scsi, "A")]);
+        let more_disks = domain(vec![disk("a", Bus::Scsi, "A"), disk("b", Bus::Scsi, "B")]);
+        assert!(frozen_fields_changed(&current, &more_disks).is_empty());
+        let mut other = more_disks.clone();
+        other.memory_kib *= 2;
+        other.rng = !other.rng;
+        other.clock.timers.clear();
+        other.clock.offset = crate::domain::ClockOffset::Timezone("Europe/Paris".into());
+        assert_eq!(
+            frozen_fields_changed(&current, &other),
+            [
+                "spec.domain.memory",
+                "spec.domain.clock",
+                "spec.domain.devices (inputs, watchdog, rng, autoattach*)"
+            ]
+        );
     }
 }
