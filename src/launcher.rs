@@ -256,6 +256,9 @@ pub struct LaunchOptions {
     pub hotplug: HotplugOptions,
     /// The spec text the VM was started from (what `GetSpec` returns before the first Sync).
     pub spec_text: String,
+    /// How long to keep trying to reach a lost libvirt before giving up (phase Unknown, the
+    /// launcher exits); `None` tries for ever.
+    pub reconnect_timeout: Option<Duration>,
 }
 
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
@@ -916,7 +919,23 @@ impl Launcher {
             let _ = tokio::task::spawn_blocking(move || drop(old)).await;
         }
         let mut delay = Duration::from_millis(100);
+        let started = Instant::now();
         loop {
+            if *self.closing.borrow() || self.status().finished {
+                return;
+            }
+            if self
+                .options
+                .reconnect_timeout
+                .is_some_and(|limit| started.elapsed() >= limit)
+            {
+                tracing::error!(
+                    after = ?started.elapsed(),
+                    "libvirt stayed unreachable; giving up (the VM's state is unknown)"
+                );
+                self.update(|s| s.finished = true);
+                return;
+            }
             let c = self.connector.clone();
             match tokio::task::spawn_blocking(move || c.connect()).await {
                 Ok(Ok(hv)) => {

@@ -70,6 +70,10 @@ enum Command {
         /// `tap0`, `tap1`, ... that the pod's network set-up prepared).
         #[arg(long, value_enum, default_value = "local")]
         network: vmlauncher::convert::NetworkMode,
+        /// Seconds to keep reconnecting to a lost libvirt before giving up (phase Unknown, exit
+        /// 3); 0 never gives up.
+        #[arg(long, default_value_t = 300)]
+        reconnect_timeout: u64,
     },
     /// Print the libvirt domain XML for SPEC; touches nothing.
     Convert {
@@ -235,6 +239,7 @@ async fn dispatch(command: Command) -> ExitCode {
             console,
             hotplug_dir,
             network,
+            reconnect_timeout,
         } => {
             let spec_text = run::read_spec(&spec).unwrap_or_default();
             let spec = match run::load_spec(&spec) {
@@ -256,6 +261,8 @@ async fn dispatch(command: Command) -> ExitCode {
                 spec_text,
                 hotplug_dir,
                 network,
+                reconnect_timeout: (reconnect_timeout > 0)
+                    .then(|| std::time::Duration::from_secs(reconnect_timeout)),
             })
             .await
         }

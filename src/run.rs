@@ -68,6 +68,8 @@ pub struct RunOptions {
     pub hotplug_dir: Option<PathBuf>,
     /// User-mode networking for a local run, or the pod's tap devices.
     pub network: crate::convert::NetworkMode,
+    /// Give up on a lost libvirt after this long (`None`: never).
+    pub reconnect_timeout: Option<Duration>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -136,6 +138,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         )),
     }
     let options = LaunchOptions {
+        reconnect_timeout: opts.reconnect_timeout,
         strategy: opts.strategy,
         spec_text: opts.spec_text.clone(),
         hotplug: crate::launcher::HotplugOptions {

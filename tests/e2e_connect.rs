@@ -79,3 +79,41 @@ async fn runs_a_vm_on_a_libvirt_given_by_uri() {
         "the launcher stopped a libvirtd it does not own"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_libvirt_that_stays_gone_ends_in_unknown_and_exit_3() {
+    let name = "uri-lost";
+    let external = tempfile::tempdir().unwrap();
+    let libvirt_dir = external.path().join("libvirt");
+    let mut daemon = PrivateDaemon::start(&libvirt_dir, DaemonOptions { pod_cgroups: true })
+        .expect("the test's own libvirtd");
+    let uri = daemon.uri().to_string();
+    let mut vm = Launched::start(
+        &guest_spec(name, "", &[]),
+        &["--connect", &uri, "--reconnect-timeout", "2"],
+    );
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    let qemu: i32 =
+        std::fs::read_to_string(libvirt_dir.join(format!("run/qemu/default_{name}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+    // A libvirt the launcher does not own goes away and does not come back.
+    daemon.stop();
+    vm.wait_stdout("phase Unknown", GUEST_DEADLINE);
+    assert_eq!(
+        vm.wait_exit(GUEST_DEADLINE).code(),
+        Some(3),
+        "exit code: hypervisor unavailable"
+    );
+    assert!(
+        alive(qemu),
+        "the launcher cannot stop what it cannot reach; QEMU runs on"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(qemu),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+}
