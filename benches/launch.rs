@@ -18,7 +18,7 @@ fn spec(guest: &str, disk: Option<&std::path::Path>) -> String {
     let mut s = format!(
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: bench}}\nspec:\n  \
          terminationGracePeriodSeconds: 30\n  domain:\n    memory: {{guest: 256Mi}}\n    firmware:\n      \
-         kernelBoot:\n        kernelArgs: console=ttyS0\n        container: {{kernelPath: {guest}/vmlinuz, \
+         kernelBoot:\n        kernelArgs: console=ttyS0 loglevel=1\n        container: {{kernelPath: {guest}/vmlinuz, \
          initrdPath: {guest}/initrd.img}}\n    devices:\n"
     );
     match disk {
@@ -81,7 +81,9 @@ fn main() {
     };
     let mut console = ConsoleLog::from_start(&rt.join("console.log")).unwrap();
     console
-        .wait_for("boot", Instant::now() + DEADLINE, |l| l == "VMLTEST-BOOTED")
+        .wait_for("boot", Instant::now() + DEADLINE, |l| {
+            l.contains("VMLTEST-BOOTED")
+        })
         .unwrap();
     let booted = started.elapsed();
     println!(

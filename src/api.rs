@@ -59,9 +59,10 @@ fn to_status(e: LauncherError) -> tonic::Status {
         | LauncherError::WrongInstance { .. }
         | LauncherError::BlockDevice { .. }
         | LauncherError::NotAHotplugVolume { .. } => Code::InvalidArgument,
-        LauncherError::FrozenFieldsChanged { .. } | LauncherError::Refused(_) => {
-            Code::FailedPrecondition
-        }
+        LauncherError::FrozenFieldsChanged { .. }
+        | LauncherError::Refused(_)
+        | LauncherError::Terminating { .. } => Code::FailedPrecondition,
+        LauncherError::Preempted => Code::Aborted,
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,
         LauncherError::Plan(_) => Code::FailedPrecondition,
         LauncherError::HostDisk { .. }
@@ -231,16 +232,25 @@ impl Service {
         command: Command,
         grace: Option<Duration>,
     ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
-        let task_id = self
-            .launcher
-            .command(command, grace)
-            .await
-            .map_err(to_status)?;
+        let launcher = self.launcher.clone();
+        let task_id = detached(async move { launcher.command(command, grace).await }).await?;
         Ok(Response::new(proto::CommandResponse {
             task_id,
             status: Some(status_to_proto(&self.launcher.status())),
         }))
     }
+}
+
+/// Runs a launcher call to its end even if the client goes away: a gRPC handler is dropped when
+/// its caller cancels, and a task cut off between its start and its end would stay "in flight"
+/// for good.
+async fn detached<T: Send + 'static>(
+    call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
+) -> Result<T, tonic::Status> {
+    tokio::spawn(call)
+        .await
+        .map_err(|e| tonic::Status::internal(format!("the launcher call panicked: {e}")))?
+        .map_err(to_status)
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;
@@ -258,7 +268,8 @@ impl proto::launcher_server::Launcher for Service {
             dry_run: req.dry_run,
             persist: req.persist.into_iter().collect(),
         };
-        let outcome = self.launcher.sync_with(input).await.map_err(to_status)?;
+        let launcher = self.launcher.clone();
+        let outcome = detached(async move { launcher.sync_with(input).await }).await?;
         Ok(Response::new(proto::SyncResponse {
             plan: outcome
                 .plan

@@ -72,6 +72,10 @@ pub enum LauncherError {
     Refused(#[from] Refusal),
     #[error("the hypervisor is unreachable")]
     Unreachable,
+    #[error("cannot {command}: the launcher is shutting down")]
+    Terminating { command: &'static str },
+    #[error("the graceful stop gave way to a Kill")]
+    Preempted,
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error(transparent)]
@@ -371,6 +375,9 @@ struct State {
     volumes: BTreeMap<String, VolumeStatus>,
     /// The last Sync's failure, shown as condition `Synchronized=false`.
     sync_failure: Option<String>,
+    /// The launcher undefined the domain itself (to start it afresh) and has not defined it
+    /// again: a missing domain is then not a lost one.
+    undefined_by_us: bool,
     /// The last I/O error libvirt reported, shown with the `Paused` condition.
     io_error: Option<String>,
     /// The spec the domain was made from or last synced to.
@@ -500,6 +507,7 @@ impl Launcher {
             volumes: BTreeMap::new(),
             sync_failure: None,
             io_error: None,
+            undefined_by_us: false,
             spec: vmi,
         };
         let uri = connector.uri();
@@ -635,12 +643,12 @@ impl Launcher {
 
     /// Changes the state, publishes the new status, and tells the stream what changed.
     fn update(&self, change: impl FnOnce(&mut State)) {
-        let (old, new) = {
-            let mut state = self.state.lock().expect("state lock");
-            change(&mut state);
-            let new = self.status_of(&state);
-            (self.changes.send_replace(new.clone()), new)
-        };
+        // Published while the state lock is held, so that the stream's order is the order of
+        // the updates (lock order: state, then the event sequence; nothing takes them reversed).
+        let mut state = self.state.lock().expect("state lock");
+        change(&mut state);
+        let new = self.status_of(&state);
+        let old = self.changes.send_replace(new.clone());
         if new.summary_differs(&old) {
             self.events
                 .publish(EventKind::Status(Box::new(new.clone())));
@@ -658,6 +666,7 @@ impl Launcher {
                     .publish(EventKind::VolumeRemoved(v.name.clone()));
             }
         }
+        drop(state);
     }
 
     fn status_of(&self, s: &State) -> Status {
@@ -735,9 +744,12 @@ impl Launcher {
         let observation = match read {
             Ok(power) => Observation::Domain(power),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
+                let ours = self.state.lock().expect("state lock").undefined_by_us;
                 match self.observation() {
-                    // Never created (Manual before its first Start): still not created.
+                    // Never created (Manual before its first Start), or removed by the launcher
+                    // itself for a (re)start that has not defined it again: not lost.
                     Observation::NotCreated => Observation::NotCreated,
+                    _ if ours => Observation::NotCreated,
                     _ => Observation::Vanished,
                 }
             }
@@ -769,13 +781,19 @@ impl Launcher {
                 .iter()
                 .map(|d| d.name.as_str())
                 .collect();
-            let volumes = live
+            let mut volumes: BTreeMap<String, VolumeStatus> = live
                 .iter()
                 .filter_map(|d| {
                     let name = d.volume()?.to_string();
+                    // A disk still being detached stays so: its DEVICE_REMOVED finishes it.
+                    let detaching = s
+                        .volumes
+                        .get(&name)
+                        .filter(|v| v.phase == VolumePhase::Detaching)
+                        .cloned();
                     Some((
                         name.clone(),
-                        VolumeStatus {
+                        detaching.unwrap_or(VolumeStatus {
                             boot: boot.contains(&name.as_str()),
                             name,
                             target: d.target.clone(),
@@ -784,10 +802,16 @@ impl Launcher {
                             phase: VolumePhase::Ready,
                             reason: String::new(),
                             message: String::new(),
-                        },
+                        }),
                     ))
                 })
                 .collect();
+            // Volumes libvirt does not have but that wait (Pending) or failed keep their status.
+            for (name, v) in &s.volumes {
+                if matches!(v.phase, VolumePhase::Pending | VolumePhase::Failed) {
+                    volumes.entry(name.clone()).or_insert_with(|| v.clone());
+                }
+            }
             s.volumes = volumes;
         });
         Ok(())
@@ -804,6 +828,8 @@ impl Launcher {
                     .expect("waiters lock")
                     .remove(&alias)
                     .unwrap_or_default();
+                // A waiter whose detach timed out is gone: its removal is finished here.
+                let waiters: Vec<_> = waiters.into_iter().filter(|w| !w.is_closed()).collect();
                 if waiters.is_empty() {
                     // A removal that arrived after its detach timed out: finish it now.
                     if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
@@ -974,6 +1000,11 @@ impl Launcher {
                 s.restart_at.is_some_and(|t| t <= now),
             )
         };
+        if restart_due && matches!(&observation, Observation::Domain(p) if p.state.is_active()) {
+            // Started meanwhile (by a Start call): the pending restart has nothing left to do.
+            self.update(|s| s.restart_at = None);
+            return;
+        }
         if restart_due {
             drop(slot);
             tracing::info!(
@@ -981,17 +1012,20 @@ impl Launcher {
                 self.options.strategy.as_str()
             );
             // A successful start clears the pending restart; a failed one backs off further.
-            if let Err(e) = self.command(Command::Start, None).await {
-                tracing::warn!(error = %crate::error_chain(&e), "restart failed");
-                let strategy = self.options.strategy;
-                self.update(|s| {
-                    if let AfterStop::Restart { delay } =
-                        lifecycle::after_stop(strategy, true, s.restarts)
-                    {
-                        s.restarts += 1;
-                        s.restart_at = Some(Instant::now() + delay);
-                    }
-                });
+            match self.command(Command::Start, None).await {
+                Ok(_) | Err(LauncherError::Terminating { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "restart failed");
+                    let strategy = self.options.strategy;
+                    self.update(|s| {
+                        if let AfterStop::Restart { delay } =
+                            lifecycle::after_stop(strategy, true, s.restarts)
+                        {
+                            s.restarts += 1;
+                            s.restart_at = Some(Instant::now() + delay);
+                        }
+                    });
+                }
             }
             return;
         }
@@ -1021,11 +1055,17 @@ impl Launcher {
     fn stopped_by_itself(&self, failed: bool, now: Instant) {
         let strategy = self.options.strategy;
         self.update(|s| {
+            // Already decided: a restart is pending or the VM is final. Arming the reboot window
+            // again would make the reconciler's timer fire in a loop until the restart.
+            if s.restart_at.is_some() || s.finished {
+                s.stop_seen = None;
+                return;
+            }
             let Some(seen) = s.stop_seen else {
                 s.stop_seen = Some(now);
                 return;
             };
-            if now < seen + REBOOT_WINDOW || s.restart_at.is_some() || s.finished {
+            if now < seen + REBOOT_WINDOW {
                 return;
             }
             let stable = s
@@ -1054,12 +1094,21 @@ impl Launcher {
     /// Takes the task slot for `command` (waiting for a task in flight), re-checks it against the
     /// real state, and announces it.
     async fn begin_task(&self, command: Command) -> Result<TaskGuard<'_>, LauncherError> {
+        self.refuse_while_terminating(command)?;
         // Fail fast, before waiting for the slot...
         lifecycle::admit(command, &self.observation())?;
         let slot = self.task_slot.lock().await;
         // ...and check again: the state may have moved while we waited.
         self.refresh().await;
-        lifecycle::admit(command, &self.observation())?;
+        let admitted = self
+            .refuse_while_terminating(command)
+            .and_then(|()| Ok(lifecycle::admit(command, &self.observation())?));
+        if let Err(e) = admitted {
+            drop(slot);
+            // The reconciler may have skipped its turn because this command held the slot.
+            self.wake.notify_one();
+            return Err(e);
+        }
         let info = TaskInfo {
             id: self.next_task_id.fetch_add(1, Ordering::Relaxed),
             command,
@@ -1071,6 +1120,18 @@ impl Launcher {
             outcome: TaskOutcome::Started,
         });
         Ok(TaskGuard { _slot: slot, info })
+    }
+
+    /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
+    /// again behind its back.
+    fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
+        let terminating = self.state.lock().expect("state lock").terminating;
+        if terminating && !matches!(command, Command::Shutdown | Command::Kill) {
+            return Err(LauncherError::Terminating {
+                command: command.as_str(),
+            });
+        }
+        Ok(())
     }
 
     /// Settles the vm_state by how the task went (`failure` is its error, if any).
@@ -1108,12 +1169,15 @@ impl Launcher {
         command: Command,
         grace: Option<Duration>,
     ) -> Result<u64, LauncherError> {
+        // Taken before waiting for the slot: a Kill asked for at any time after this pre-empts
+        // this command's graceful stop.
+        let preempt_generation = *self.preempt.borrow();
         if command == Command::Kill {
             self.preempt.send_modify(|n| *n += 1);
         }
         let guard = self.begin_task(command).await?;
         let id = guard.info.id;
-        let result = self.perform(command, grace).await;
+        let result = self.perform(command, grace, preempt_generation).await;
         self.end_task(guard, result.as_ref().err().map(|e| crate::error_chain(e)));
         result.map(|()| id)
     }
@@ -1122,6 +1186,7 @@ impl Launcher {
         &self,
         command: Command,
         grace: Option<Duration>,
+        preempt_generation: u64,
     ) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
         match command {
@@ -1132,7 +1197,7 @@ impl Launcher {
             Command::Reset => self.call(move |hv| hv.reset(&n)).await,
             Command::Shutdown => {
                 let grace = grace.unwrap_or_else(|| self.grace_period());
-                self.graceful_stop(grace).await
+                self.graceful_stop(grace, preempt_generation).await
             }
             Command::Kill => {
                 self.call(move |hv| hv.destroy(&n)).await?;
@@ -1165,12 +1230,14 @@ impl Launcher {
         let n = self.domain_name.clone();
         if self.call(move |hv| hv.exists(&n)).await? {
             let n = self.domain_name.clone();
+            self.update(|s| s.undefined_by_us = true);
             self.call(move |hv| hv.undefine(&n)).await?;
         }
         prepare_disks(&vmi, &def.disks, &self.options.convert)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
         self.update(|s| {
+            s.undefined_by_us = false;
             s.finished = false;
             s.stop_seen = None;
             s.restart_at = None;
@@ -1182,19 +1249,27 @@ impl Launcher {
         self.rebuild_volumes().await
     }
 
-    /// Waits until the VM no longer runs, at most `limit`; false if it still runs.
+    /// Waits until the VM has stopped (a final phase), at most `limit`; false if it has not.
+    /// An unreachable libvirt (phase Unknown) is not a stopped VM.
     async fn wait_stopped(&self, limit: Duration) -> bool {
         let mut changes = self.subscribe();
-        let stopped = |s: &Status| s.phase != Phase::Running;
+        let stopped = |s: &Status| s.phase.is_final();
         let waited = tokio::time::timeout(limit, changes.wait_for(stopped)).await;
         waited.is_ok()
     }
 
-    /// ACPI power button, up to `grace` for the guest to power off, then destroy. A Kill
-    /// pre-empts the wait.
-    async fn graceful_stop(&self, grace: Duration) -> Result<(), LauncherError> {
+    /// ACPI power button, up to `grace` for the guest to power off, then destroy. A Kill asked
+    /// for since `preempt_generation` ends the wait: this stop then fails as pre-empted, and
+    /// the Kill (which runs next) does the stopping.
+    async fn graceful_stop(
+        &self,
+        grace: Duration,
+        preempt_generation: u64,
+    ) -> Result<(), LauncherError> {
         let mut preempt = self.preempt.subscribe();
-        preempt.borrow_and_update();
+        if *preempt.borrow() != preempt_generation {
+            return Err(LauncherError::Preempted);
+        }
         let mut waited_out_grace = false;
         if !grace.is_zero() {
             let n = self.domain_name.clone();
@@ -1202,9 +1277,9 @@ impl Launcher {
                 Ok(()) => {
                     tokio::select! {
                         stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
-                        _ = preempt.changed() => {
+                        _ = preempt.wait_for(|g| *g != preempt_generation) => {
                             tracing::info!("graceful stop pre-empted by Kill");
-                            return Ok(());
+                            return Err(LauncherError::Preempted);
                         }
                     }
                     tracing::warn!(
@@ -1225,7 +1300,7 @@ impl Launcher {
         if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
             // It may have stopped by itself in the meantime; the state says.
             self.refresh().await;
-            if self.status().phase == Phase::Running {
+            if !self.status().phase.is_final() {
                 return Err(e);
             }
         }

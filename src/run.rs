@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 
 use crate::api;
@@ -87,9 +87,40 @@ fn classify(e: &LauncherError) -> ExitCode {
     }
 }
 
+/// SIGTERM, SIGINT and SIGHUP, caught from the very start: a signal that comes while the VM is
+/// still being created must not kill the launcher with the default action and leave it behind.
+struct StopSignals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl StopSignals {
+    fn install() -> std::io::Result<StopSignals> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// Waits for one; says which.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "interrupted",
+            _ = self.hup.recv() => "SIGHUP",
+        }
+    }
+}
+
 /// Runs the VM until it is final or the launcher is told to stop.
 pub async fn run(opts: RunOptions) -> ExitCode {
     let started = Instant::now();
+    let Ok(mut signals) = StopSignals::install() else {
+        eprintln!("vmlauncher: cannot install signal handlers");
+        return ExitCode::Internal;
+    };
     let rt = RuntimeDir(opts.runtime_dir.clone());
     if let Err(e) = fs::DirBuilder::new()
         .recursive(true)
@@ -213,7 +244,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }));
     say(format_args!("api unix:{}", socket.display()));
 
-    let code = follow(&launcher, started).await;
+    let code = follow(&launcher, started, &mut signals).await;
 
     launcher.shut_down().await;
     let _ = stop_api.send(());
@@ -229,24 +260,11 @@ pub async fn run(opts: RunOptions) -> ExitCode {
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
-async fn follow(launcher: &Launcher, started: Instant) -> ExitCode {
-    let signals = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    );
-    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = signals else {
-        eprintln!("vmlauncher: cannot install signal handlers");
-        return ExitCode::Internal;
-    };
+async fn follow(launcher: &Launcher, started: Instant, signals: &mut StopSignals) -> ExitCode {
     let mut changes = launcher.subscribe();
     let mut last: Option<(Phase, &'static str)> = None;
     let terminate = async {
-        let which = tokio::select! {
-            _ = sigterm.recv() => "SIGTERM",
-            _ = sigint.recv() => "interrupted",
-            _ = sighup.recv() => "SIGHUP",
-        };
+        let which = signals.recv().await;
         say(format_args!(
             "{which}: stopping the guest (grace period {}s)",
             launcher.grace_period().as_secs()

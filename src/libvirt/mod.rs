@@ -311,6 +311,8 @@ pub enum Backend {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    #[error("the launcher is shutting down; its daemons stay stopped")]
+    Stopped,
     #[error(transparent)]
     Daemon(#[from] daemon::DaemonError),
     #[error(transparent)]
@@ -324,6 +326,8 @@ pub struct Connector {
     backend: Backend,
     daemon: Mutex<Option<daemon::PrivateDaemon>>,
     events: UnboundedSender<HypervisorEvent>,
+    /// Set by `stop_daemon`: a reconnect still under way must not start the daemons again.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Connector {
@@ -332,6 +336,7 @@ impl Connector {
             backend,
             daemon: Mutex::new(None),
             events,
+            stopped: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -355,6 +360,9 @@ impl Connector {
             return Ok(());
         };
         let mut slot = self.daemon.lock().expect("daemon lock");
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ConnectError::Stopped);
+        }
         match slot.as_mut() {
             Some(daemon) => daemon.ensure_running()?,
             None => {
@@ -379,6 +387,8 @@ impl Connector {
 
     /// Stops the private daemon, if any (at exit).
     pub fn stop_daemon(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(mut d) = self.daemon.lock().expect("daemon lock").take() {
             d.stop();
         }

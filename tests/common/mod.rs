@@ -32,6 +32,8 @@ pub fn guest_dir() -> PathBuf {
     dir
 }
 
+/// The kernel logs at `loglevel=1` only: its messages would otherwise interleave with the
+/// guest's report lines on the one serial console.
 /// A VMI for the test guest with the given disks: `(volume, serial, image path)`, all on scsi.
 pub fn guest_spec(name: &str, kernel_args: &str, disks: &[(&str, &str, &Path)]) -> String {
     let guest = guest_dir();
@@ -47,7 +49,7 @@ spec:
       guest: 256Mi
     firmware:
       kernelBoot:
-        kernelArgs: console=ttyS0 {kernel_args}
+        kernelArgs: console=ttyS0 loglevel=1 {kernel_args}
         container:
           kernelPath: {kernel}
           initrdPath: {initrd}
