@@ -4,12 +4,12 @@
 //! that name the unsupported fields. The table below is the contract: a manifest moving from one
 //! side to the other is a change to review, not an accident.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use vmlauncher::convert::{convert, ConvertOptions};
 use vmlauncher::domain::VirtType;
-use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
-use vmlauncher::libvirt::Hypervisor;
 
 /// Each example, and the field paths its rejection must name (empty: it converts).
 const EXPECTED: &[(&str, &[&str])] = &[
@@ -124,35 +124,10 @@ fn unsupported_examples_name_what_is_unsupported() {
 
 #[test]
 fn supported_examples_are_accepted_by_libvirt() {
-    let state = tempfile::tempdir().unwrap();
-    let daemon = PrivateDaemon::start(
-        &state.path().join("libvirt"),
-        DaemonOptions { pod_cgroups: true },
-    )
-    .unwrap();
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let hv = Hypervisor::open(daemon.uri(), tx).unwrap();
+    let judge = common::LibvirtJudge::start();
     for (file, _) in EXPECTED.iter().filter(|(_, p)| p.is_empty()) {
         let (name, xml) = outcome(file).unwrap_or_else(|e| panic!("{file}: {e:#?}"));
-        let path = state.path().join("domain.xml");
-        std::fs::write(&path, &xml).unwrap();
-        let out = std::process::Command::new("virt-xml-validate")
-            .arg(&path)
-            .arg("domain")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{file}: virt-xml-validate: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        hv.define_and_undefine(&name, &xml).unwrap_or_else(|e| {
-            panic!(
-                "{file}: libvirt refused it: {}\n{xml}",
-                vmlauncher::error_chain(&e)
-            )
-        });
+        judge.accept(file, &name, &xml);
     }
 }
 

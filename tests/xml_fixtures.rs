@@ -5,13 +5,13 @@
 //! A fixture may carry an `options.yaml` for the host facts conversion takes as input:
 //! `network: pod` (tap devices instead of user-mode networking) and `blockVolumes: [names]`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use vmlauncher::convert::{convert, ConvertOptions, NetworkMode};
 use vmlauncher::domain::VirtType;
-use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
-use vmlauncher::libvirt::Hypervisor;
 
 fn fixtures() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("xml-fixtures");
@@ -88,15 +88,8 @@ fn fixtures_convert_exactly() {
 
 #[test]
 fn libvirt_accepts_every_fixture() {
-    let state = tempfile::tempdir().unwrap();
-    let daemon = PrivateDaemon::start(
-        &state.path().join("libvirt"),
-        DaemonOptions { pod_cgroups: true },
-    )
-    .unwrap();
-    let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
-    let hv = Hypervisor::open(daemon.uri(), tx).unwrap();
-    let caps = hv.capabilities_xml().unwrap();
+    let judge = common::LibvirtJudge::start();
+    let caps = judge.hv.capabilities_xml().unwrap();
     let canonical = vmlauncher::domain::canonical_machines(&caps).unwrap();
     for (alias, machine) in machines() {
         assert_eq!(
@@ -109,26 +102,6 @@ fn libvirt_accepts_every_fixture() {
     assert!(fixtures.len() >= 20, "only {} fixtures", fixtures.len());
     for dir in fixtures {
         let (name, xml) = converted(&dir);
-        let file = state.path().join("domain.xml");
-        std::fs::write(&file, &xml).unwrap();
-        let out = std::process::Command::new("virt-xml-validate")
-            .arg(&file)
-            .arg("domain")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: virt-xml-validate: {}{}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        hv.define_and_undefine(&name, &xml).unwrap_or_else(|e| {
-            panic!(
-                "{}: libvirt refused it: {}",
-                dir.display(),
-                vmlauncher::error_chain(&e)
-            )
-        });
+        judge.accept(&dir.display().to_string(), &name, &xml);
     }
 }

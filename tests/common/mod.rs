@@ -497,3 +497,53 @@ impl Drop for Loop {
             .status();
     }
 }
+
+/// libvirt as the judge of an XML: `virt-xml-validate`, then `defineXML` (and undefine) on a
+/// private libvirtd of its own.
+pub struct LibvirtJudge {
+    state: tempfile::TempDir,
+    _daemon: vmlauncher::libvirt::daemon::PrivateDaemon,
+    pub hv: vmlauncher::libvirt::Hypervisor,
+}
+
+impl LibvirtJudge {
+    pub fn start() -> LibvirtJudge {
+        use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+        let state = tempfile::tempdir().unwrap();
+        let daemon = PrivateDaemon::start(
+            &state.path().join("libvirt"),
+            DaemonOptions { pod_cgroups: true },
+        )
+        .expect("a private libvirtd");
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let hv = vmlauncher::libvirt::Hypervisor::open(daemon.uri(), tx).expect("connect to it");
+        LibvirtJudge {
+            state,
+            _daemon: daemon,
+            hv,
+        }
+    }
+
+    /// Panics, naming `what`, if libvirt rejects the domain XML.
+    pub fn accept(&self, what: &str, name: &str, xml: &str) {
+        let file = self.state.path().join("domain.xml");
+        std::fs::write(&file, xml).unwrap();
+        let out = std::process::Command::new("virt-xml-validate")
+            .arg(&file)
+            .arg("domain")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: virt-xml-validate: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        self.hv.define_and_undefine(name, xml).unwrap_or_else(|e| {
+            panic!(
+                "{what}: libvirt refused it: {}\n{xml}",
+                vmlauncher::error_chain(&e)
+            )
+        });
+    }
+}
