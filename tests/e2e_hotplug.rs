@@ -33,6 +33,21 @@ fn serials(line: &str) -> Vec<String> {
         .collect()
 }
 
+/// Sends a Sync that must be refused; returns its status.
+async fn refused(
+    client: &mut api::proto::launcher_client::LauncherClient<tonic::transport::Channel>,
+    spec: String,
+    what: &str,
+) -> tonic::Status {
+    client
+        .sync(proto::SyncRequest {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .expect_err(what)
+}
+
 /// `(serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
 fn sized_serials(line: &str) -> Vec<(String, u64)> {
     line.split_whitespace()
@@ -208,14 +223,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
 
     // Bad Syncs: refused with the field named, and nothing changes.
     let too_long = only_one.replace("E2E-Serial-One", &"S".repeat(37));
-    let err = client
-        .sync(proto::SyncRequest {
-            spec: too_long,
-            dry_run: false,
-            ..Default::default()
-        })
-        .await
-        .expect_err("a 37-character scsi serial");
+    let err = refused(&mut client, too_long, "a 37-character scsi serial").await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.message()
@@ -224,14 +232,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         err.message()
     );
     let unknown_field = only_one.replace("    memory:\n", "    memory:\n      overcommit: true\n");
-    let err = client
-        .sync(proto::SyncRequest {
-            spec: unknown_field,
-            dry_run: false,
-            ..Default::default()
-        })
-        .await
-        .expect_err("an unknown field");
+    let err = refused(&mut client, unknown_field, "an unknown field").await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.message()
@@ -240,14 +241,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         err.message()
     );
     let more_memory = both.replace("guest: 256Mi", "guest: 512Mi");
-    let err = client
-        .sync(proto::SyncRequest {
-            spec: more_memory,
-            dry_run: false,
-            ..Default::default()
-        })
-        .await
-        .expect_err("a memory change");
+    let err = refused(&mut client, more_memory, "a memory change").await;
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(
         err.message().contains("spec.domain.memory"),
@@ -323,15 +317,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
 async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     let name = "e2e-pending";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    vm.wait_stdout("phase Running", BOOT_DEADLINE);
-    let mut console = vm.console();
-    console
-        .wait_for(
-            "the guest's boot line",
-            Instant::now() + BOOT_DEADLINE,
-            |l| l.contains("VMLTEST-BOOTED"),
-        )
-        .unwrap();
+    let mut console = vm.boot();
 
     // The source's directory does not even exist yet.
     let late = vm.dir().join("arrives-later/late.img");

@@ -18,29 +18,12 @@ fn qemu_pid(vm: &Launched, name: &str) -> i32 {
         .expect("QEMU's pid file")
 }
 
-fn boot(vm: &mut Launched) {
-    vm.wait_stdout("phase Running", BOOT_DEADLINE);
-    vm.console()
-        .wait_for(
-            "the guest's boot line",
-            Instant::now() + BOOT_DEADLINE,
-            |l| l.contains("VMLTEST-BOOTED"),
-        )
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     let name = "crash-always";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "always"]);
-    boot(&mut vm);
+    let mut console = vm.boot();
     let first = qemu_pid(&vm, name);
-    let mut console = vm.console();
-    console
-        .wait_for("the first boot", Instant::now() + BOOT_DEADLINE, |l| {
-            l.contains("VMLTEST-BOOTED")
-        })
-        .unwrap();
     let mut events = EventWatcher::start(&vm.socket()).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(first),
@@ -84,11 +67,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     assert!(events.seen.iter().any(|e| matches!(&e.kind,
         Some(Kind::Hypervisor(h)) if h.event == "Stopped" && h.detail == "failed")));
     // Until the restarted guest has booted it cannot see the ACPI power button.
-    console
-        .wait_for("the second boot", Instant::now() + BOOT_DEADLINE, |l| {
-            l.contains("VMLTEST-BOOTED")
-        })
-        .unwrap();
+    common::wait_booted(&mut console);
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
@@ -97,7 +76,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
 async fn guest_powering_itself_off_succeeds_and_the_launcher_exits_0() {
     let name = "self-poweroff";
     let mut vm = Launched::start(&guest_spec(name, "vmltest.poweroff_after=2", &[]), &[]);
-    boot(&mut vm);
+    vm.boot();
     let qemu = qemu_pid(&vm, name);
     vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
@@ -117,7 +96,7 @@ async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends()
         "terminationGracePeriodSeconds: 3",
     );
     let mut vm = Launched::start(&spec, &[]);
-    boot(&mut vm);
+    vm.boot();
     let qemu = qemu_pid(&vm, name);
     let asked = Instant::now();
     vm.signal(nix::sys::signal::Signal::SIGTERM);
@@ -142,7 +121,7 @@ async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends()
 async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running() {
     let name = "daemon-killed";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    boot(&mut vm);
+    vm.boot();
     let qemu = qemu_pid(&vm, name);
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     nix::sys::signal::kill(
@@ -193,7 +172,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
 async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     let name = "adopt";
     let mut first = Launched::start(&guest_spec(name, "", &[]), &[]);
-    boot(&mut first);
+    first.boot();
     let qemu = qemu_pid(&first, name);
     let disk = first.dir().join("data.img");
     std::fs::File::create(&disk)
@@ -357,13 +336,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     assert!(first.contains("\"type\":\"resync\""), "{first}");
 
     let mut console = vm.console();
-    let booted = |console: &mut vmlauncher::console::ConsoleLog| {
-        console
-            .wait_for("a boot line", Instant::now() + BOOT_DEADLINE, |l| {
-                l.contains("VMLTEST-BOOTED")
-            })
-            .unwrap();
-    };
+    let booted = common::wait_booted;
     // A command the state does not allow is refused before anything happens.
     let (code, _, stderr) = verb(&vm, &["pause"]);
     assert_eq!(code, Some(6), "{stderr}");
@@ -457,7 +430,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
 async fn an_owner_stop_ends_a_launcher_whose_vm_runs_once() {
     let name = "stop-once";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    boot(&mut vm);
+    vm.boot();
     let qemu = qemu_pid(&vm, name);
     assert_eq!(
         vm_state_after(&vm, &["stop", "--grace-period", "30"]),

@@ -83,11 +83,7 @@ fn the_guest_sees_the_cidata_iso_and_the_empty_disk() {
 
     let mut console = vm.console();
     let deadline = Instant::now() + BOOT_DEADLINE;
-    console
-        .wait_for("the guest's boot line", deadline, |l| {
-            l.contains("VMLTEST-BOOTED")
-        })
-        .unwrap();
+    common::wait_booted(&mut console);
     let line = console
         .wait_for("the guest's disk report with both disks", deadline, |l| {
             l.starts_with("VMLTEST-DISKS") && disks(l).len() >= 2

@@ -94,6 +94,17 @@ impl Pending {
     }
 }
 
+/// Waits for the test guest's next boot line on `console`.
+pub fn wait_booted(console: &mut ConsoleLog) {
+    console
+        .wait_for(
+            "the guest's boot line",
+            Instant::now() + BOOT_DEADLINE,
+            |l| l.contains("VMLTEST-BOOTED"),
+        )
+        .unwrap();
+}
+
 /// A running `vmlauncher run`, with its runtime dir.
 pub struct Launched {
     pub child: Child,
@@ -257,6 +268,14 @@ impl Launched {
 
     pub fn socket(&self) -> PathBuf {
         self.dir().join("launcher.sock")
+    }
+
+    /// Waits for phase Running and the guest's boot line; returns the console, read past it.
+    pub fn boot(&mut self) -> ConsoleLog {
+        self.wait_stdout("phase Running", BOOT_DEADLINE);
+        let mut console = self.console();
+        wait_booted(&mut console);
+        console
     }
 
     pub fn console(&self) -> ConsoleLog {
