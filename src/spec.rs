@@ -873,66 +873,64 @@ pub enum VolumeSource<'a> {
 impl Volume {
     /// Every source this volume names, supported or not, with its field name.
     fn sources(&self) -> Vec<(&'static str, Option<VolumeSource<'_>>)> {
-        let mut all = Vec::new();
-        let mut add = |field, present: bool, source| {
-            if present {
-                all.push((field, source));
-            }
-        };
-        add(
-            "hostDisk",
-            self.host_disk.is_some(),
-            self.host_disk.as_ref().map(VolumeSource::HostDisk),
-        );
-        add(
-            "persistentVolumeClaim",
-            self.persistent_volume_claim.is_some(),
-            self.persistent_volume_claim
-                .as_ref()
-                .map(VolumeSource::PersistentVolumeClaim),
-        );
-        add(
-            "dataVolume",
-            self.data_volume.is_some(),
-            self.data_volume.as_ref().map(VolumeSource::DataVolume),
-        );
-        add(
-            "containerDisk",
-            self.container_disk.is_some(),
-            self.container_disk
-                .as_ref()
-                .map(VolumeSource::ContainerDisk),
-        );
-        add(
-            "emptyDisk",
-            self.empty_disk.is_some(),
-            self.empty_disk.as_ref().map(VolumeSource::EmptyDisk),
-        );
-        add(
-            "ephemeral",
-            self.ephemeral.is_some(),
-            self.ephemeral.as_ref().map(VolumeSource::Ephemeral),
-        );
-        add(
-            "cloudInitNoCloud",
-            self.cloud_init_no_cloud.is_some(),
-            self.cloud_init_no_cloud
-                .as_ref()
-                .map(VolumeSource::CloudInitNoCloud),
-        );
-        add(
-            "cloudInitConfigDrive",
-            self.cloud_init_config_drive.is_some(),
-            None,
-        );
-        add("configMap", self.config_map.is_some(), None);
-        add("secret", self.secret.is_some(), None);
-        add("serviceAccount", self.service_account.is_some(), None);
-        add("downwardAPI", self.downward_api.is_some(), None);
-        add("downwardMetrics", self.downward_metrics.is_some(), None);
-        add("sysprep", self.sysprep.is_some(), None);
-        add("memoryDump", self.memory_dump.is_some(), None);
-        all
+        let supported = [
+            (
+                "hostDisk",
+                self.host_disk.as_ref().map(VolumeSource::HostDisk),
+            ),
+            (
+                "persistentVolumeClaim",
+                self.persistent_volume_claim
+                    .as_ref()
+                    .map(VolumeSource::PersistentVolumeClaim),
+            ),
+            (
+                "dataVolume",
+                self.data_volume.as_ref().map(VolumeSource::DataVolume),
+            ),
+            (
+                "containerDisk",
+                self.container_disk
+                    .as_ref()
+                    .map(VolumeSource::ContainerDisk),
+            ),
+            (
+                "emptyDisk",
+                self.empty_disk.as_ref().map(VolumeSource::EmptyDisk),
+            ),
+            (
+                "ephemeral",
+                self.ephemeral.as_ref().map(VolumeSource::Ephemeral),
+            ),
+            (
+                "cloudInitNoCloud",
+                self.cloud_init_no_cloud
+                    .as_ref()
+                    .map(VolumeSource::CloudInitNoCloud),
+            ),
+        ];
+        // Real KubeVirt sources that only make sense inside a cluster.
+        let unsupported = [
+            (
+                "cloudInitConfigDrive",
+                self.cloud_init_config_drive.is_some(),
+            ),
+            ("configMap", self.config_map.is_some()),
+            ("secret", self.secret.is_some()),
+            ("serviceAccount", self.service_account.is_some()),
+            ("downwardAPI", self.downward_api.is_some()),
+            ("downwardMetrics", self.downward_metrics.is_some()),
+            ("sysprep", self.sysprep.is_some()),
+            ("memoryDump", self.memory_dump.is_some()),
+        ];
+        let named = supported
+            .into_iter()
+            .filter_map(|(field, source)| Some((field, Some(source?))));
+        let named_unsupported = unsupported
+            .into_iter()
+            .filter(|(_, present)| *present)
+            .map(|(field, _)| (field, None));
+        named.chain(named_unsupported).collect()
     }
 
     /// The volume's source; `None` only for a volume that failed validation.
