@@ -181,7 +181,6 @@ pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) ->
     }
     match (phase, p.task) {
         (Phase::Unknown, _) => return "Unknown",
-        (_, Some(TaskKind::Starting)) => return "Starting",
         (_, Some(TaskKind::PoweringOff)) => return "Stopping",
         _ => {}
     }
