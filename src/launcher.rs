@@ -1357,17 +1357,6 @@ impl Launcher {
         rx
     }
 
-    /// Applies a whole new spec: validate, plan, then attach and detach scsi disks. Invalid
-    /// input changes nothing; a failure of one volume does not stop the others.
-    pub async fn sync(&self, spec_text: &str, dry_run: bool) -> Result<SyncOutcome, LauncherError> {
-        self.sync_with(SyncInput {
-            spec: spec_text.into(),
-            dry_run,
-            ..SyncInput::default()
-        })
-        .await
-    }
-
     /// The spec, block devices and persisted volumes of the last Sync (or the start spec).
     pub fn last_input(&self) -> SyncInput {
         let mut input = self.last_input.lock().expect("input lock").clone();
@@ -1382,8 +1371,9 @@ impl Launcher {
         input
     }
 
-    /// A Sync with block devices (`SyncInput`): every block device is checked before anything
-    /// is touched.
+    /// Applies a whole new spec: validate, plan, then attach and detach scsi disks. Invalid
+    /// input, and every block device, is checked before anything is touched; a failure of one
+    /// volume does not stop the others.
     pub async fn sync_with(&self, input: SyncInput) -> Result<SyncOutcome, LauncherError> {
         let vmi = spec::parse(&input.spec)?;
         let devices = self.resolve_block_devices(&vmi, &input)?;
