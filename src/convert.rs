@@ -13,7 +13,8 @@ use crate::domain::{
     WatchdogDef,
 };
 use crate::spec::{
-    self, DiskKind, FeatureState, FieldError, SpecErrors, VirtualMachineInstance, VolumeSource,
+    self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
+    VirtualMachineInstance, VolumeSource,
 };
 use crate::volumes::{self, HostPaths};
 
@@ -67,14 +68,6 @@ impl ConvertOptions {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConvertError {
-    /// The spec did not pass validation (or asks for what this host cannot give, such as a lun
-    /// on a file); convert only takes valid specs.
-    #[error(transparent)]
-    Invalid(#[from] spec::SpecErrors),
-}
-
 /// The libvirt domain name for an instance: `<namespace>_<name>`, as KubeVirt names them.
 pub fn domain_name(vmi: &VirtualMachineInstance) -> String {
     let ns = vmi
@@ -85,19 +78,81 @@ pub fn domain_name(vmi: &VirtualMachineInstance) -> String {
     format!("{ns}_{}", vmi.metadata.name)
 }
 
-pub fn convert(
-    vmi: &VirtualMachineInstance,
-    opts: &ConvertOptions,
-) -> Result<DomainDef, ConvertError> {
-    spec::validate(vmi)?;
+/// The domain for a validated instance. The only refusal left is one the spec alone cannot
+/// show: a lun whose volume the host did not find to be a block device.
+pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, SpecErrors> {
     let name = domain_name(vmi);
     let domain = &vmi.spec.domain;
     let devices = &domain.devices;
-    let memory_bytes = spec::guest_memory(vmi)
-        .ok()
-        .flatten()
-        .expect("validated: memory is present and parses");
-    let cpu = domain.cpu.clone().unwrap_or_default();
+    let (topology, cpu) = cpu(vmi);
+    let firmware = domain.firmware.clone().unwrap_or_default();
+    let (disks, iothreads) = disks(vmi, opts, topology.vcpus())?;
+    let uuid = firmware.uuid.clone().or_else(|| {
+        vmi.metadata
+            .uid
+            .clone()
+            .filter(|u| spec::looks_like_uuid(u))
+    });
+    Ok(DomainDef {
+        uuid,
+        virt_type: opts.virt_type,
+        memory_kib: vmi.guest_memory().div_ceil(1024),
+        hugepage_kib: domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.hugepages.as_ref())
+            .and_then(|h| h.page_size.to_bytes().ok())
+            .map(|b| b / 1024),
+        topology,
+        cpu,
+        iothreads,
+        machine: machine(domain, opts),
+        firmware: firmware_def(&firmware, opts, &name),
+        sysinfo_serial: firmware.serial.clone(),
+        kernel_boot: kernel_boot(&firmware),
+        features: features(domain),
+        clock: clock(domain),
+        disks,
+        interfaces: interfaces(vmi, opts.network),
+        inputs: devices
+            .inputs
+            .iter()
+            .map(|i| InputDef {
+                name: i.name.clone(),
+                input_type: i.input_type.clone(),
+                bus: i.bus.clone().unwrap_or_else(|| "usb".into()),
+            })
+            .collect(),
+        watchdog: devices.watchdog.as_ref().map(|w| WatchdogDef {
+            name: w.name.clone(),
+            action: w
+                .i6300esb
+                .as_ref()
+                .and_then(|m| m.action.clone())
+                .unwrap_or_else(|| "reset".into()),
+        }),
+        rng: devices.rng.is_some(),
+        // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
+        scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
+        console_log: devices.serial_console().then(|| opts.console_log.clone()),
+        vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
+        memballoon: devices.mem_balloon(),
+        instance: InstanceMetadata {
+            namespace: vmi
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
+            name: vmi.metadata.name.clone(),
+            uid: vmi.metadata.uid.clone(),
+        },
+        name,
+    })
+}
+
+/// The vCPU topology (from the spec's, else from `resources`) and the CPU model.
+fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, CpuDef) {
+    let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
     let topology = if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
         CpuTopology {
             sockets: cpu.sockets.unwrap_or(1),
@@ -111,7 +166,7 @@ pub fn convert(
             threads: 1,
         }
     };
-    let cpu_def = CpuDef {
+    let def = CpuDef {
         mode: match cpu.model.as_deref() {
             None => CpuMode::Default,
             Some("host-model") => CpuMode::HostModel,
@@ -129,21 +184,25 @@ pub fn convert(
             })
             .collect(),
     };
+    (topology, def)
+}
+
+/// The machine type, with a host alias (`q35`) resolved through the options.
+fn machine(domain: &DomainSpec, opts: &ConvertOptions) -> String {
     let machine = domain
         .machine
         .as_ref()
         .and_then(|m| m.machine_type.as_deref())
         .unwrap_or(DEFAULT_MACHINE);
-    let machine = opts
-        .machines
+    opts.machines
         .get(machine)
         .cloned()
-        .unwrap_or_else(|| machine.to_string());
+        .unwrap_or_else(|| machine.to_string())
+}
 
-    let firmware = domain.firmware.clone().unwrap_or_default();
+fn firmware_def(firmware: &Firmware, opts: &ConvertOptions, name: &str) -> FirmwareDef {
     let bootloader = firmware.bootloader.clone().unwrap_or_default();
-    let efi = bootloader.efi.as_ref();
-    let firmware_def = match (&bootloader.bios, efi) {
+    match (&bootloader.bios, bootloader.efi.as_ref()) {
         (_, Some(efi)) => {
             let secure = efi.secure();
             let dir = &opts.paths.firmware_dir;
@@ -158,25 +217,34 @@ pub fn convert(
                 } else {
                     "OVMF_VARS_4M.fd"
                 }),
-                nvram: opts.paths.nvram(&name),
+                nvram: opts.paths.nvram(name),
                 secure,
             })
         }
         (Some(bios), None) if bios.use_serial == Some(true) => FirmwareDef::BiosUseSerial,
         _ => FirmwareDef::Bios,
-    };
-    let kernel_boot = firmware.kernel_boot.as_ref().and_then(|kb| {
-        let container = kb.container.as_ref()?;
-        Some(KernelBootDef {
-            kernel: container.kernel_path.clone()?.into(),
-            initrd: container.initrd_path.clone().map(PathBuf::from),
-            cmdline: kb.kernel_args.clone(),
-        })
-    });
+    }
+}
 
+fn kernel_boot(firmware: &Firmware) -> Option<KernelBootDef> {
+    let kb = firmware.kernel_boot.as_ref()?;
+    let container = kb.container.as_ref()?;
+    Some(KernelBootDef {
+        kernel: container.kernel_path.clone()?.into(),
+        initrd: container.initrd_path.clone().map(PathBuf::from),
+        cmdline: kb.kernel_args.clone(),
+    })
+}
+
+fn features(domain: &DomainSpec) -> FeaturesDef {
     let features = domain.features.clone().unwrap_or_default();
-    let secure_boot = efi.is_some_and(|e| e.secure());
-    let features_def = FeaturesDef {
+    let secure_boot = domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.efi.as_ref())
+        .is_some_and(|e| e.secure());
+    FeaturesDef {
         acpi: features.acpi.is_none_or(|f| f.on()),
         apic: features.apic.is_none_or(|a| a.enabled.unwrap_or(true)),
         apic_eoi: features.apic.and_then(|a| a.end_of_interrupt),
@@ -185,9 +253,12 @@ pub fn convert(
         hyperv: hyperv_features(features.hyperv.as_ref()),
         kvm_hidden: features.kvm.and_then(|k| k.hidden),
         pvspinlock: features.pvspinlock.map(|p| p.on()),
-    };
+    }
+}
+
+fn clock(domain: &DomainSpec) -> ClockDef {
     let clock = domain.clock.clone().unwrap_or_default();
-    let clock_def = ClockDef {
+    ClockDef {
         offset: match (&clock.timezone, clock.utc.and_then(|u| u.offset_seconds)) {
             (Some(tz), _) => ClockOffset::Timezone(tz.clone()),
             (None, Some(seconds)) => ClockOffset::UtcAdjusted(seconds),
@@ -216,22 +287,27 @@ pub fn convert(
                 })
             })
             .collect(),
-    };
+    }
+}
 
+/// The disks, and how many iothreads they use.
+fn disks(
+    vmi: &Validated,
+    opts: &ConvertOptions,
+    vcpus: u32,
+) -> Result<(Vec<DiskDef>, u32), SpecErrors> {
+    let domain = &vmi.spec.domain;
+    let devices = &domain.devices;
     // IOThreads: a shared pool for virtio disks (one with `shared`, one per disk up to 2 × vCPUs
     // with `auto`), then one of its own for each disk that asks for it.
-    let virtio_disks: Vec<&spec::Disk> = devices
+    let pooled = devices
         .disks
         .iter()
-        .filter(|d| d.bus() == "virtio")
-        .collect();
-    let pooled = virtio_disks
-        .iter()
-        .filter(|d| d.dedicated_io_thread != Some(true))
+        .filter(|d| d.bus() == "virtio" && d.dedicated_io_thread != Some(true))
         .count() as u32;
     let pool = match domain.io_threads_policy.as_deref() {
         Some("shared") => 1,
-        Some("auto") => pooled.min(2 * topology.vcpus()).max(1),
+        Some("auto") => pooled.min(2 * vcpus).max(1),
         _ => 0,
     };
     let mut next_pooled = 0u32;
@@ -244,25 +320,18 @@ pub fn convert(
     let mut virtio_index = 0u32;
     let mut problems = Vec::new();
     let mut disks = Vec::with_capacity(devices.disks.len());
-    for (i, disk) in devices.disks.iter().enumerate() {
-        let volume = vmi
-            .spec
-            .volumes
-            .iter()
-            .find(|v| v.name == disk.name)
-            .expect("validated: every disk has a volume");
-        let resolved = volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
-            .expect("validated: the volume has one supported source");
+    for (i, disk, volume, source) in vmi.disks() {
+        let resolved =
+            volumes::resolve_source(vmi, volume, source, &opts.paths, &opts.block_volumes);
         let kind = disk.kind();
         if kind == DiskKind::Lun && !resolved.block {
-            problems.push(FieldError {
-                path: format!("spec.domain.devices.disks[{i}].lun"),
-                message: format!(
-                    "volume {:?} is not a block device on this host ({}); a lun needs one",
-                    volume.name,
-                    resolved.path.display()
-                ),
-            });
+            problems.push(FieldError::new(
+                format!("spec.domain.devices.disks[{i}].lun"),
+                Problem::NotABlockDevice {
+                    volume: volume.name.clone(),
+                    path: resolved.path.display().to_string(),
+                },
+            ));
             continue;
         }
         let (bus, target, address) = match disk.bus() {
@@ -299,9 +368,9 @@ pub fn convert(
         } else {
             None
         };
-        let (claim_readonly, shared) = match volume.source() {
-            Some(VolumeSource::PersistentVolumeClaim(p)) => (p.read_only == Some(true), false),
-            Some(VolumeSource::HostDisk(h)) => (false, h.shared == Some(true)),
+        let (claim_readonly, shared) = match source {
+            VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false),
+            VolumeSource::HostDisk(h) => (false, h.shared == Some(true)),
             _ => (false, false),
         };
         disks.push(DiskDef {
@@ -332,16 +401,20 @@ pub fn convert(
         });
     }
     if !problems.is_empty() {
-        return Err(ConvertError::Invalid(SpecErrors(problems)));
+        return Err(SpecErrors(problems));
     }
+    Ok((disks, next_dedicated))
+}
 
+fn interfaces(vmi: &VirtualMachineInstance, mode: NetworkMode) -> Vec<InterfaceDef> {
+    let devices = &vmi.spec.domain.devices;
     let mut interfaces: Vec<InterfaceDef> = devices
         .interfaces
         .iter()
         .enumerate()
         .map(|(index, i)| InterfaceDef {
             name: i.name.clone(),
-            backend: backend(opts.network, index),
+            backend: backend(mode, index),
             model: i.model.clone().unwrap_or_else(|| "virtio".into()),
             mac: i.mac_address.clone(),
             boot_order: i.boot_order,
@@ -350,75 +423,13 @@ pub fn convert(
     if devices.interfaces.is_empty() && vmi.spec.networks.is_empty() && devices.pod_interface() {
         interfaces.push(InterfaceDef {
             name: DEFAULT_INTERFACE.into(),
-            backend: backend(opts.network, 0),
+            backend: backend(mode, 0),
             model: "virtio".into(),
             mac: None,
             boot_order: None,
         });
     }
-
-    let uuid = firmware.uuid.clone().or_else(|| {
-        vmi.metadata
-            .uid
-            .clone()
-            .filter(|u| spec::looks_like_uuid(u))
-    });
-
-    Ok(DomainDef {
-        name,
-        uuid,
-        virt_type: opts.virt_type,
-        memory_kib: memory_bytes.div_ceil(1024),
-        hugepage_kib: domain
-            .memory
-            .as_ref()
-            .and_then(|m| m.hugepages.as_ref())
-            .and_then(|h| h.page_size.to_bytes().ok())
-            .map(|b| b / 1024),
-        topology,
-        cpu: cpu_def,
-        iothreads: next_dedicated,
-        machine,
-        firmware: firmware_def,
-        sysinfo_serial: firmware.serial.clone(),
-        kernel_boot,
-        features: features_def,
-        clock: clock_def,
-        disks,
-        interfaces,
-        inputs: devices
-            .inputs
-            .iter()
-            .map(|i| InputDef {
-                name: i.name.clone(),
-                input_type: i.input_type.clone(),
-                bus: i.bus.clone().unwrap_or_else(|| "usb".into()),
-            })
-            .collect(),
-        watchdog: devices.watchdog.as_ref().map(|w| WatchdogDef {
-            name: w.name.clone(),
-            action: w
-                .i6300esb
-                .as_ref()
-                .and_then(|m| m.action.clone())
-                .unwrap_or_else(|| "reset".into()),
-        }),
-        rng: devices.rng.is_some(),
-        // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
-        scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
-        console_log: devices.serial_console().then(|| opts.console_log.clone()),
-        vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
-        memballoon: devices.mem_balloon(),
-        instance: InstanceMetadata {
-            namespace: vmi
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
-            name: vmi.metadata.name.clone(),
-            uid: vmi.metadata.uid.clone(),
-        },
-    })
+    interfaces
 }
 
 fn backend(mode: NetworkMode, index: usize) -> InterfaceBackend {
@@ -485,7 +496,7 @@ fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
 mod tests {
     use super::*;
 
-    fn vmi(text: &str) -> VirtualMachineInstance {
+    fn vmi(text: &str) -> Validated {
         spec::parse(text).unwrap()
     }
 
@@ -594,12 +605,10 @@ spec:
 
     #[test]
     fn invalid_spec_is_refused() {
-        let mut v = vmi(SPEC);
+        // convert takes a Validated; an instance edited in code must pass validation again.
+        let mut v = vmi(SPEC).into_inner();
         v.spec.domain.devices.disks[1].serial = Some("x".repeat(40));
-        assert!(matches!(
-            convert(&v, &opts()),
-            Err(ConvertError::Invalid(_))
-        ));
+        assert!(matches!(Validated::new(v), Err(SpecErrors(_))));
     }
 
     const MIXED: &str = r#"
@@ -650,12 +659,12 @@ spec:
 
     #[test]
     fn a_lun_on_a_file_is_refused_with_its_path() {
-        let Err(ConvertError::Invalid(errors)) = convert(&vmi(MIXED), &opts()) else {
+        let Err(errors) = convert(&vmi(MIXED), &opts()) else {
             panic!("a lun on a file converted")
         };
         assert_eq!(errors.0.len(), 1);
         assert_eq!(errors.0[0].path, "spec.domain.devices.disks[4].lun");
-        assert!(errors.0[0].message.contains("not a block device"));
+        assert!(errors.0[0].message().contains("not a block device"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::lifecycle::{
     self, AfterStop, Command, Observation, Phase, PowerState, Progress, Reaction, Refusal,
     RunStrategy, VmState,
 };
-use crate::spec::{self, SpecErrors, VirtualMachineInstance};
+use crate::spec::{self, SpecErrors, Validated, VirtualMachineInstance};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -381,7 +381,7 @@ struct State {
     /// The last I/O error libvirt reported, shown with the `Paused` condition.
     io_error: Option<String>,
     /// The spec the domain was made from or last synced to.
-    spec: VirtualMachineInstance,
+    spec: Validated,
 }
 
 impl State {
@@ -460,12 +460,11 @@ impl Launcher {
     /// Start call. `events` must be the receiving end of the connector's channel.
     pub async fn start(
         connector: Arc<Connector>,
-        vmi: VirtualMachineInstance,
+        vmi: Validated,
         mut options: LaunchOptions,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
     ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
-        let def = convert::convert(&vmi, &options.convert)
-            .map_err(|convert::ConvertError::Invalid(e)| e)?;
+        let def = convert::convert(&vmi, &options.convert)?;
         let name = def.name.clone();
         let c = connector.clone();
         let hv = tokio::task::spawn_blocking(move || c.connect())
@@ -1223,8 +1222,7 @@ impl Launcher {
     async fn start_domain(&self) -> Result<(), LauncherError> {
         let (vmi, def) = {
             let s = self.state.lock().expect("state lock");
-            let def = convert::convert(&s.spec, &self.convert_options())
-                .map_err(|convert::ConvertError::Invalid(e)| e)?;
+            let def = convert::convert(&s.spec, &self.convert_options())?;
             (s.spec.clone(), def)
         };
         let n = self.domain_name.clone();
@@ -1379,8 +1377,7 @@ impl Launcher {
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();
         opts.block_volumes.extend(devices.keys().cloned());
-        let desired =
-            convert::convert(&vmi, &opts).map_err(|convert::ConvertError::Invalid(e)| e)?;
+        let desired = convert::convert(&vmi, &opts)?;
         if desired.name != self.domain_name {
             return Err(LauncherError::WrongInstance {
                 running: self.domain_name.clone(),
@@ -1472,7 +1469,7 @@ impl Launcher {
 
     async fn sync_locked(
         &self,
-        vmi: VirtualMachineInstance,
+        vmi: Validated,
         desired: DomainDef,
         input: &SyncInput,
         devices: &BTreeMap<String, BlockResolution>,
@@ -1480,8 +1477,7 @@ impl Launcher {
     ) -> Result<SyncOutcome, LauncherError> {
         let current = {
             let s = self.state.lock().expect("state lock");
-            convert::convert(&s.spec, &self.convert_options())
-                .map_err(|convert::ConvertError::Invalid(e)| e)?
+            convert::convert(&s.spec, &self.convert_options())?
         };
         let frozen = hotplug::frozen_fields_changed(&current, &desired);
         if !frozen.is_empty() {

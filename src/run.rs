@@ -20,7 +20,7 @@ use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartK
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
-use crate::spec::{self, VirtualMachineInstance};
+use crate::spec::{self, Validated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -53,7 +53,7 @@ impl Emulation {
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    pub spec: VirtualMachineInstance,
+    pub spec: Validated,
     pub connect: Option<String>,
     pub runtime_dir: PathBuf,
     pub socket: Option<PathBuf>,
@@ -333,7 +333,7 @@ pub fn read_spec(path: &std::path::Path) -> Result<String, std::io::Error> {
 }
 
 /// Parses and validates, printing every problem with its field path.
-pub fn load_spec(path: &std::path::Path) -> Result<VirtualMachineInstance, ExitCode> {
+pub fn load_spec(path: &std::path::Path) -> Result<Validated, ExitCode> {
     let text = read_spec(path).map_err(|e| {
         eprintln!("vmlauncher: cannot read {}: {e}", path.display());
         ExitCode::BadSpec

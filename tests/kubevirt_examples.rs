@@ -82,12 +82,11 @@ fn outcome(file: &str) -> Result<(String, String), Vec<(String, String)>> {
     let text = std::fs::read_to_string(examples_dir().join(file)).unwrap();
     let to_list = |e: vmlauncher::spec::SpecErrors| {
         e.0.into_iter()
-            .map(|f| (f.path, f.message))
+            .map(|f| (f.path, f.problem.to_string()))
             .collect::<Vec<_>>()
     };
     let vmi = vmlauncher::spec::parse(&text).map_err(to_list)?;
-    let def = convert(&vmi, &options())
-        .map_err(|vmlauncher::convert::ConvertError::Invalid(e)| to_list(e))?;
+    let def = convert(&vmi, &options()).map_err(to_list)?;
     Ok((def.name.clone(), def.to_xml()))
 }
 
