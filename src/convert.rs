@@ -4,13 +4,14 @@
 //! through [`ConvertOptions`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::domain::{
     target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, DiskDef, DiskDevice,
     DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef, HypervFeature, InputDef,
-    InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef, TimerDef, VirtType,
-    WatchdogDef,
+    InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef, PortForward, TimerDef,
+    VirtType, WatchdogDef,
 };
 use crate::spec::{
     self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
@@ -35,6 +36,26 @@ pub enum NetworkMode {
     Pod,
 }
 
+/// Where a masquerade interface's `ports` are published on the host (user-mode networking).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publish {
+    /// The host address they listen on: 127.0.0.1 by default, so only this machine reaches the
+    /// guest unless asked otherwise.
+    pub address: Ipv4Addr,
+    /// Ports the command line moved, guest port → host port (`--publish 2222:22`); any other
+    /// port is published on its own number.
+    pub host_ports: BTreeMap<u16, u16>,
+}
+
+impl Default for Publish {
+    fn default() -> Self {
+        Publish {
+            address: Ipv4Addr::LOCALHOST,
+            host_ports: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvertOptions {
     pub virt_type: VirtType,
@@ -45,6 +66,7 @@ pub struct ConvertOptions {
     pub machines: BTreeMap<String, String>,
     pub paths: HostPaths,
     pub network: NetworkMode,
+    pub publish: Publish,
     /// Volumes whose source the host found to be a block device.
     pub block_volumes: BTreeSet<String>,
 }
@@ -63,6 +85,7 @@ impl ConvertOptions {
             console_log,
             machines: BTreeMap::new(),
             network: NetworkMode::Local,
+            publish: Publish::default(),
             block_volumes: BTreeSet::new(),
         }
     }
@@ -113,7 +136,7 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
         features: features(domain),
         clock: clock(domain),
         disks,
-        interfaces: interfaces(vmi, opts.network),
+        interfaces: interfaces(vmi, opts.network, &opts.publish),
         inputs: devices
             .inputs
             .iter()
@@ -406,18 +429,43 @@ fn disks(
     Ok((disks, next_dedicated))
 }
 
-fn interfaces(vmi: &VirtualMachineInstance, mode: NetworkMode) -> Vec<InterfaceDef> {
+fn interfaces(
+    vmi: &VirtualMachineInstance,
+    mode: NetworkMode,
+    publish: &Publish,
+) -> Vec<InterfaceDef> {
     let devices = &vmi.spec.domain.devices;
     let mut interfaces: Vec<InterfaceDef> = devices
         .interfaces
         .iter()
         .enumerate()
-        .map(|(index, i)| InterfaceDef {
-            name: i.name.clone(),
-            backend: backend(mode, index),
-            model: i.model.clone().unwrap_or_else(|| "virtio".into()),
-            mac: i.mac_address.clone(),
-            boot_order: i.boot_order,
+        .map(|(index, i)| {
+            let backend = backend(mode, index);
+            // A pod's tap is reached at the pod's address: nothing to publish there.
+            let port_forwards = match backend {
+                InterfaceBackend::User => i
+                    .ports
+                    .iter()
+                    .filter_map(|p| {
+                        let port = u16::try_from(p.port).ok()?;
+                        Some(PortForward {
+                            protocol: p.protocol_lower(),
+                            address: publish.address.to_string(),
+                            host_port: publish.host_ports.get(&port).copied().unwrap_or(port),
+                            port,
+                        })
+                    })
+                    .collect(),
+                InterfaceBackend::Tap(_) => Vec::new(),
+            };
+            InterfaceDef {
+                name: i.name.clone(),
+                backend,
+                model: i.model.clone().unwrap_or_else(|| "virtio".into()),
+                mac: i.mac_address.clone(),
+                boot_order: i.boot_order,
+                port_forwards,
+            }
         })
         .collect();
     if devices.interfaces.is_empty() && vmi.spec.networks.is_empty() && devices.pod_interface() {
@@ -427,6 +475,7 @@ fn interfaces(vmi: &VirtualMachineInstance, mode: NetworkMode) -> Vec<InterfaceD
             model: "virtio".into(),
             mac: None,
             boot_order: None,
+            port_forwards: Vec::new(),
         });
     }
     interfaces
@@ -678,5 +727,60 @@ spec:
             "    cpu: {cores: 2}\n    machine: {type: pc-q35-6.2}\n",
         );
         assert_eq!(convert(&vmi(&versioned), &o).unwrap().machine, "pc-q35-6.2");
+    }
+
+    const PORTS: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: web}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      interfaces:
+      - name: default
+        masquerade: {}
+        ports:
+        - {name: http, port: 80}
+        - {port: 53, protocol: UDP}
+  networks:
+  - {name: default, pod: {}}
+"#;
+
+    #[test]
+    fn ports_are_published_on_loopback_under_their_own_number_unless_moved() {
+        let def = convert(&vmi(PORTS), &opts()).unwrap();
+        let fwd = |protocol: &str, host_port, port| PortForward {
+            protocol: protocol.into(),
+            address: "127.0.0.1".into(),
+            host_port,
+            port,
+        };
+        assert_eq!(
+            def.interfaces[0].port_forwards,
+            vec![fwd("tcp", 80, 80), fwd("udp", 53, 53)]
+        );
+        let mut o = opts();
+        o.publish.address = Ipv4Addr::new(0, 0, 0, 0);
+        o.publish.host_ports.insert(80, 8080);
+        let def = convert(&vmi(PORTS), &o).unwrap();
+        let forwards = &def.interfaces[0].port_forwards;
+        assert_eq!((forwards[0].host_port, forwards[0].port), (8080, 80));
+        assert_eq!(forwards[0].address, "0.0.0.0");
+        assert_eq!((forwards[1].host_port, forwards[1].port), (53, 53));
+        let xml = def.to_xml();
+        assert!(
+            xml.contains("<portForward proto=\"tcp\" address=\"0.0.0.0\">")
+                && xml.contains("<range start=\"8080\" to=\"80\"/>"),
+            "{xml}"
+        );
+    }
+
+    #[test]
+    fn a_pod_tap_publishes_nothing_itself() {
+        let mut o = opts();
+        o.network = NetworkMode::Pod;
+        let def = convert(&vmi(PORTS), &o).unwrap();
+        assert!(def.interfaces[0].port_forwards.is_empty());
     }
 }

@@ -304,6 +304,35 @@ pub struct InterfaceDef {
     pub model: String,
     pub mac: Option<String>,
     pub boot_order: Option<u32>,
+    /// Guest ports published on the host (user-mode interfaces only).
+    pub port_forwards: Vec<PortForward>,
+}
+
+/// A guest port published on the host: libvirt's `<portForward proto address><range start to/>`.
+/// libvirt 9.0 keeps this element on a user-mode (slirp) interface but does not apply it (only
+/// its passt backend would, and 9.0 refuses that backend): the launcher applies it itself through
+/// QEMU's monitor once the domain runs (`libvirt::Hypervisor::publish_ports`). Writing it in the
+/// XML keeps the domain self-describing, so the live XML is the one record of what is published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortForward {
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// The host address the port listens on.
+    pub address: String,
+    pub host_port: u16,
+    /// The guest's port.
+    pub port: u16,
+}
+
+impl PortForward {
+    /// The rule QEMU's `hostfwd_add` takes: `tcp:127.0.0.1:2222-:22` (the guest address left
+    /// empty: QEMU's default, the guest's DHCP address).
+    pub fn hostfwd_rule(&self) -> String {
+        format!(
+            "{}:{}:{}-:{}",
+            self.protocol, self.address, self.host_port, self.port
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -453,6 +482,20 @@ fn write_interface(w: &mut XmlWriter, iface: &InterfaceDef) -> io::Result<()> {
             empty(w, "model", &[("type", &iface.model)])?;
             if let Some(order) = iface.boot_order {
                 empty(w, "boot", &[("order", &order.to_string())])?;
+            }
+            for fwd in &iface.port_forwards {
+                w.create_element("portForward")
+                    .with_attributes([("proto", fwd.protocol.as_str()), ("address", &fwd.address)])
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "range",
+                            &[
+                                ("start", &fwd.host_port.to_string()),
+                                ("to", &fwd.port.to_string()),
+                            ],
+                        )
+                    })?;
             }
             alias(w, &iface.name)
         })?;
@@ -827,6 +870,11 @@ pub enum LiveXmlError {
     Malformed(#[source] roxmltree::Error),
     #[error("live domain XML: <disk> #{index} has no <target dev=...>")]
     DiskWithoutTarget { index: usize },
+    #[error("live domain XML: <interface> #{index} has a portForward with a bad {attribute}")]
+    BadPortForward {
+        index: usize,
+        attribute: &'static str,
+    },
     #[error("live domain XML: <disk> #{index} has a drive address with a bad {attribute}")]
     BadAddress {
         index: usize,
@@ -897,6 +945,81 @@ pub fn live_disks(xml: &str) -> Result<Vec<LiveDisk>, LiveXmlError> {
         .collect()
 }
 
+/// An `<interface>` of libvirt's live XML: what status shows and what the launcher publishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveInterface {
+    pub alias: Option<String>,
+    /// libvirt's interface type: `user`, `ethernet`...
+    pub kind: String,
+    pub mac: Option<String>,
+    pub port_forwards: Vec<PortForward>,
+}
+
+impl LiveInterface {
+    /// The spec interface this one was made from, if it carries vmlauncher's user alias.
+    pub fn name(&self) -> Option<&str> {
+        self.alias.as_deref()?.strip_prefix(USER_ALIAS_PREFIX)
+    }
+
+    /// QEMU's id of the interface's backend: libvirt names it `host<alias>`.
+    pub fn netdev_id(&self) -> Option<String> {
+        self.alias.as_ref().map(|a| format!("host{a}"))
+    }
+}
+
+/// The `<interface>` elements of a live domain XML, in document order.
+pub fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    let Some(devices) = child(doc.root_element(), "devices") else {
+        return Ok(Vec::new());
+    };
+    devices
+        .children()
+        .filter(|n| n.has_tag_name("interface"))
+        .enumerate()
+        .map(|(index, iface)| {
+            let port_forwards = iface
+                .children()
+                .filter(|n| n.has_tag_name("portForward"))
+                .flat_map(|pf| {
+                    pf.children()
+                        .filter(|n| n.has_tag_name("range"))
+                        .map(move |range| (pf, range))
+                })
+                .map(|(pf, range)| {
+                    let port = |attribute: &'static str| {
+                        range
+                            .attribute(attribute)
+                            .and_then(|v| v.parse::<u16>().ok())
+                            .ok_or(LiveXmlError::BadPortForward { index, attribute })
+                    };
+                    let host_port = port("start")?;
+                    Ok(PortForward {
+                        protocol: pf.attribute("proto").unwrap_or("tcp").to_string(),
+                        address: pf.attribute("address").unwrap_or("").to_string(),
+                        host_port,
+                        // libvirt: without `to`, the guest port is the host port.
+                        port: match range.attribute("to") {
+                            Some(_) => port("to")?,
+                            None => host_port,
+                        },
+                    })
+                })
+                .collect::<Result<Vec<_>, LiveXmlError>>()?;
+            Ok(LiveInterface {
+                alias: child(iface, "alias")
+                    .and_then(|a| a.attribute("name"))
+                    .map(str::to_string),
+                kind: iface.attribute("type").unwrap_or("").to_string(),
+                mac: child(iface, "mac")
+                    .and_then(|m| m.attribute("address"))
+                    .map(str::to_string),
+                port_forwards,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -959,6 +1082,46 @@ mod tests {
     </disk>
   </devices>
 </domain>"#;
+
+    #[test]
+    fn reads_live_interfaces_with_their_published_ports() {
+        let xml = r#"<domain type='qemu'><name>x</name><devices>
+  <interface type='user'>
+    <mac address='52:54:00:12:34:56'/>
+    <portForward proto='tcp' address='127.0.0.1'>
+      <range start='2222' to='22'/>
+      <range start='8080'/>
+    </portForward>
+    <model type='virtio'/>
+    <alias name='ua-default'/>
+  </interface>
+  <interface type='ethernet'><target dev='tap0' managed='no'/><alias name='net1'/></interface>
+</devices></domain>"#;
+        let live = live_interfaces(xml).unwrap();
+        assert_eq!(live.len(), 2);
+        assert_eq!(live[0].name(), Some("default"));
+        assert_eq!(live[0].netdev_id().as_deref(), Some("hostua-default"));
+        assert_eq!(live[0].mac.as_deref(), Some("52:54:00:12:34:56"));
+        let rules: Vec<String> = live[0]
+            .port_forwards
+            .iter()
+            .map(PortForward::hostfwd_rule)
+            .collect();
+        assert_eq!(
+            rules,
+            ["tcp:127.0.0.1:2222-:22", "tcp:127.0.0.1:8080-:8080"]
+        );
+        assert_eq!((live[1].kind.as_str(), live[1].name()), ("ethernet", None));
+        assert!(live[1].port_forwards.is_empty());
+        let bad = xml.replace("start='2222'", "start='70000'");
+        assert!(matches!(
+            live_interfaces(&bad),
+            Err(LiveXmlError::BadPortForward {
+                index: 0,
+                attribute: "start"
+            })
+        ));
+    }
 
     #[test]
     fn reads_live_disks_and_keeps_their_bytes() {

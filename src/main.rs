@@ -70,6 +70,13 @@ enum Command {
         /// `tap0`, `tap1`, ... that the pod's network set-up prepared).
         #[arg(long, value_enum, default_value = "local")]
         network: vmlauncher::convert::NetworkMode,
+        /// The host address masquerade interfaces' `ports` are published on.
+        #[arg(long, default_value = "127.0.0.1")]
+        publish_address: std::net::Ipv4Addr,
+        /// Publish guest port PORT on host port HOSTPORT instead of its own number
+        /// (HOSTPORT:PORT, repeatable), e.g. `--publish 2222:22`.
+        #[arg(long = "publish", value_name = "HOSTPORT:PORT", value_parser = parse_publish)]
+        publish: Vec<(u16, u16)>,
         /// Seconds to keep reconnecting to a lost libvirt before giving up (phase Unknown, exit
         /// 3); 0 never gives up.
         #[arg(long, default_value_t = 300)]
@@ -226,6 +233,18 @@ fn main() -> std::process::ExitCode {
     runtime.block_on(dispatch(cli.command)).into()
 }
 
+/// `HOSTPORT:PORT` of `--publish`.
+fn parse_publish(arg: &str) -> Result<(u16, u16), String> {
+    let (host, guest) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?}: expected HOSTPORT:PORT, e.g. 2222:22"))?;
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{p:?} is not a port (1-65535)")),
+    };
+    Ok((port(host)?, port(guest)?))
+}
+
 async fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Run {
@@ -239,6 +258,8 @@ async fn dispatch(command: Command) -> ExitCode {
             console,
             hotplug_dir,
             network,
+            publish_address,
+            publish,
             reconnect_timeout,
         } => {
             let spec_text = run::read_spec(&spec).unwrap_or_default();
@@ -261,6 +282,13 @@ async fn dispatch(command: Command) -> ExitCode {
                 spec_text,
                 hotplug_dir,
                 network,
+                publish: convert::Publish {
+                    address: publish_address,
+                    host_ports: publish
+                        .into_iter()
+                        .map(|(host, guest)| (guest, host))
+                        .collect(),
+                },
                 reconnect_timeout: (reconnect_timeout > 0)
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),
             })

@@ -68,6 +68,8 @@ pub struct RunOptions {
     pub hotplug_dir: Option<PathBuf>,
     /// User-mode networking for a local run, or the pod's tap devices.
     pub network: crate::convert::NetworkMode,
+    /// Where masquerade interfaces' `ports` are published on the host.
+    pub publish: crate::convert::Publish,
     /// Give up on a lost libvirt after this long (`None`: never).
     pub reconnect_timeout: Option<Duration>,
 }
@@ -198,6 +200,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 )),
                 paths,
                 network: opts.network,
+                publish: opts.publish.clone(),
             }
         },
         resync_interval: opts.resync_interval,

@@ -34,10 +34,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
         "vmi-kernel-boot.yaml",
         &["spec.domain.firmware.kernelBoot.container.image"],
     ),
-    (
-        "vmi-masquerade.yaml",
-        &["spec.domain.devices.interfaces[0].ports"],
-    ),
+    ("vmi-masquerade.yaml", &[]),
     ("vmi-migratable.yaml", &[]),
     ("vmi-multus-multiple-net.yaml", &["spec.networks[1].multus"]),
     ("vmi-multus-ptp.yaml", &["spec.networks[0].multus"]),

@@ -37,6 +37,18 @@ pub enum LibvirtError {
     },
     #[error("domain {domain} does not exist")]
     NoDomain { domain: String },
+    #[error("cannot publish {rule} of domain {domain}: {message}")]
+    Publish {
+        domain: String,
+        rule: String,
+        message: String,
+    },
+    #[error("cannot read the live XML of domain {domain}")]
+    LiveXml {
+        domain: String,
+        #[source]
+        source: crate::domain::LiveXmlError,
+    },
 }
 
 impl LibvirtError {
@@ -149,6 +161,11 @@ impl Hypervisor {
             let _ = dom.undefine();
             return Err(Self::call_err("start", name)(e));
         }
+        if let Err(e) = publish_ports(&dom, name) {
+            let _ = dom.destroy();
+            let _ = dom.undefine();
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -258,9 +275,11 @@ impl Hypervisor {
 
     /// Starts the defined, stopped domain.
     pub fn start(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .create()
-            .map_err(Self::call_err("start", name))
+        let dom = self.domain(name)?;
+        dom.create().map_err(Self::call_err("start", name))?;
+        publish_ports(&dom, name).inspect_err(|_| {
+            let _ = dom.destroy();
+        })
     }
 
     pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
@@ -295,6 +314,46 @@ impl Hypervisor {
             .undefine()
             .map_err(Self::call_err("undefine", name))
     }
+}
+
+/// Publishes the ports the domain's user-mode interfaces list (`<portForward>`) with QEMU's
+/// `hostfwd_add`, right after QEMU started: libvirt 9.0 keeps the element but applies it only
+/// for the passt backend, which it does not accept yet. The rules live in QEMU's user-mode
+/// stack, so they last as long as QEMU does: through guest reboots, libvirtd restarts and a
+/// launcher adopting the domain. libvirt marks the domain tainted (`custom-monitor`) for it.
+fn publish_ports(dom: &Domain, name: &str) -> Result<(), LibvirtError> {
+    let xml = dom
+        .xml_desc(0)
+        .map_err(Hypervisor::call_err("get XML", name))?;
+    let interfaces =
+        crate::domain::live_interfaces(&xml).map_err(|source| LibvirtError::LiveXml {
+            domain: name.into(),
+            source,
+        })?;
+    for iface in interfaces.iter().filter(|i| i.kind == "user") {
+        let Some(netdev) = iface.netdev_id() else {
+            continue;
+        };
+        for fwd in &iface.port_forwards {
+            let rule = fwd.hostfwd_rule();
+            let reply = dom
+                .qemu_monitor_command(
+                    &format!("hostfwd_add {netdev} {rule}"),
+                    sys::VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP,
+                )
+                .map_err(Hypervisor::call_err("hostfwd_add", name))?;
+            // HMP answers nothing on success and a sentence on failure (a port in use, say).
+            let reply = reply.trim();
+            if !reply.is_empty() {
+                return Err(LibvirtError::Publish {
+                    domain: name.into(),
+                    rule,
+                    message: reply.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where the launcher's hypervisor is.

@@ -150,6 +150,12 @@ pub enum Problem {
     OneBinding,
     #[error("masquerade is only for the pod network")]
     MasqueradeNotPod,
+    #[error("ports are published only by a masquerade interface")]
+    PortsNeedMasquerade,
+    #[error("port {port}/{protocol} is listed twice")]
+    DuplicatePort { port: i64, protocol: String },
+    #[error("{port} is not a port (1-65535)")]
+    NotAPort { port: i64 },
 
     // Volumes.
     #[error("only one source may be set, found {}", .found.join(", "))]

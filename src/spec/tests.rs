@@ -302,3 +302,47 @@ spec:
     }
     assert_eq!(errors.len(), expect.len(), "{errors:#?}");
 }
+
+#[test]
+fn ports_are_checked_one_by_one() {
+    let text = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: web}
+spec:
+  domain:
+    devices:
+      interfaces:
+      - name: default
+        masquerade: {}
+        ports:
+        - {port: 80}
+        - {port: 80, protocol: TCP}
+        - {port: 80, protocol: UDP}
+        - {port: 0}
+        - {port: 22, protocol: SCTP}
+      - name: second
+        bridge: {}
+        ports: [{port: 22}]
+  networks:
+  - {name: default, pod: {}}
+  - {name: second, multus: {networkName: x}}
+"#;
+    let errors = errors_of(text);
+    let p = "spec.domain.devices.interfaces";
+    for expected in [
+        format!("{p}[0].ports[1].port: port 80/tcp is listed twice"),
+        format!("{p}[0].ports[3].port: 0 is not a port (1-65535)"),
+        format!("{p}[0].ports[4].protocol: \"SCTP\" is not one of TCP, UDP"),
+        format!("{p}[1].ports: ports are published only by a masquerade interface"),
+    ] {
+        assert!(
+            errors.contains(&expected),
+            "{expected:?} not in {errors:#?}"
+        );
+    }
+    assert!(
+        !errors.iter().any(|e| e.contains("ports[2]")),
+        "80/udp is another port than 80/tcp: {errors:#?}"
+    );
+}

@@ -229,8 +229,9 @@ pub struct Interface {
     pub macvtap: Option<Unsupported>,
     #[serde(default)]
     pub binding: Option<Unsupported>,
+    /// Ports of the guest published on the host (masquerade only).
     #[serde(default)]
-    pub ports: Option<Unsupported>,
+    pub ports: Vec<Port>,
     #[serde(default)]
     pub pci_address: Option<Unsupported>,
     #[serde(default)]
@@ -241,6 +242,27 @@ pub struct Interface {
     pub state: Option<Unsupported>,
     #[serde(default)]
     pub acpi_index: Option<Unsupported>,
+}
+
+/// A guest port a masquerade interface publishes: `TCP` (default) or `UDP`, 1–65535.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Port {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub protocol: Option<String>,
+    pub port: i64,
+}
+
+impl Port {
+    /// The protocol in libvirt's and QEMU's spelling (`tcp`, `udp`).
+    pub fn protocol_lower(&self) -> String {
+        self.protocol
+            .as_deref()
+            .unwrap_or("TCP")
+            .to_ascii_lowercase()
+    }
 }
 
 /// An empty object (`masquerade: {}`): any field in it is an error.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{BootOrders, Problems};
 use crate::spec::checks::{check_dns1123_label, check_mac};
-use crate::spec::model::{Network, VirtualMachineInstance};
+use crate::spec::model::{Interface, Network, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 
 pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
@@ -142,7 +142,6 @@ pub(super) fn validate_networks(
         e.unsupported(
             &path,
             &[
-                ("ports", iface.ports.is_some(), "port forwarding"),
                 (
                     "pciAddress",
                     iface.pci_address.is_some(),
@@ -162,6 +161,7 @@ pub(super) fn validate_networks(
                 ("acpiIndex", iface.acpi_index.is_some(), "ACPI indexes"),
             ],
         );
+        validate_ports(iface, &path, e);
         if let Some(model) = &iface.model {
             e.one_of(format!("{path}.model"), model, NIC_MODELS);
         }
@@ -180,6 +180,36 @@ pub(super) fn validate_networks(
                     what: "network",
                     name: name.into(),
                     partner: "interface",
+                },
+            );
+        }
+    }
+}
+
+pub const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
+
+/// `ports` of one interface: masquerade only, each a real port and protocol, none twice.
+fn validate_ports(iface: &Interface, path: &str, e: &mut Problems) {
+    if !iface.ports.is_empty() && iface.masquerade.is_none() {
+        e.add(format!("{path}.ports"), Problem::PortsNeedMasquerade);
+    }
+    let mut seen = BTreeSet::new();
+    for (j, port) in iface.ports.iter().enumerate() {
+        let ppath = format!("{path}.ports[{j}]");
+        if let Some(protocol) = &port.protocol {
+            e.one_of(format!("{ppath}.protocol"), protocol, PORT_PROTOCOLS);
+        }
+        if !(1..=65535).contains(&port.port) {
+            e.add(
+                format!("{ppath}.port"),
+                Problem::NotAPort { port: port.port },
+            );
+        } else if !seen.insert((port.protocol_lower(), port.port)) {
+            e.add(
+                format!("{ppath}.port"),
+                Problem::DuplicatePort {
+                    port: port.port,
+                    protocol: port.protocol_lower(),
                 },
             );
         }
