@@ -82,6 +82,8 @@ kver=$(ls "$rootfs/lib/modules")
 # cloud-init: NoCloud only (no network metadata probing, which costs minutes under TCG).
 cat > "$rootfs/etc/cloud/cloud.cfg.d/90-vmlauncher.cfg" <<'EOF'
 datasource_list: [ NoCloud, None ]
+# Built into glibc: no locale to generate (en_US.UTF-8, cloud-init's default, is not there).
+locale: C.UTF-8
 EOF
 # The serial console is the one the launcher logs: kernel messages and a getty go there.
 cat > "$rootfs/etc/fstab" <<EOF
