@@ -16,7 +16,7 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
-use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartKind};
+use crate::launcher::{LaunchOptions, Launcher, LauncherError, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
@@ -344,4 +344,19 @@ pub fn load_spec(path: &std::path::Path) -> Result<Validated, ExitCode> {
         }
         ExitCode::BadSpec
     })
+}
+/// Where the launcher keeps what it owns for one VM.
+#[derive(Debug, Clone)]
+pub struct RuntimeDir(pub PathBuf);
+
+impl RuntimeDir {
+    pub fn socket(&self) -> PathBuf {
+        self.0.join("launcher.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.0.join("console.log")
+    }
+    pub fn libvirt_dir(&self) -> PathBuf {
+        self.0.join("libvirt")
+    }
 }

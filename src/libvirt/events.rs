@@ -58,76 +58,7 @@ pub enum HypervisorEvent {
     },
 }
 
-/// libvirt's lifecycle event codes (`virDomainEventType`).
-pub mod lifecycle_event {
-    pub const DEFINED: i32 = 0;
-    pub const UNDEFINED: i32 = 1;
-    pub const STARTED: i32 = 2;
-    pub const SUSPENDED: i32 = 3;
-    pub const RESUMED: i32 = 4;
-    pub const STOPPED: i32 = 5;
-    pub const SHUTDOWN: i32 = 6;
-    pub const PMSUSPENDED: i32 = 7;
-    pub const CRASHED: i32 = 8;
-}
-
-/// A lifecycle event and its detail in libvirt's words (`virsh event --event lifecycle`).
-pub fn lifecycle_names(event: i32, detail: i32) -> (&'static str, &'static str) {
-    let (name, details): (&str, &[&str]) = match event {
-        lifecycle_event::DEFINED => ("Defined", &["added", "updated", "renamed", "from-snapshot"]),
-        lifecycle_event::UNDEFINED => ("Undefined", &["removed", "renamed"]),
-        lifecycle_event::STARTED => (
-            "Started",
-            &["booted", "migrated", "restored", "from-snapshot", "wakeup"],
-        ),
-        lifecycle_event::SUSPENDED => (
-            "Suspended",
-            &[
-                "paused",
-                "migrated",
-                "ioerror",
-                "watchdog",
-                "restored",
-                "from-snapshot",
-                "api-error",
-                "postcopy",
-                "postcopy-failed",
-            ],
-        ),
-        lifecycle_event::RESUMED => (
-            "Resumed",
-            &[
-                "unpaused",
-                "migrated",
-                "from-snapshot",
-                "postcopy",
-                "postcopy-failed",
-            ],
-        ),
-        lifecycle_event::STOPPED => (
-            "Stopped",
-            &[
-                "shutdown",
-                "destroyed",
-                "crashed",
-                "migrated",
-                "saved",
-                "failed",
-                "from-snapshot",
-            ],
-        ),
-        lifecycle_event::SHUTDOWN => ("Shutdown", &["finished", "guest", "host"]),
-        lifecycle_event::PMSUSPENDED => ("PMSuspended", &["memory", "disk"]),
-        lifecycle_event::CRASHED => ("Crashed", &["panicked", "crashloaded"]),
-        _ => ("Unknown", &[]),
-    };
-    let detail = usize::try_from(detail)
-        .ok()
-        .and_then(|d| details.get(d))
-        .copied()
-        .unwrap_or("unknown");
-    (name, detail)
-}
+pub use super::states::{lifecycle_event, lifecycle_names};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
