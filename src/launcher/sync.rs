@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{libvirt_message, Launcher, LauncherError, VolumePhase, VolumeStatus, DETACH_TIMEOUT};
 use crate::convert;
@@ -422,21 +422,17 @@ impl Launcher {
             }
             return;
         }
-        match tokio::time::timeout(self.detach_timeout(), removed).await {
+        match tokio::time::timeout(DETACH_TIMEOUT, removed).await {
             Ok(Ok(())) => self.finish_detach(&volume),
             _ => set_phase(
                 VolumePhase::Detaching,
                 "DetachTimeout",
                 format!(
                     "libvirt did not report the device removed within {:?}; the next Sync retries",
-                    self.detach_timeout()
+                    DETACH_TIMEOUT
                 ),
             ),
         }
-    }
-
-    pub(super) fn detach_timeout(&self) -> Duration {
-        DETACH_TIMEOUT
     }
 
     /// The device is gone from the domain: clean the host side, forget the volume.

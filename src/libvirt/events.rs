@@ -23,19 +23,10 @@ pub enum HypervisorEvent {
         event: i32,
         detail: i32,
     },
-    DeviceAdded {
-        domain: String,
-        alias: String,
-    },
     /// The truth about a detach: QEMU and the guest are done with the device.
-    DeviceRemoved {
-        domain: String,
-        alias: String,
-    },
+    DeviceRemoved { domain: String, alias: String },
     /// The guest reset itself (or was reset).
-    Reboot {
-        domain: String,
-    },
+    Reboot { domain: String },
     /// A disk I/O error; `action` is libvirt's (`none`, `pause`, `report`).
     IoError {
         domain: String,
@@ -45,17 +36,11 @@ pub enum HypervisorEvent {
         reason: String,
     },
     /// libvirt lost control of the domain (e.g. its monitor broke).
-    ControlError {
-        domain: String,
-    },
+    ControlError { domain: String },
     /// A private daemon the launcher started (libvirtd, virtlogd) exited.
-    DaemonExited {
-        daemon: &'static str,
-    },
+    DaemonExited { daemon: &'static str },
     /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
-    ConnectionClosed {
-        reason: i32,
-    },
+    ConnectionClosed { reason: i32 },
 }
 
 pub use super::states::{lifecycle_event, lifecycle_names};
@@ -125,7 +110,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 6] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 5] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -153,18 +138,6 @@ impl EventRegistration {
                         ) -> c_int,
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_lifecycle)),
-                ),
-                (
-                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
-                    Some(std::mem::transmute::<
-                        unsafe extern "C" fn(
-                            sys::virConnectPtr,
-                            sys::virDomainPtr,
-                            *const c_char,
-                            *mut c_void,
-                        ),
-                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
-                    >(on_device_added)),
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED as i32,
@@ -297,22 +270,6 @@ unsafe extern "C" fn on_lifecycle(
         );
     }
     0
-}
-
-unsafe extern "C" fn on_device_added(
-    _conn: sys::virConnectPtr,
-    dom: sys::virDomainPtr,
-    alias: *const c_char,
-    opaque: *mut c_void,
-) {
-    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
-    unsafe {
-        let event = HypervisorEvent::DeviceAdded {
-            domain: domain_name(dom),
-            alias: c_string(alias),
-        };
-        send(opaque, event);
-    }
 }
 
 unsafe extern "C" fn on_device_removed(

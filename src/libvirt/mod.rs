@@ -238,13 +238,6 @@ impl Hypervisor {
             .map_err(Self::call_err("detach", name))
     }
 
-    /// The persistent definition, as libvirt would boot it next.
-    pub fn inactive_xml(&self, name: &str) -> Result<String, LibvirtError> {
-        self.domain(name)?
-            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
-            .map_err(Self::call_err("get inactive XML", name))
-    }
-
     /// Presses the ACPI power button.
     pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.domain(name)?
@@ -256,13 +249,6 @@ impl Hypervisor {
         self.domain(name)?
             .destroy()
             .map_err(Self::call_err("destroy", name))
-    }
-
-    /// Starts the defined, stopped domain.
-    pub fn start(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .create()
-            .map_err(Self::call_err("start", name))
     }
 
     pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
