@@ -239,3 +239,82 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
         finished: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(name: &str, phase: VolumePhase) -> VolumeStatus {
+        VolumeStatus {
+            name: name.into(),
+            target: "sda".into(),
+            serial: String::new(),
+            bus: "scsi".into(),
+            phase,
+            reason: String::new(),
+            message: String::new(),
+            boot: false,
+        }
+    }
+
+    #[test]
+    fn a_new_launcher_reports_scheduled_and_starting() {
+        let s = placeholder_status("ns_vm", "qemu:///system", RunStrategy::Always);
+        assert_eq!(
+            (s.phase, s.printable_status, s.vm_state, s.finished),
+            (Phase::Scheduled, "Starting", VmState::Building, false)
+        );
+        assert_eq!(
+            (
+                s.domain_name.as_str(),
+                s.libvirt_uri.as_str(),
+                s.run_strategy
+            ),
+            ("ns_vm", "qemu:///system", RunStrategy::Always)
+        );
+    }
+
+    #[test]
+    fn a_status_event_is_about_everything_but_the_volumes() {
+        let base = placeholder_status("ns_vm", "qemu:///system", RunStrategy::Once);
+        let volumes_only = Status {
+            volumes: vec![volume("a", VolumePhase::Ready)],
+            ..base.clone()
+        };
+        assert!(!base.summary_differs(&volumes_only));
+        let changes = [
+            Status {
+                phase: Phase::Running,
+                ..base.clone()
+            },
+            Status {
+                printable_status: "Running",
+                ..base.clone()
+            },
+            Status {
+                vm_state: VmState::Active,
+                ..base.clone()
+            },
+            Status {
+                restart_count: 1,
+                ..base.clone()
+            },
+            Status {
+                finished: true,
+                ..base.clone()
+            },
+            Status {
+                conditions: vec![Condition {
+                    kind: "Synchronized",
+                    status: true,
+                    reason: String::new(),
+                    message: String::new(),
+                }],
+                ..base.clone()
+            },
+        ];
+        for changed in changes {
+            assert!(base.summary_differs(&changed), "{changed:?}");
+        }
+    }
+}

@@ -524,3 +524,45 @@ pub(super) async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Bus;
+
+    #[test]
+    fn a_plan_reads_as_attaches_then_detaches() {
+        let plan = Plan {
+            attach: vec![DiskDef {
+                volume: "new".into(),
+                target: "sdb".into(),
+                bus: Bus::Scsi,
+                ..DiskDef::default()
+            }],
+            detach: vec![domain::LiveDisk {
+                alias: Some("ua-old".into()),
+                target: "sdc".into(),
+                bus: "scsi".into(),
+                serial: None,
+                source: None,
+                address: None,
+                xml: String::new(),
+            }],
+        };
+        assert_eq!(
+            planned_changes(&plan),
+            [
+                PlannedChange {
+                    action: PlannedAction::Attach,
+                    volume: "new".into(),
+                    target: "sdb".into()
+                },
+                PlannedChange {
+                    action: PlannedAction::Detach,
+                    volume: "old".into(),
+                    target: "sdc".into()
+                },
+            ]
+        );
+    }
+}
