@@ -269,7 +269,7 @@ impl proto::launcher_server::Launcher for Service {
             persist: req.persist.into_iter().collect(),
         };
         let launcher = self.launcher.clone();
-        let outcome = detached(async move { launcher.sync_with(input).await }).await?;
+        let outcome = detached(async move { launcher.sync(input).await }).await?;
         Ok(Response::new(proto::SyncResponse {
             plan: outcome
                 .plan

@@ -729,6 +729,156 @@ spec:
         assert_eq!(convert(&vmi(&versioned), &o).unwrap().machine, "pc-q35-6.2");
     }
 
+    /// A minimal instance with `domain` lines (indented 4) under `spec.domain`.
+    fn with_domain(domain: &str) -> Validated {
+        vmi(&format!(
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: vm}}\n\
+             spec:\n  domain:\n    memory: {{guest: 64Mi}}\n{domain}\n"
+        ))
+    }
+
+    #[test]
+    fn without_a_topology_the_cpu_resources_give_the_sockets() {
+        let def = convert(
+            &with_domain("    resources: {limits: {cpu: 2500m}}"),
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(
+            def.topology,
+            CpuTopology {
+                sockets: 3,
+                cores: 1,
+                threads: 1
+            }
+        );
+        let def = convert(&with_domain("    cpu: {threads: 2}"), &opts()).unwrap();
+        assert_eq!(
+            def.topology,
+            CpuTopology {
+                sockets: 1,
+                cores: 1,
+                threads: 2
+            }
+        );
+    }
+
+    #[test]
+    fn cpu_models_and_feature_policies() {
+        let mode = |model: &str| {
+            convert(
+                &with_domain(&format!("    cpu: {{model: {model}}}")),
+                &opts(),
+            )
+            .unwrap()
+            .cpu
+            .mode
+        };
+        assert_eq!(mode("host-model"), CpuMode::HostModel);
+        assert_eq!(mode("host-passthrough"), CpuMode::HostPassthrough);
+        assert_eq!(
+            mode("Skylake-Server"),
+            CpuMode::Custom("Skylake-Server".into())
+        );
+        let def = convert(
+            &with_domain("    cpu: {features: [{name: vmx}, {name: svm, policy: disable}]}"),
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(def.cpu.mode, CpuMode::Default);
+        assert_eq!(
+            def.cpu.features,
+            [
+                ("require".to_string(), "vmx".to_string()),
+                ("disable".to_string(), "svm".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn secure_boot_takes_the_signed_firmware_and_turns_smm_on() {
+        let def = convert(
+            &with_domain("    firmware: {bootloader: {efi: {secureBoot: true}}}"),
+            &opts(),
+        )
+        .unwrap();
+        let FirmwareDef::Efi(efi) = &def.firmware else {
+            panic!("not EFI: {:?}", def.firmware)
+        };
+        assert!(efi.secure);
+        assert_eq!(
+            efi.code,
+            Path::new(volumes::OVMF_DIR).join("OVMF_CODE_4M.secboot.fd")
+        );
+        assert_eq!(
+            efi.vars_template,
+            Path::new(volumes::OVMF_DIR).join("OVMF_VARS_4M.ms.fd")
+        );
+        assert_eq!(def.features.smm, Some(true));
+        let bios = convert(
+            &with_domain("    firmware: {bootloader: {bios: {useSerial: true}}}"),
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(bios.firmware, FirmwareDef::BiosUseSerial);
+        assert_eq!(bios.features.smm, None);
+    }
+
+    #[test]
+    fn clock_offsets_and_timer_names() {
+        let def = convert(
+            &with_domain(
+                "    clock: {timezone: Europe/Paris, timer: {kvm: {}, hpet: {present: false}}}",
+            ),
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(
+            def.clock.offset,
+            ClockOffset::Timezone("Europe/Paris".into())
+        );
+        let timers: Vec<(&str, Option<bool>)> = def
+            .clock
+            .timers
+            .iter()
+            .map(|t| (t.name, t.present))
+            .collect();
+        assert_eq!(timers, [("hpet", Some(false)), ("kvmclock", Some(true))]);
+        let utc = convert(
+            &with_domain("    clock: {utc: {offsetSeconds: 3600}}"),
+            &opts(),
+        )
+        .unwrap();
+        assert_eq!(utc.clock.offset, ClockOffset::UtcAdjusted(3600));
+    }
+
+    #[test]
+    fn iothreads_pool_then_dedicated() {
+        let text = "    ioThreadsPolicy: auto\n    devices:\n      disks: [{name: a}, {name: b}, {name: c, dedicatedIOThread: true}, {name: d, disk: {bus: scsi}}]\n  volumes: [{name: a, emptyDisk: {capacity: 1Mi}}, {name: b, emptyDisk: {capacity: 1Mi}}, {name: c, emptyDisk: {capacity: 1Mi}}, {name: d, emptyDisk: {capacity: 1Mi}}]";
+        let def = convert(&with_domain(text), &opts()).unwrap();
+        let threads: Vec<Option<u32>> = def.disks.iter().map(|d| d.iothread).collect();
+        // Two pooled virtio disks and one vCPU: a pool of 2, then the dedicated one, scsi none.
+        assert_eq!(threads, [Some(1), Some(2), Some(3), None]);
+        assert_eq!(def.iothreads, 3);
+    }
+
+    #[test]
+    fn the_default_interface_and_pod_taps() {
+        let def = convert(&with_domain(""), &opts()).unwrap();
+        assert_eq!(def.interfaces.len(), 1);
+        assert_eq!(def.interfaces[0].name, DEFAULT_INTERFACE);
+        assert_eq!(def.interfaces[0].backend, InterfaceBackend::User);
+        let mut pod = opts();
+        pod.network = NetworkMode::Pod;
+        let text = "    devices: {interfaces: [{name: default, masquerade: {}, model: e1000}]}\n  networks: [{name: default, pod: {}}]";
+        let def = convert(&with_domain(text), &pod).unwrap();
+        assert_eq!(
+            def.interfaces[0].backend,
+            InterfaceBackend::Tap("tap0".into())
+        );
+        assert_eq!(def.interfaces[0].model, "e1000");
+    }
+
     const PORTS: &str = r#"
 apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance

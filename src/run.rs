@@ -16,7 +16,7 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
-use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartKind};
+use crate::launcher::{LaunchOptions, Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
@@ -78,15 +78,6 @@ pub struct RunOptions {
 /// pipe whose reader went away) must not take the launcher, and so the VM's clean stop, with it.
 fn say(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "vmlauncher: {what}");
-}
-
-fn classify(e: &LauncherError) -> ExitCode {
-    match e {
-        LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
-        e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
-        LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
-        _ => ExitCode::Internal,
-    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, caught from the very start: a signal that comes while the VM is
@@ -215,7 +206,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 );
                 let c = connector.clone();
                 let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-                return classify(&e);
+                return ExitCode::from_launcher_error(&e);
             }
         };
     say(format_args!("libvirt {}", connector.uri()));
@@ -347,4 +338,19 @@ pub fn load_spec(path: &std::path::Path) -> Result<Validated, ExitCode> {
         }
         ExitCode::BadSpec
     })
+}
+/// Where the launcher keeps what it owns for one VM.
+#[derive(Debug, Clone)]
+pub struct RuntimeDir(pub PathBuf);
+
+impl RuntimeDir {
+    pub fn socket(&self) -> PathBuf {
+        self.0.join("launcher.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.0.join("console.log")
+    }
+    pub fn libvirt_dir(&self) -> PathBuf {
+        self.0.join("libvirt")
+    }
 }

@@ -5,6 +5,7 @@
 
 pub mod daemon;
 pub mod events;
+mod states;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,8 +16,9 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 use virt::sys;
 
-use crate::lifecycle::{DomainState, PowerState};
+use crate::lifecycle::PowerState;
 use events::{EventRegistration, HypervisorEvent};
+pub use states::power_state_from_raw;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LibvirtError {
@@ -253,13 +255,6 @@ impl Hypervisor {
             .map_err(Self::call_err("detach", name))
     }
 
-    /// The persistent definition, as libvirt would boot it next.
-    pub fn inactive_xml(&self, name: &str) -> Result<String, LibvirtError> {
-        self.domain(name)?
-            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
-            .map_err(Self::call_err("get inactive XML", name))
-    }
-
     /// Presses the ACPI power button.
     pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.domain(name)?
@@ -271,15 +266,6 @@ impl Hypervisor {
         self.domain(name)?
             .destroy()
             .map_err(Self::call_err("destroy", name))
-    }
-
-    /// Starts the defined, stopped domain.
-    pub fn start(&self, name: &str) -> Result<(), LibvirtError> {
-        let dom = self.domain(name)?;
-        dom.create().map_err(Self::call_err("start", name))?;
-        publish_ports(&dom, name).inspect_err(|_| {
-            let _ = dom.destroy();
-        })
     }
 
     pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
@@ -451,92 +437,5 @@ impl Connector {
         if let Some(mut d) = self.daemon.lock().expect("daemon lock").take() {
             d.stop();
         }
-    }
-}
-
-/// libvirt's numeric state and reason, in libvirt's own words (`virsh domstate --reason`).
-pub fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
-    let (state, reasons): (DomainState, &[&str]) = match state {
-        1 => (
-            DomainState::Running,
-            &[
-                "unknown",
-                "booted",
-                "migrated",
-                "restored",
-                "from-snapshot",
-                "unpaused",
-                "migration-canceled",
-                "save-canceled",
-                "wakeup",
-                "crashed",
-                "post-copy",
-                "post-copy-failed",
-            ],
-        ),
-        2 => (DomainState::Blocked, &["unknown"]),
-        3 => (
-            DomainState::Paused,
-            &[
-                "unknown",
-                "user",
-                "migration",
-                "save",
-                "dump",
-                "ioerror",
-                "watchdog",
-                "from-snapshot",
-                "shutdown",
-                "snapshot",
-                "api-error",
-                "starting-up",
-                "post-copy",
-                "postcopy-failed",
-            ],
-        ),
-        4 => (DomainState::ShuttingDown, &["unknown", "user"]),
-        5 => (
-            DomainState::Shutoff,
-            &[
-                "unknown",
-                "shutdown",
-                "destroyed",
-                "crashed",
-                "migrated",
-                "saved",
-                "failed",
-                "from-snapshot",
-                "daemon",
-            ],
-        ),
-        6 => (DomainState::Crashed, &["unknown", "panicked"]),
-        7 => (DomainState::PmSuspended, &["unknown"]),
-        _ => (DomainState::NoState, &["unknown"]),
-    };
-    let reason = usize::try_from(reason)
-        .ok()
-        .and_then(|r| reasons.get(r))
-        .copied()
-        .unwrap_or("unknown");
-    PowerState {
-        state,
-        reason: reason.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn raw_states_read_as_virsh_says_them() {
-        assert_eq!(power_state_from_raw(1, 1).to_string(), "running (booted)");
-        assert_eq!(power_state_from_raw(3, 5).to_string(), "paused (ioerror)");
-        assert_eq!(
-            power_state_from_raw(5, 2).to_string(),
-            "shutoff (destroyed)"
-        );
-        assert_eq!(power_state_from_raw(5, 99).to_string(), "shutoff (unknown)");
-        assert_eq!(power_state_from_raw(42, 0).to_string(), "nostate (unknown)");
     }
 }

@@ -27,24 +27,17 @@ struct VirtualMachine {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct VirtualMachineSpec {
     template: VmiTemplate,
-    #[serde(default)]
     run_strategy: Option<RunStrategy>,
-    #[serde(default)]
     running: Option<bool>,
-    #[serde(default)]
     data_volume_templates: Option<Unsupported>,
-    #[serde(default)]
     instancetype: Option<Unsupported>,
-    #[serde(default)]
     preference: Option<Unsupported>,
-    #[serde(default)]
     update_volumes_strategy: Option<Unsupported>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct VmiTemplate {
-    #[serde(default)]
     metadata: Option<TemplateMeta>,
     spec: VmiSpec,
 }
@@ -52,15 +45,12 @@ struct VmiTemplate {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct TemplateMeta {
-    #[serde(default)]
     name: Option<String>,
-    #[serde(default)]
     namespace: Option<String>,
     #[serde(default)]
     labels: BTreeMap<String, String>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
-    #[serde(default)]
     creation_timestamp: Ignored,
 }
 

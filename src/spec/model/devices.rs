@@ -13,54 +13,33 @@ pub struct Devices {
     pub interfaces: Vec<Interface>,
     #[serde(default)]
     pub inputs: Vec<Input>,
-    #[serde(default)]
     pub watchdog: Option<Watchdog>,
-    #[serde(default)]
     pub rng: Option<Rng>,
     /// KubeVirt's default is `true`.
-    #[serde(default)]
     pub autoattach_serial_console: Option<bool>,
     /// KubeVirt's default is `true`: VNC (on a unix socket) and a VGA card.
-    #[serde(default)]
     pub autoattach_graphics_device: Option<bool>,
     /// KubeVirt's default is `true`.
-    #[serde(default)]
     pub autoattach_mem_balloon: Option<bool>,
     /// KubeVirt's default is `true`: a `default` masquerade interface when none is given.
-    #[serde(default)]
     pub autoattach_pod_interface: Option<bool>,
     /// No hotplug scsi controller unless a scsi disk needs it.
-    #[serde(default)]
     pub disable_hotplug: Option<bool>,
-    #[serde(default)]
     pub gpus: Option<Unsupported>,
-    #[serde(default)]
     pub host_devices: Option<Unsupported>,
-    #[serde(default)]
     pub filesystems: Option<Unsupported>,
-    #[serde(default)]
     pub tpm: Option<Unsupported>,
-    #[serde(default)]
     pub sound: Option<Unsupported>,
-    #[serde(default)]
     pub client_passthrough: Option<Unsupported>,
-    #[serde(default)]
     pub use_virtio_transitional: Option<Unsupported>,
-    #[serde(default)]
     pub block_multi_queue: Option<Unsupported>,
-    #[serde(default)]
     pub network_interface_multiqueue: Option<Unsupported>,
     #[serde(default, rename = "autoattachVSOCK")]
     pub autoattach_vsock: Option<Unsupported>,
-    #[serde(default)]
     pub autoattach_input_device: Option<Unsupported>,
-    #[serde(default)]
     pub log_serial_console: Option<Unsupported>,
-    #[serde(default)]
     pub downward_metrics: Option<Unsupported>,
-    #[serde(default)]
     pub panic_devices: Option<Unsupported>,
-    #[serde(default)]
     pub video: Option<Unsupported>,
 }
 
@@ -86,32 +65,21 @@ impl Devices {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Disk {
     pub name: String,
-    #[serde(default)]
     pub disk: Option<DiskTarget>,
-    #[serde(default)]
     pub cdrom: Option<CdromTarget>,
-    #[serde(default)]
     pub lun: Option<LunTarget>,
-    #[serde(default)]
     pub serial: Option<String>,
     /// `none`, `writethrough` or `writeback`.
-    #[serde(default)]
     pub cache: Option<String>,
     /// `native` or `threads`.
-    #[serde(default)]
     pub io: Option<String>,
-    #[serde(default)]
     pub boot_order: Option<u32>,
-    #[serde(default)]
     pub shareable: Option<bool>,
     /// `stop`, `ignore`, `report` or `enospace`.
-    #[serde(default)]
     pub error_policy: Option<String>,
     #[serde(default, rename = "dedicatedIOThread")]
     pub dedicated_io_thread: Option<bool>,
-    #[serde(default)]
     pub block_size: Option<Unsupported>,
-    #[serde(default)]
     pub tag: Option<Unsupported>,
 }
 
@@ -174,33 +142,24 @@ impl Disk {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DiskTarget {
-    #[serde(default)]
     pub bus: Option<String>,
-    #[serde(default)]
     pub readonly: Option<bool>,
-    #[serde(default)]
     pub pci_address: Option<Unsupported>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CdromTarget {
-    #[serde(default)]
     pub bus: Option<String>,
-    #[serde(default)]
     pub readonly: Option<bool>,
-    #[serde(default)]
     pub tray: Option<Unsupported>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LunTarget {
-    #[serde(default)]
     pub bus: Option<String>,
-    #[serde(default)]
     pub readonly: Option<bool>,
-    #[serde(default)]
     pub reservation: Option<Unsupported>,
 }
 
@@ -208,39 +167,24 @@ pub struct LunTarget {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Interface {
     pub name: String,
-    #[serde(default)]
     pub masquerade: Option<IgnoredEmpty>,
-    #[serde(default)]
     pub bridge: Option<IgnoredEmpty>,
     /// `virtio` (default), `e1000`, `e1000e`, `rtl8139`, `pcnet` or `ne2k_pci`.
-    #[serde(default)]
     pub model: Option<String>,
-    #[serde(default)]
     pub mac_address: Option<String>,
-    #[serde(default)]
     pub boot_order: Option<u32>,
-    #[serde(default)]
     pub sriov: Option<Unsupported>,
-    #[serde(default)]
     pub slirp: Option<Unsupported>,
-    #[serde(default)]
     pub passt: Option<Unsupported>,
-    #[serde(default)]
     pub macvtap: Option<Unsupported>,
-    #[serde(default)]
     pub binding: Option<Unsupported>,
     /// Ports of the guest published on the host (masquerade only).
     #[serde(default)]
     pub ports: Vec<Port>,
-    #[serde(default)]
     pub pci_address: Option<Unsupported>,
-    #[serde(default)]
     pub dhcp_options: Option<Unsupported>,
-    #[serde(default)]
     pub tag: Option<Unsupported>,
-    #[serde(default)]
     pub state: Option<Unsupported>,
-    #[serde(default)]
     pub acpi_index: Option<Unsupported>,
 }
 
@@ -248,9 +192,7 @@ pub struct Interface {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Port {
-    #[serde(default)]
     pub name: Option<String>,
-    #[serde(default)]
     pub protocol: Option<String>,
     pub port: i64,
 }
@@ -274,9 +216,7 @@ pub struct IgnoredEmpty {}
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Network {
     pub name: String,
-    #[serde(default)]
     pub pod: Option<PodNetwork>,
-    #[serde(default)]
     pub multus: Option<Unsupported>,
 }
 
@@ -297,7 +237,6 @@ pub struct Input {
     #[serde(rename = "type")]
     pub input_type: String,
     /// `usb` (default) or `virtio`.
-    #[serde(default)]
     pub bus: Option<String>,
 }
 
@@ -305,7 +244,6 @@ pub struct Input {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Watchdog {
     pub name: String,
-    #[serde(default)]
     pub i6300esb: Option<I6300esb>,
 }
 
@@ -313,7 +251,6 @@ pub struct Watchdog {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct I6300esb {
     /// `poweroff`, `reset` (default) or `shutdown`.
-    #[serde(default)]
     pub action: Option<String>,
 }
 

@@ -9,35 +9,21 @@ use crate::spec::Quantity;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Volume {
     pub name: String,
-    #[serde(default)]
     pub host_disk: Option<HostDisk>,
-    #[serde(default)]
     pub persistent_volume_claim: Option<PvcSource>,
-    #[serde(default)]
     pub data_volume: Option<DataVolumeSource>,
-    #[serde(default)]
     pub container_disk: Option<ContainerDisk>,
-    #[serde(default)]
     pub empty_disk: Option<EmptyDisk>,
-    #[serde(default)]
     pub ephemeral: Option<Ephemeral>,
-    #[serde(default)]
     pub cloud_init_no_cloud: Option<CloudInitNoCloud>,
-    #[serde(default)]
     pub cloud_init_config_drive: Option<Unsupported>,
-    #[serde(default)]
     pub config_map: Option<Unsupported>,
-    #[serde(default)]
     pub secret: Option<Unsupported>,
-    #[serde(default)]
     pub service_account: Option<Unsupported>,
     #[serde(default, rename = "downwardAPI")]
     pub downward_api: Option<Unsupported>,
-    #[serde(default)]
     pub downward_metrics: Option<Unsupported>,
-    #[serde(default)]
     pub sysprep: Option<Unsupported>,
-    #[serde(default)]
     pub memory_dump: Option<Unsupported>,
 }
 
@@ -131,10 +117,8 @@ pub struct HostDisk {
     pub path: String,
     #[serde(rename = "type")]
     pub disk_type: String,
-    #[serde(default)]
     pub capacity: Option<Quantity>,
     /// Marks the disk shareable between VMs.
-    #[serde(default)]
     pub shared: Option<bool>,
 }
 
@@ -142,9 +126,7 @@ pub struct HostDisk {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PvcSource {
     pub claim_name: String,
-    #[serde(default)]
     pub read_only: Option<bool>,
-    #[serde(default)]
     pub hotpluggable: Option<bool>,
 }
 
@@ -152,7 +134,6 @@ pub struct PvcSource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DataVolumeSource {
     pub name: String,
-    #[serde(default)]
     pub hotpluggable: Option<bool>,
 }
 
@@ -163,13 +144,9 @@ pub struct DataVolumeSource {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ContainerDisk {
     pub image: String,
-    #[serde(default)]
     pub image_pull_policy: Option<String>,
-    #[serde(default)]
     pub image_pull_secret: Option<String>,
-    #[serde(default)]
     pub path: Option<Unsupported>,
-    #[serde(default)]
     pub hotpluggable: Option<Unsupported>,
 }
 
@@ -188,16 +165,10 @@ pub struct Ephemeral {
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CloudInitNoCloud {
-    #[serde(default)]
     pub user_data: Option<String>,
-    #[serde(default)]
     pub user_data_base64: Option<String>,
-    #[serde(default)]
     pub network_data: Option<String>,
-    #[serde(default)]
     pub network_data_base64: Option<String>,
-    #[serde(default)]
     pub secret_ref: Option<Unsupported>,
-    #[serde(default)]
     pub network_data_secret_ref: Option<Unsupported>,
 }

@@ -10,6 +10,9 @@ mod networks;
 mod resources;
 mod volumes;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 
 pub use firmware::is_known_machine;
