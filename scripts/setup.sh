@@ -10,7 +10,8 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           libelf-dev zlib1g-dev  # libbpf-sys (libcgroups cgroup v2 device programs) links them
           util-linux mount       # unshare and losetup, for the PID-1 and block-device tests
           debootstrap extlinux fdisk  # the Debian image (scripts/build-debian-image.sh)
-          openssh-client)        # ssh into it (the README, tests/e2e_debian.rs)
+          openssh-client         # ssh into it (the README, tests/e2e_debian.rs)
+          swtpm swtpm-tools)     # the vTPM libvirt starts for `tpm: {}`
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -8,10 +8,10 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::domain::{
-    target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, DiskDef, DiskDevice,
-    DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef, HypervFeature, InputDef,
-    InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef, PortForward, TimerDef,
-    VirtType, WatchdogDef,
+    target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, CpuTune, DiskDef,
+    DiskDevice, DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef,
+    HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
+    PortForward, TimerDef, TpmDef, VirtType, WatchdogDef,
 };
 use crate::spec::{
     self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
@@ -67,6 +67,9 @@ pub struct ConvertOptions {
     pub paths: HostPaths,
     pub network: NetworkMode,
     pub publish: Publish,
+    /// The host CPUs the launcher may run on (its affinity: in a pod, the pod's cpuset), in
+    /// order; dedicated vCPUs are pinned to the first ones.
+    pub cpus: Vec<u32>,
     /// Volumes whose source the host found to be a block device.
     pub block_volumes: BTreeSet<String>,
 }
@@ -86,6 +89,7 @@ impl ConvertOptions {
             machines: BTreeMap::new(),
             network: NetworkMode::Local,
             publish: Publish::default(),
+            cpus: Vec::new(),
             block_volumes: BTreeSet::new(),
         }
     }
@@ -110,6 +114,7 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
     let (topology, cpu) = cpu(vmi);
     let firmware = domain.firmware.clone().unwrap_or_default();
     let (disks, iothreads) = disks(vmi, opts, topology.vcpus())?;
+    let cputune = cputune(domain, topology.vcpus(), &opts.cpus)?;
     let uuid = firmware.uuid.clone().or_else(|| {
         vmi.metadata
             .uid
@@ -129,6 +134,13 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
         topology,
         cpu,
         iothreads,
+        cputune,
+        tpm: devices
+            .tpm
+            .filter(|t| t.enabled != Some(false))
+            .map(|t| TpmDef {
+                persistent: t.persistent == Some(true),
+            }),
         machine: machine(domain, opts),
         firmware: firmware_def(&firmware, opts, &name),
         sysinfo_serial: firmware.serial.clone(),
@@ -427,6 +439,39 @@ fn disks(
         return Err(SpecErrors(problems));
     }
     Ok((disks, next_dedicated))
+}
+
+/// `dedicatedCpuPlacement`: vCPU `i` on the `i`-th CPU of the launcher's own set, and with
+/// `isolateEmulatorThread` the emulator on the next one — what KubeVirt does with the CPUs the
+/// node's CPU manager gave the pod. Too few CPUs is refused, never shared silently.
+fn cputune(domain: &DomainSpec, vcpus: u32, cpus: &[u32]) -> Result<Option<CpuTune>, SpecErrors> {
+    let Some(cpu) = domain
+        .cpu
+        .as_ref()
+        .filter(|c| c.dedicated_cpu_placement == Some(true))
+    else {
+        return Ok(None);
+    };
+    let isolate = cpu.isolate_emulator_thread == Some(true);
+    let needed = vcpus as usize + usize::from(isolate);
+    if cpus.len() < needed {
+        return Err(SpecErrors(vec![FieldError::new(
+            "spec.domain.cpu.dedicatedCpuPlacement",
+            Problem::NotEnoughCpus {
+                needed,
+                available: cpus.len(),
+                cpus: cpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            },
+        )]));
+    }
+    Ok(Some(CpuTune {
+        vcpu_pins: cpus[..vcpus as usize].to_vec(),
+        emulator_pin: isolate.then(|| cpus[vcpus as usize]),
+    }))
 }
 
 fn interfaces(
@@ -932,5 +977,60 @@ spec:
         o.network = NetworkMode::Pod;
         let def = convert(&vmi(PORTS), &o).unwrap();
         assert!(def.interfaces[0].port_forwards.is_empty());
+    }
+
+    const PINNED: &str = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: pinned}
+spec:
+  domain:
+    cpu: {cores: 2, dedicatedCpuPlacement: true, isolateEmulatorThread: true}
+    memory: {guest: 128Mi}
+    devices:
+      tpm: {}
+"#;
+
+    #[test]
+    fn dedicated_vcpus_take_the_launchers_first_cpus_and_the_emulator_the_next() {
+        let mut o = opts();
+        o.cpus = vec![4, 6, 7, 9];
+        let def = convert(&vmi(PINNED), &o).unwrap();
+        assert_eq!(
+            def.cputune,
+            Some(CpuTune {
+                vcpu_pins: vec![4, 6],
+                emulator_pin: Some(7),
+            })
+        );
+        assert_eq!(def.tpm, Some(TpmDef { persistent: false }));
+        let xml = def.to_xml();
+        assert!(xml.contains("<vcpupin vcpu=\"1\" cpuset=\"6\"/>"), "{xml}");
+        assert!(xml.contains("<emulatorpin cpuset=\"7\"/>"), "{xml}");
+        assert!(xml.contains("<tpm model=\"tpm-tis\">"), "{xml}");
+    }
+
+    #[test]
+    fn too_few_cpus_for_dedicated_placement_is_refused_by_field() {
+        let mut o = opts();
+        o.cpus = vec![0, 1];
+        let Err(errors) = convert(&vmi(PINNED), &o) else {
+            panic!("3 dedicated CPUs out of 2")
+        };
+        assert_eq!(
+            errors.to_string(),
+            "spec.domain.cpu.dedicatedCpuPlacement: needs 3 CPUs of the launcher's own (2 available: 0,1)"
+        );
+    }
+
+    #[test]
+    fn a_disabled_tpm_is_no_tpm_and_persistent_keeps_state() {
+        let off = PINNED.replace("tpm: {}", "tpm: {enabled: false}");
+        let mut o = opts();
+        o.cpus = vec![0, 1, 2];
+        assert_eq!(convert(&vmi(&off), &o).unwrap().tpm, None);
+        let kept = PINNED.replace("tpm: {}", "tpm: {persistent: true}");
+        let def = convert(&vmi(&kept), &o).unwrap();
+        assert!(def.to_xml().contains("persistent_state=\"yes\""));
     }
 }

@@ -100,6 +100,8 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         topology,
         cpu,
         iothreads,
+        cputune,
+        tpm,
         machine,
         firmware,
         sysinfo_serial,
@@ -124,6 +126,11 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         ),
         ("spec.domain.cpu", *topology == d.topology && *cpu == d.cpu),
         ("spec.domain.ioThreadsPolicy", *iothreads == d.iothreads),
+        (
+            "spec.domain.cpu.dedicatedCpuPlacement",
+            *cputune == d.cputune,
+        ),
+        ("spec.domain.devices.tpm", *tpm == d.tpm),
         ("spec.domain.machine", *machine == d.machine),
         (
             "spec.domain.firmware",

@@ -124,7 +124,14 @@ async fn dispatch(command: Command) -> ExitCode {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let opts = ConvertOptions::new(emulation.resolve(), console_log);
+            let mut opts = ConvertOptions::new(emulation.resolve(), console_log);
+            opts.cpus = match vmlauncher::host::cpus::own_cpus() {
+                Ok(cpus) => cpus,
+                Err(e) => {
+                    eprintln!("vmlauncher: {e}");
+                    return ExitCode::Internal;
+                }
+            };
             match convert::convert(&vmi, &opts) {
                 Ok(def) => {
                     print!("{}", def.to_xml());

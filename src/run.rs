@@ -192,6 +192,11 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 paths,
                 network: opts.network,
                 publish: opts.publish.clone(),
+                // Never fails in practice; if it did, a spec asking for dedicated CPUs is
+                // refused by convert with "0 available", and nothing else needs them.
+                cpus: crate::host::cpus::own_cpus()
+                    .inspect_err(|e| tracing::warn!("{e}"))
+                    .unwrap_or_default(),
             }
         },
         resync_interval: opts.resync_interval,

@@ -50,6 +50,9 @@ pub struct DomainDef {
     pub topology: CpuTopology,
     pub cpu: CpuDef,
     pub iothreads: u32,
+    /// Host CPUs the vCPUs and the emulator are pinned to (`<cputune>`).
+    pub cputune: Option<CpuTune>,
+    pub tpm: Option<TpmDef>,
     pub machine: String,
     pub firmware: FirmwareDef,
     /// SMBIOS system serial number.
@@ -70,6 +73,21 @@ pub struct DomainDef {
     pub vnc_socket: Option<PathBuf>,
     pub memballoon: bool,
     pub instance: InstanceMetadata,
+}
+
+/// CPU pinning: vCPU `i` runs on host CPU `vcpu_pins[i]`; QEMU's emulator threads on
+/// `emulator_pin` when isolated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuTune {
+    pub vcpu_pins: Vec<u32>,
+    pub emulator_pin: Option<u32>,
+}
+
+/// A TPM 2.0 (`tpm-tis`) emulated by swtpm, which libvirt starts and stops with QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TpmDef {
+    /// Keep the state when the domain stops (libvirt's `persistent_state`).
+    pub persistent: bool,
 }
 
 /// Who this domain belongs to, written into `<metadata>` so that a launcher can recognise its own.

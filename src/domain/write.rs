@@ -207,6 +207,21 @@ impl DomainDef {
                 if self.iothreads > 0 {
                     text_element(w, "iothreads", &self.iothreads.to_string())?;
                 }
+                if let Some(tune) = &self.cputune {
+                    w.create_element("cputune").write_inner_content(|w| {
+                        for (vcpu, cpu) in tune.vcpu_pins.iter().enumerate() {
+                            empty(
+                                w,
+                                "vcpupin",
+                                &[("vcpu", &vcpu.to_string()), ("cpuset", &cpu.to_string())],
+                            )?;
+                        }
+                        if let Some(cpu) = tune.emulator_pin {
+                            empty(w, "emulatorpin", &[("cpuset", &cpu.to_string())])?;
+                        }
+                        Ok(())
+                    })?;
+                }
                 self.write_cpu(w)?;
                 if let Some(serial) = &self.sysinfo_serial {
                     w.create_element("sysinfo")
@@ -426,6 +441,21 @@ impl DomainDef {
                 w.create_element("input")
                     .with_attributes([("type", input.input_type.as_str()), ("bus", &input.bus)])
                     .write_inner_content(|w| alias(w, &input.name))?;
+            }
+            if let Some(tpm) = &self.tpm {
+                w.create_element("tpm")
+                    .with_attribute(("model", "tpm-tis"))
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "backend",
+                            &[
+                                ("type", "emulator"),
+                                ("version", "2.0"),
+                                ("persistent_state", yes_no(tpm.persistent)),
+                            ],
+                        )
+                    })?;
             }
             if let Some(socket) = &self.vnc_socket {
                 let socket = socket.to_string_lossy();

@@ -11,6 +11,7 @@
 pub mod block;
 pub mod caps;
 pub mod cgroup;
+pub mod cpus;
 pub mod devnode;
 pub mod records;
 pub mod watch;

@@ -494,6 +494,8 @@ remember_owner = 0
 namespaces = [ ]
 stdio_handler = "logd"
 security_driver = "none"
+swtpm_user = "root"
+swtpm_group = "root"
 {cgroups}"#
     )
 }

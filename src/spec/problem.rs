@@ -154,6 +154,14 @@ pub enum Problem {
     PortsNeedMasquerade,
     #[error("port {port}/{protocol} is listed twice")]
     DuplicatePort { port: i64, protocol: String },
+    #[error("needs {what}")]
+    Needs { what: &'static str },
+    #[error("needs {needed} CPUs of the launcher's own ({available} available: {cpus})")]
+    NotEnoughCpus {
+        needed: usize,
+        available: usize,
+        cpus: String,
+    },
     #[error("{port} is not a port (1-65535)")]
     NotAPort { port: i64 },
 

@@ -239,13 +239,13 @@ fn a_volume_without_a_disk_gets_a_default_disk() {
 fn unsupported_fields_are_named_and_typos_are_unknown() {
     let text = MINIMAL.replace(
         "    devices:\n",
-        "    devices:\n      gpus: [{name: g, deviceName: x}]\n      tpm: {}\n",
+        "    devices:\n      gpus: [{name: g, deviceName: x}]\n      sound: {name: s}\n",
     );
     assert_eq!(
         errors_of(&text),
         vec![
             "spec.domain.devices.gpus: unsupported (device passthrough)",
-            "spec.domain.devices.tpm: unsupported (a vTPM needs swtpm)"
+            "spec.domain.devices.sound: unsupported (sound devices)"
         ]
     );
     let typo = MINIMAL.replace("    devices:\n", "    devices:\n      gpu: []\n");
@@ -344,5 +344,22 @@ spec:
     assert!(
         !errors.iter().any(|e| e.contains("ports[2]")),
         "80/udp is another port than 80/tcp: {errors:#?}"
+    );
+}
+
+#[test]
+fn an_isolated_emulator_thread_needs_dedicated_cpus() {
+    let text = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: iso}
+spec:
+  domain:
+    cpu: {isolateEmulatorThread: true}
+    memory: {guest: 128Mi}
+"#;
+    assert_eq!(
+        errors_of(text),
+        ["spec.domain.cpu.isolateEmulatorThread: needs dedicatedCpuPlacement: true"]
     );
 }

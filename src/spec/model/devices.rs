@@ -28,7 +28,7 @@ pub struct Devices {
     pub gpus: Option<Unsupported>,
     pub host_devices: Option<Unsupported>,
     pub filesystems: Option<Unsupported>,
-    pub tpm: Option<Unsupported>,
+    pub tpm: Option<Tpm>,
     pub sound: Option<Unsupported>,
     pub client_passthrough: Option<Unsupported>,
     pub use_virtio_transitional: Option<Unsupported>,
@@ -205,6 +205,16 @@ impl Port {
             .unwrap_or("TCP")
             .to_ascii_lowercase()
     }
+}
+
+/// A vTPM 2.0 emulated by swtpm, which libvirt starts beside QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Tpm {
+    /// `false` removes the TPM (KubeVirt's explicit opt-out).
+    pub enabled: Option<bool>,
+    /// Keep the TPM's state when the VM stops (libvirt's `persistent_state`).
+    pub persistent: Option<bool>,
 }
 
 /// An empty object (`masquerade: {}`): any field in it is an error.

@@ -37,8 +37,10 @@ pub struct Cpu {
     #[serde(default)]
     pub features: Vec<CpuFeature>,
     pub max_sockets: Option<Unsupported>,
-    pub dedicated_cpu_placement: Option<Unsupported>,
-    pub isolate_emulator_thread: Option<Unsupported>,
+    /// Pin each vCPU to a CPU of the launcher's own CPU set (KubeVirt: of the pod's cpuset).
+    pub dedicated_cpu_placement: Option<bool>,
+    /// With `dedicatedCpuPlacement`: pin QEMU's emulator threads to one more CPU.
+    pub isolate_emulator_thread: Option<bool>,
     pub numa: Option<Unsupported>,
     pub realtime: Option<Unsupported>,
 }

@@ -196,7 +196,6 @@ fn validate_devices(vmi: &VirtualMachineInstance, e: &mut Problems) {
                 "device passthrough",
             ),
             ("filesystems", devices.filesystems.is_some(), "virtiofs"),
-            ("tpm", devices.tpm.is_some(), "a vTPM needs swtpm"),
             ("sound", devices.sound.is_some(), "sound devices"),
             (
                 "clientPassthrough",

@@ -148,20 +148,18 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
             );
         }
     }
+    if cpu.isolate_emulator_thread == Some(true) && cpu.dedicated_cpu_placement != Some(true) {
+        e.add(
+            "spec.domain.cpu.isolateEmulatorThread",
+            Problem::Needs {
+                what: "dedicatedCpuPlacement: true",
+            },
+        );
+    }
     e.unsupported(
         "spec.domain.cpu",
         &[
             ("maxSockets", cpu.max_sockets.is_some(), "CPU hotplug"),
-            (
-                "dedicatedCpuPlacement",
-                cpu.dedicated_cpu_placement.is_some(),
-                "CPU pinning needs the node's CPU manager",
-            ),
-            (
-                "isolateEmulatorThread",
-                cpu.isolate_emulator_thread.is_some(),
-                "CPU pinning needs the node's CPU manager",
-            ),
             ("numa", cpu.numa.is_some(), "guest NUMA mapping"),
             ("realtime", cpu.realtime.is_some(), "realtime scheduling"),
         ],
