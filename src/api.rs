@@ -123,6 +123,25 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
             })
             .collect(),
         volumes: s.volumes.iter().map(volume_to_proto).collect(),
+        interfaces: s
+            .interfaces
+            .iter()
+            .map(|i| proto::InterfaceStatus {
+                name: i.name.clone(),
+                mac: i.mac.clone(),
+                ip_address: i.ip_address.clone(),
+                ports: i
+                    .ports
+                    .iter()
+                    .map(|p| proto::PublishedPort {
+                        protocol: p.protocol.clone(),
+                        port: p.port.into(),
+                        host_address: p.host_address.clone(),
+                        host_port: p.host_port.into(),
+                    })
+                    .collect(),
+            })
+            .collect(),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
         phase_reason: s.phase_reason.unwrap_or_default().into(),

@@ -133,6 +133,36 @@ fn traffic_crosses_both_ways_through_user_mode_networking() {
         "{answer}"
     );
 
+    // Status shows the interface as libvirt runs it, with the port where it was published.
+    let out = std::process::Command::new(common::bin())
+        .args(["status", "--output", "json", "--socket"])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        status["interfaces"],
+        serde_json::json!([{
+            "name": "default",
+            "mac": "02:00:00:0a:0b:0c",
+            "ipAddress": "",
+            "ports": [{"protocol": "TCP", "port": 80, "hostAddress": "127.0.0.1", "hostPort": published}],
+        }]),
+        "{status:#}"
+    );
+    let text = std::process::Command::new(common::bin())
+        .args(["status", "--socket"])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "interface:   default 02:00:00:0a:0b:0c - 127.0.0.1:{published}->80/TCP"
+        )),
+        "{text}"
+    );
+
     // Guest → host: the guest fetched the test's page, and the test's server saw the request.
     let fetched = console
         .wait_for("the guest's fetch from the host", deadline, |l| {

@@ -8,7 +8,7 @@ use vmlauncher::exit::ExitCode;
 use vmlauncher::run;
 
 use super::args::{Output, Target};
-use super::output::{print_volumes, status_json, volume_json, volume_phase};
+use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
 
 #[derive(Debug, Clone, Copy)]
@@ -295,6 +295,7 @@ pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
                     c.r#type, c.status, c.reason, c.message
                 );
             }
+            print_interfaces(&s.interfaces);
             print_volumes(&s.volumes);
         }
     }

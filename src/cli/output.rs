@@ -51,12 +51,56 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
         .map(|c| serde_json::json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}))
         .collect();
     let volumes: Vec<_> = s.volumes.iter().map(volume_json).collect();
+    let interfaces: Vec<_> = s
+        .interfaces
+        .iter()
+        .map(|i| {
+            let ports: Vec<_> = i
+                .ports
+                .iter()
+                .map(|p| serde_json::json!({"protocol": p.protocol, "port": p.port, "hostAddress": p.host_address, "hostPort": p.host_port}))
+                .collect();
+            serde_json::json!({"name": i.name, "mac": i.mac, "ipAddress": i.ip_address, "ports": ports})
+        })
+        .collect();
     serde_json::json!({
         "phase": s.phase, "phaseReason": s.phase_reason, "printableStatus": s.printable_status,
         "powerState": s.power_state, "vmState": s.vm_state, "taskState": s.task_state,
         "taskId": s.task_id, "conditions": conditions, "volumes": volumes,
+        "interfaces": interfaces,
         "domainName": s.domain_name, "libvirtUri": s.libvirt_uri, "runStrategy": s.run_strategy,
         "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
         "finished": s.finished,
     })
+}
+
+/// One line per interface: name, MAC, address (`-` when unknown), published ports.
+pub(crate) fn print_interfaces(interfaces: &[proto::InterfaceStatus]) {
+    for i in interfaces {
+        let ports: Vec<String> = i
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}:{}->{}/{}",
+                    p.host_address, p.host_port, p.port, p.protocol
+                )
+            })
+            .collect();
+        println!(
+            "interface:   {} {} {} {}",
+            i.name,
+            i.mac,
+            if i.ip_address.is_empty() {
+                "-"
+            } else {
+                &i.ip_address
+            },
+            if ports.is_empty() {
+                "-".to_string()
+            } else {
+                ports.join(",")
+            }
+        );
+    }
 }

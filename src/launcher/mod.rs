@@ -41,7 +41,8 @@ use crate::spec::{SpecErrors, Validated};
 use reconciler::reconciler;
 use status::{placeholder_status, EventLog};
 pub use status::{
-    Condition, EventKind, LauncherEvent, Status, TaskInfo, TaskOutcome, VolumePhase, VolumeStatus,
+    Condition, EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo,
+    TaskOutcome, VolumePhase, VolumeStatus,
 };
 use sync::pending_watcher;
 pub use sync::{BlockSource, PlannedAction, PlannedChange, SyncInput, SyncOutcome};
@@ -155,6 +156,7 @@ struct State {
     restarts: u32,
     last_started: Option<Instant>,
     volumes: BTreeMap<String, VolumeStatus>,
+    interfaces: Vec<InterfaceStatus>,
     /// The last Sync's failure, shown as condition `Synchronized=false`.
     sync_failure: Option<String>,
     /// The launcher undefined the domain itself (to start it afresh) and has not defined it
@@ -291,6 +293,7 @@ impl Launcher {
             restarts: 0,
             last_started: None,
             volumes: BTreeMap::new(),
+            interfaces: Vec::new(),
             sync_failure: None,
             io_error: None,
             undefined_by_us: false,

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{EventKind, Launcher, LauncherError, VolumePhase, VolumeStatus};
+use super::{
+    EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
+};
 use crate::domain;
 use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::LibvirtError;
@@ -56,6 +58,8 @@ impl Launcher {
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n)).await?;
         let live = domain::live_disks(&xml)?;
+        let interfaces = interface_statuses(&domain::live_interfaces(&xml)?);
+        self.update(|s| s.interfaces = interfaces);
         self.update(|s| {
             let boot: Vec<&str> = s
                 .spec
@@ -386,4 +390,30 @@ pub(super) async fn reconciler(
             l.reconcile().await;
         }
     }
+}
+
+/// What status shows of each live interface: its spec name (libvirt's alias when it has none),
+/// MAC and published ports.
+fn interface_statuses(live: &[domain::LiveInterface]) -> Vec<InterfaceStatus> {
+    live.iter()
+        .map(|i| InterfaceStatus {
+            name: i
+                .name()
+                .or(i.alias.as_deref())
+                .unwrap_or_default()
+                .to_string(),
+            mac: i.mac.clone().unwrap_or_default(),
+            ip_address: String::new(),
+            ports: i
+                .port_forwards
+                .iter()
+                .map(|f| PublishedPort {
+                    protocol: f.protocol.to_ascii_uppercase(),
+                    port: f.port,
+                    host_address: f.address.clone(),
+                    host_port: f.host_port,
+                })
+                .collect(),
+        })
+        .collect()
 }

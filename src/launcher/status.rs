@@ -45,6 +45,26 @@ pub struct VolumeStatus {
     pub boot: bool,
 }
 
+/// A network interface as libvirt runs it (read from the live XML at every start and adoption).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceStatus {
+    pub name: String,
+    pub mac: String,
+    /// Empty when unknown (QEMU's user-mode network does not report its DHCP leases).
+    pub ip_address: String,
+    pub ports: Vec<PublishedPort>,
+}
+
+/// A guest port published on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPort {
+    /// `TCP` or `UDP`, as KubeVirt spells them.
+    pub protocol: String,
+    pub port: u16,
+    pub host_address: String,
+    pub host_port: u16,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskInfo {
     pub id: u64,
@@ -71,6 +91,7 @@ pub struct Status {
     pub task: Option<TaskInfo>,
     pub conditions: Vec<Condition>,
     pub volumes: Vec<VolumeStatus>,
+    pub interfaces: Vec<InterfaceStatus>,
     pub domain_name: String,
     pub libvirt_uri: String,
     pub run_strategy: RunStrategy,
@@ -211,6 +232,7 @@ impl Launcher {
             task: s.task,
             conditions,
             volumes: s.volumes.values().cloned().collect(),
+            interfaces: s.interfaces.clone(),
             domain_name: self.domain_name.clone(),
             libvirt_uri: self.connector.uri(),
             run_strategy: self.options.strategy,
@@ -231,6 +253,7 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
         task: None,
         conditions: Vec::new(),
         volumes: Vec::new(),
+        interfaces: Vec::new(),
         domain_name: domain_name.into(),
         libvirt_uri: uri.into(),
         run_strategy: strategy,
