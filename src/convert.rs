@@ -32,7 +32,9 @@ pub enum NetworkMode {
     /// QEMU user-mode networking: a run on a machine, no host configuration.
     #[default]
     Local,
-    /// The tap devices a pod's network set-up prepared (`tap0`, `tap1`, ...).
+    /// In a pod: a `bridge` interface takes the tap device the pod's network set-up prepared
+    /// (`tap0`, `tap1`, ...); a `masquerade` one QEMU's user-mode network, which needs no
+    /// privileges in the pod, with its ports published on the pod's addresses.
     Pod,
 }
 
@@ -49,8 +51,19 @@ pub struct Publish {
 
 impl Default for Publish {
     fn default() -> Self {
+        Publish::default_for(NetworkMode::Local)
+    }
+}
+
+impl Publish {
+    /// A local run publishes on 127.0.0.1 (only this machine); a pod on all its addresses
+    /// (0.0.0.0 in the pod's own network namespace: the pod IP is how Kubernetes reaches it).
+    pub fn default_for(mode: NetworkMode) -> Publish {
         Publish {
-            address: Ipv4Addr::LOCALHOST,
+            address: match mode {
+                NetworkMode::Local => Ipv4Addr::LOCALHOST,
+                NetworkMode::Pod => Ipv4Addr::UNSPECIFIED,
+            },
             host_ports: BTreeMap::new(),
         }
     }
@@ -485,7 +498,7 @@ fn interfaces(
         .iter()
         .enumerate()
         .map(|(index, i)| {
-            let backend = backend(mode, index);
+            let backend = backend(mode, index, i.bridge.is_some());
             // A pod's tap is reached at the pod's address: nothing to publish there.
             let port_forwards = match backend {
                 InterfaceBackend::User => i
@@ -516,7 +529,7 @@ fn interfaces(
     if devices.interfaces.is_empty() && vmi.spec.networks.is_empty() && devices.pod_interface() {
         interfaces.push(InterfaceDef {
             name: DEFAULT_INTERFACE.into(),
-            backend: backend(mode, 0),
+            backend: backend(mode, 0, false),
             model: "virtio".into(),
             mac: None,
             boot_order: None,
@@ -526,10 +539,10 @@ fn interfaces(
     interfaces
 }
 
-fn backend(mode: NetworkMode, index: usize) -> InterfaceBackend {
+fn backend(mode: NetworkMode, index: usize, bridge: bool) -> InterfaceBackend {
     match mode {
-        NetworkMode::Local => InterfaceBackend::User,
-        NetworkMode::Pod => InterfaceBackend::Tap(format!("tap{index}")),
+        NetworkMode::Pod if bridge => InterfaceBackend::Tap(format!("tap{index}")),
+        _ => InterfaceBackend::User,
     }
 }
 
@@ -972,10 +985,21 @@ spec:
     }
 
     #[test]
-    fn a_pod_tap_publishes_nothing_itself() {
+    fn in_a_pod_masquerade_is_user_mode_on_the_pods_addresses_and_bridge_the_tap() {
         let mut o = opts();
         o.network = NetworkMode::Pod;
+        o.publish = Publish::default_for(NetworkMode::Pod);
         let def = convert(&vmi(PORTS), &o).unwrap();
+        assert_eq!(def.interfaces[0].backend, InterfaceBackend::User);
+        assert_eq!(def.interfaces[0].port_forwards[0].address, "0.0.0.0");
+        let bridged = PORTS
+            .replace("masquerade: {}", "bridge: {}")
+            .replace("        ports:\n        - {name: http, port: 80}\n        - {port: 53, protocol: UDP}\n", "");
+        let def = convert(&vmi(&bridged), &o).unwrap();
+        assert_eq!(
+            def.interfaces[0].backend,
+            InterfaceBackend::Tap("tap0".into())
+        );
         assert!(def.interfaces[0].port_forwards.is_empty());
     }
 

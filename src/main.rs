@@ -104,7 +104,8 @@ async fn dispatch(command: Command) -> ExitCode {
                 hotplug_dir,
                 network,
                 publish: vmlauncher::convert::Publish {
-                    address: publish_address,
+                    address: publish_address
+                        .unwrap_or(vmlauncher::convert::Publish::default_for(network).address),
                     host_ports: publish
                         .into_iter()
                         .map(|(host, guest)| (guest, host))

@@ -62,13 +62,14 @@ pub(crate) enum Command {
         /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
         #[arg(long)]
         hotplug_dir: Option<PathBuf>,
-        /// Interfaces use QEMU's user-mode network (local) or the pod's tap devices (pod:
-        /// `tap0`, `tap1`, ... that the pod's network set-up prepared).
+        /// local: QEMU's user-mode network. pod: masquerade interfaces too (ports published on
+        /// the pod's addresses), bridge interfaces the pod's tap devices (`tap0`, `tap1`, ...).
         #[arg(long, value_enum, default_value = "local")]
         network: vmlauncher::convert::NetworkMode,
-        /// The host address masquerade interfaces' `ports` are published on.
-        #[arg(long, default_value = "127.0.0.1")]
-        publish_address: std::net::Ipv4Addr,
+        /// The host address masquerade interfaces' `ports` are published on (default:
+        /// 127.0.0.1 for a local run, 0.0.0.0 in a pod).
+        #[arg(long)]
+        publish_address: Option<std::net::Ipv4Addr>,
         /// Publish guest port PORT on host port HOSTPORT instead of its own number
         /// (HOSTPORT:PORT, repeatable), e.g. `--publish 2222:22`.
         #[arg(long = "publish", value_name = "HOSTPORT:PORT", value_parser = parse_publish)]
