@@ -928,7 +928,7 @@ spec:
         assert_eq!(def.interfaces[0].backend, InterfaceBackend::User);
         let mut pod = opts();
         pod.network = NetworkMode::Pod;
-        let text = "    devices: {interfaces: [{name: default, masquerade: {}, model: e1000}]}\n  networks: [{name: default, pod: {}}]";
+        let text = "    devices: {interfaces: [{name: default, bridge: {}, model: e1000}]}\n  networks: [{name: default, pod: {}}]";
         let def = convert(&with_domain(text), &pod).unwrap();
         assert_eq!(
             def.interfaces[0].backend,
