@@ -55,6 +55,19 @@ impl Default for Publish {
     }
 }
 
+/// The guest ports masquerade interfaces publish (what `--publish` may move).
+pub fn published_ports(vmi: &VirtualMachineInstance) -> BTreeSet<u16> {
+    vmi.spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter(|i| i.masquerade.is_some())
+        .flat_map(|i| &i.ports)
+        .filter_map(|p| u16::try_from(p.port).ok())
+        .collect()
+}
+
 impl Publish {
     /// A local run publishes on 127.0.0.1 (only this machine); a pod on all its addresses
     /// (0.0.0.0 in the pod's own network namespace: the pod IP is how Kubernetes reaches it).

@@ -91,6 +91,14 @@ async fn dispatch(command: Command) -> ExitCode {
             let strategy = run_strategy
                 .or(spec.run_strategy)
                 .unwrap_or(RunStrategy::Once);
+            // A --publish for a port the spec does not publish would silently do nothing.
+            let listed = vmlauncher::convert::published_ports(&spec);
+            if let Some((host, guest)) = publish.iter().find(|(_, g)| !listed.contains(g)) {
+                eprintln!(
+                    "vmlauncher: --publish {host}:{guest}: no masquerade interface of the spec lists port {guest}"
+                );
+                return ExitCode::Usage;
+            }
             run::run(RunOptions {
                 spec,
                 connect,
