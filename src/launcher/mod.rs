@@ -8,10 +8,10 @@
 //! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
 //! rules live in `lifecycle`; this module executes them.
 //!
-//! By job: [`status`] (what `GetStatus` and `WatchEvents` report), `tasks` (the owner's commands
+//! By job: `status` (what `GetStatus` and `WatchEvents` report), `tasks` (the owner's commands
 //! and Sync, one at a time), `reconciler` (libvirt's events, the run strategy, reconnecting),
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
-//! [`BlockDevices`](crate::host::block::BlockDevices).
+//! [`crate::host::block::BlockDevices`].
 
 mod reconciler;
 mod status;
