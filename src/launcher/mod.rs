@@ -41,10 +41,10 @@ use crate::spec::{SpecErrors, Validated};
 use reconciler::reconciler;
 use status::{placeholder_status, EventLog};
 pub use status::{
-    Condition, EventKind, LauncherEvent, Status, TaskInfo, TaskOutcome, VolumePhase, VolumeStatus,
+    EventKind, LauncherEvent, Status, TaskInfo, TaskOutcome, VolumePhase, VolumeStatus,
 };
 use sync::pending_watcher;
-pub use sync::{BlockSource, PlannedAction, PlannedChange, SyncInput, SyncOutcome};
+pub use sync::{BlockSource, PlannedAction, SyncInput};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
