@@ -61,8 +61,8 @@ pub enum LauncherError {
     InvalidSpec(#[from] SpecErrors),
     #[error("the spec is for {requested}, this launcher runs {running}")]
     WrongInstance { running: String, requested: String },
-    #[error("cannot change {fields} while the VM runs; only disks can be hot-plugged")]
-    FrozenFieldsChanged { fields: String },
+    #[error("cannot change {} while the VM runs; only disks can be hot-plugged", .fields.join(", "))]
+    FrozenFieldsChanged { fields: Vec<&'static str> },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error("block device of volume {volume:?}")]
@@ -210,7 +210,7 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input`, `applying` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input` and the lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -235,8 +235,6 @@ pub struct Launcher {
     /// Volumes waiting for their source, and the path each waits for: watched, so that they are
     /// attached as soon as it appears.
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
-    /// The block sources of the Sync being applied.
-    applying: Mutex<BTreeMap<String, BlockSource>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
 }
@@ -337,7 +335,6 @@ impl Launcher {
             }),
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
-            applying: Mutex::new(BTreeMap::new()),
         });
         launcher.update(|_| {});
         let n = name.clone();
