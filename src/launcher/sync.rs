@@ -16,7 +16,7 @@ use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
-use super::tasks::{prepare_disks, Work};
+use super::tasks::{prepare_disks, DiskNotReady, Work};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlannedAction {
@@ -303,11 +303,10 @@ impl Launcher {
     }
 
     pub(super) async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
-        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert) {
-            let LauncherError::HostDisk { source, .. } = &e else {
-                unreachable!("prepare_disks only fails with HostDisk")
-            };
-            match source {
+        if let Err(DiskNotReady { source, .. }) =
+            prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert)
+        {
+            match &source {
                 HostError::Missing { path } => {
                     self.mark_pending(disk, source.reason(), source.to_string(), path.clone())
                 }
