@@ -19,12 +19,6 @@ pub struct Plan {
     pub detach: Vec<LiveDisk>,
 }
 
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.attach.is_empty() && self.detach.is_empty()
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     #[error("volume {volume:?}: disks on bus {bus} cannot be {action} while the VM runs (only scsi disks can)")]
@@ -298,7 +292,8 @@ mod tests {
     fn same_spec_twice_plans_nothing() {
         let live_disks = [live("a", "scsi", "sda", Some(0), "A")];
         let desired = domain(vec![disk("a", Bus::Scsi, "A")]);
-        assert!(plan(&live_disks, &desired).unwrap().is_empty());
+        let plan = plan(&live_disks, &desired).unwrap();
+        assert!(plan.attach.is_empty() && plan.detach.is_empty());
     }
 
     #[test]

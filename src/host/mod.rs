@@ -8,13 +8,13 @@
 //! nodes in the hotplug dir), `cgroup` (v1/v2 device rules), `records` (what the launcher made,
 //! for a restarted launcher), `caps` (capability check and drop), `watch` (inotify on paths).
 
-pub mod block;
+pub(crate) mod block;
 pub mod caps;
 pub mod cgroup;
 pub mod cpus;
-pub mod devnode;
-pub mod records;
-pub mod watch;
+pub(crate) mod devnode;
+pub(crate) mod records;
+pub(crate) mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -8,10 +8,10 @@
 //! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
 //! rules live in `lifecycle`; this module executes them.
 //!
-//! By job: [`status`] (what `GetStatus` and `WatchEvents` report), `tasks` (the owner's commands
+//! By job: `status` (what `GetStatus` and `WatchEvents` report), `tasks` (the owner's commands
 //! and Sync, one at a time), `reconciler` (libvirt's events, the run strategy, reconnecting),
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
-//! [`BlockDevices`](crate::host::block::BlockDevices).
+//! [`crate::host::block::BlockDevices`].
 
 mod reconciler;
 mod status;
@@ -41,11 +41,11 @@ use crate::spec::{SpecErrors, Validated};
 use reconciler::reconciler;
 use status::{placeholder_status, EventLog};
 pub use status::{
-    Condition, EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo,
-    TaskOutcome, VolumePhase, VolumeStatus,
+    EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
+    VolumePhase, VolumeStatus,
 };
 use sync::pending_watcher;
-pub use sync::{BlockSource, PlannedAction, PlannedChange, SyncInput, SyncOutcome};
+pub use sync::{BlockSource, PlannedAction, SyncInput};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -62,8 +62,8 @@ pub enum LauncherError {
     InvalidSpec(#[from] SpecErrors),
     #[error("the spec is for {requested}, this launcher runs {running}")]
     WrongInstance { running: String, requested: String },
-    #[error("cannot change {fields} while the VM runs; only disks can be hot-plugged")]
-    FrozenFieldsChanged { fields: String },
+    #[error("cannot change {} while the VM runs; only disks can be hot-plugged", .fields.join(", "))]
+    FrozenFieldsChanged { fields: Vec<&'static str> },
     #[error(transparent)]
     Plan(#[from] PlanError),
     #[error("block device of volume {volume:?}")]
@@ -212,7 +212,7 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input`, `applying` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input` and the lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -237,8 +237,6 @@ pub struct Launcher {
     /// Volumes waiting for their source, and the path each waits for: watched, so that they are
     /// attached as soon as it appears.
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
-    /// The block sources of the Sync being applied.
-    applying: Mutex<BTreeMap<String, BlockSource>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
 }
@@ -340,7 +338,6 @@ impl Launcher {
             }),
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
-            applying: Mutex::new(BTreeMap::new()),
         });
         launcher.update(|_| {});
         let n = name.clone();

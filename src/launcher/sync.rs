@@ -16,7 +16,7 @@ use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
-use super::tasks::{prepare_disks, Work};
+use super::tasks::{prepare_disks, DiskNotReady, Work};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlannedAction {
@@ -55,7 +55,8 @@ pub struct SyncInput {
 }
 
 /// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
-type BlockResolution = Result<DevNumber, String>;
+/// A hot-plugged block volume's device, or the path it waits for (named by path, not there yet).
+type BlockResolution = Result<DevNumber, PathBuf>;
 
 /// A Sync request checked, converted and resolved: what its task applies.
 #[derive(Debug)]
@@ -162,9 +163,7 @@ impl Launcher {
             let resolved = match source {
                 BlockSource::Path(path) => match devnode::device_of(path) {
                     Ok(dev) => Ok(dev),
-                    Err(DevNodeError::Missing { path }) => {
-                        Err(format!("{} does not exist yet", path.display()))
-                    }
+                    Err(DevNodeError::Missing { path }) => Err(path),
                     Err(e) => return Err(refuse(e)),
                 },
                 BlockSource::Number(dev) => {
@@ -184,14 +183,6 @@ impl Launcher {
         Ok(devices)
     }
 
-    /// The host path a block volume of the Sync in flight was given by, if any.
-    pub(super) fn last_block_path(&self, volume: &str) -> Option<PathBuf> {
-        match self.applying.lock().expect("applying lock").get(volume)? {
-            BlockSource::Path(p) => Some(p.clone()),
-            BlockSource::Number(_) => None,
-        }
-    }
-
     async fn sync_locked(
         &self,
         PreparedSync {
@@ -208,9 +199,7 @@ impl Launcher {
         };
         let frozen = hotplug::frozen_fields_changed(&current, desired);
         if !frozen.is_empty() {
-            return Err(LauncherError::FrozenFieldsChanged {
-                fields: frozen.join(", "),
-            });
+            return Err(LauncherError::FrozenFieldsChanged { fields: frozen });
         }
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n)).await?;
@@ -223,7 +212,6 @@ impl Launcher {
                 volumes: self.status().volumes,
             });
         }
-        *self.applying.lock().expect("applying lock") = input.block_devices.clone();
         // A volume the spec no longer names and libvirt does not have (one that was pending or
         // failed) has nothing left to report.
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
@@ -315,11 +303,10 @@ impl Launcher {
     }
 
     pub(super) async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
-        if let Err(e) = prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert) {
-            let LauncherError::HostDisk { source, .. } = &e else {
-                unreachable!("prepare_disks only fails with HostDisk")
-            };
-            match source {
+        if let Err(DiskNotReady { source, .. }) =
+            prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert)
+        {
+            match &source {
                 HostError::Missing { path } => {
                     self.mark_pending(disk, source.reason(), source.to_string(), path.clone())
                 }
@@ -367,14 +354,9 @@ impl Launcher {
     ) {
         let dev = match resolution {
             Ok(dev) => *dev,
-            Err(why) => {
-                match self.last_block_path(&disk.volume) {
-                    Some(path) => self.mark_pending(disk, "SourceNotFound", why.clone(), path),
-                    None => {
-                        self.set_volume(disk, VolumePhase::Pending, "SourceNotFound", why.clone())
-                    }
-                }
-                return;
+            Err(path) => {
+                let why = format!("{} does not exist yet", path.display());
+                return self.mark_pending(disk, "SourceNotFound", why, path.clone());
             }
         };
         let started = Instant::now();

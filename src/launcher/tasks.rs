@@ -11,7 +11,7 @@ use super::{
 };
 use crate::convert::{self, ConvertOptions};
 use crate::domain::DiskDef;
-use crate::host;
+use crate::host::{self, HostError};
 use crate::libvirt::LibvirtError;
 use crate::lifecycle::{self, Command, Observation};
 use crate::spec::VirtualMachineInstance;
@@ -323,6 +323,19 @@ impl Launcher {
     }
 }
 
+/// A volume whose host side could not be made ready (`volume` is empty for the private dirs).
+#[derive(Debug)]
+pub(super) struct DiskNotReady {
+    pub(super) volume: String,
+    pub(super) source: HostError,
+}
+
+impl From<DiskNotReady> for LauncherError {
+    fn from(DiskNotReady { volume, source }: DiskNotReady) -> LauncherError {
+        LauncherError::HostDisk { volume, source }
+    }
+}
+
 /// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
 /// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
 /// `volumes` says they live.
@@ -330,9 +343,9 @@ pub(super) fn prepare_disks(
     vmi: &VirtualMachineInstance,
     disks: &[DiskDef],
     opts: &ConvertOptions,
-) -> Result<(), LauncherError> {
+) -> Result<(), DiskNotReady> {
     // The VNC socket and EFI variables go there too, whatever the disks.
-    host::prepare_private_dirs(&opts.paths).map_err(|source| LauncherError::HostDisk {
+    host::prepare_private_dirs(&opts.paths).map_err(|source| DiskNotReady {
         volume: String::new(),
         source,
     })?;
@@ -344,7 +357,7 @@ pub(super) fn prepare_disks(
         else {
             continue;
         };
-        host::prepare_volume(&resolved).map_err(|source| LauncherError::HostDisk {
+        host::prepare_volume(&resolved).map_err(|source| DiskNotReady {
             volume: disk.volume.clone(),
             source,
         })?;

@@ -4,7 +4,7 @@
 //! Every call here blocks: async callers run them with `spawn_blocking`.
 
 pub mod daemon;
-pub mod events;
+pub(crate) mod events;
 mod states;
 
 use std::path::PathBuf;

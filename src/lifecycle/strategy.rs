@@ -191,123 +191,30 @@ mod tests {
 
     #[test]
     fn reconcile_every_vm_state_with_every_observation() {
-        use Reaction::*;
-        let ok = || Stopped { failed: false };
-        let bad = || Stopped { failed: true };
-        let keep = |r: &str| KeepPaused { reason: r.into() };
-        let n = || Nothing;
-        let ms = || MarkStopped;
-        let fs = || ForceStop;
-        // Columns follow `observations()`.
-        let table: [(VmState, [Reaction; 16]); 5] = [
-            (
-                VmState::Building,
-                [
-                    n(),
-                    n(),
-                    Lost,
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                ],
-            ),
-            (
-                VmState::Active,
-                [
-                    n(),
-                    n(),
-                    Lost,
-                    n(),
-                    keep("user"),
-                    keep("ioerror"),
-                    ok(),
-                    bad(),
-                    bad(),
-                    ok(),
-                    n(),
-                    n(),
-                    n(),
-                    keep("postcopy-failed"),
-                    keep("crashed"),
-                    ok(),
-                ],
-            ),
-            (
-                VmState::Paused,
-                [
-                    n(),
-                    n(),
-                    Lost,
-                    n(),
-                    n(),
-                    n(),
-                    ms(),
-                    ms(),
-                    ms(),
-                    ms(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    ms(),
-                ],
-            ),
-            (
-                VmState::Stopped,
-                [
-                    n(),
-                    n(),
-                    Lost,
-                    fs(),
-                    fs(),
-                    fs(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    fs(),
-                    fs(),
-                    fs(),
-                    fs(),
-                    fs(),
-                    n(),
-                ],
-            ),
-            (
-                VmState::Error,
-                [
-                    n(),
-                    n(),
-                    Lost,
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                    n(),
-                ],
-            ),
+        // Columns follow `observations()`: `.` nothing, `L` lost, `s` stopped, `F` stopped and
+        // failed, `k` keep paused (with libvirt's reason), `m` mark stopped, `x` force stop.
+        let table = [
+            (VmState::Building, "..L............."),
+            (VmState::Active, "..L.kksFFs...kks"),
+            (VmState::Paused, "..L...mmmm.....m"),
+            (VmState::Stopped, "..Lxxx....xxxxx."),
+            (VmState::Error, "..L............."),
         ];
         for (vm, row) in table {
-            for ((name, obs), want) in observations().iter().zip(row) {
+            assert_eq!(row.len(), observations().len());
+            for ((name, obs), code) in observations().iter().zip(row.chars()) {
+                let want = match (code, obs) {
+                    ('.', _) => Reaction::Nothing,
+                    ('L', _) => Reaction::Lost,
+                    ('s', _) => Reaction::Stopped { failed: false },
+                    ('F', _) => Reaction::Stopped { failed: true },
+                    ('k', Observation::Domain(p)) => Reaction::KeepPaused {
+                        reason: p.reason.clone(),
+                    },
+                    ('m', _) => Reaction::MarkStopped,
+                    ('x', _) => Reaction::ForceStop,
+                    other => panic!("bad table entry {other:?}"),
+                };
                 assert_eq!(reconcile(vm, obs), want, "{vm:?} × {name}");
             }
         }

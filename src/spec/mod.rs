@@ -9,9 +9,9 @@
 //! in the README. This module does no I/O and knows nothing of libvirt.
 //!
 //! - [`model`]: the serde types, by area of the manifest.
-//! - [`parse`](mod@parse): text → instance (YAML/JSON, VMI/VM, defaulting).
-//! - [`quantity`]: `128Mi` and friends.
-//! - [`validate`]: what serde cannot check, by area; problems are [`Problem`] values.
+//! - `parse`: text → instance (YAML/JSON, VMI/VM, defaulting).
+//! - `quantity`: `128Mi` and friends.
+//! - `validate`: what serde cannot check, by area; problems are [`Problem`] values.
 //! - [`Validated`]: an instance that passed; the only thing `convert` takes.
 
 mod checks;

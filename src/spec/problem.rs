@@ -2,6 +2,7 @@
 //! expected; [`FieldError`] pins it to a field path. `Display` renders the messages the CLI, the
 //! gRPC status and the tests read (`spec.volumes[0].name: "x/y" looks like a path; ...`).
 
+use std::collections::BTreeSet;
 use std::fmt;
 
 use super::checks::{Base64Error, MacError, NameError, SerialError};
@@ -233,6 +234,25 @@ pub(crate) struct Problems(pub(crate) Vec<FieldError>);
 impl Problems {
     pub(crate) fn add(&mut self, path: impl Into<String>, problem: impl Into<Problem>) {
         self.0.push(FieldError::new(path, problem));
+    }
+
+    /// Reports `<path>.name` as a duplicate if `seen` already has `name`.
+    pub(crate) fn unique<'a>(
+        &mut self,
+        seen: &mut BTreeSet<&'a str>,
+        path: &str,
+        what: &'static str,
+        name: &'a str,
+    ) {
+        if !seen.insert(name) {
+            self.add(
+                format!("{path}.name"),
+                Problem::Duplicate {
+                    what,
+                    name: name.into(),
+                },
+            );
+        }
     }
 
     /// Names each present field as unsupported, with why.

@@ -30,15 +30,7 @@ pub(super) fn validate_disks(
     let mut seen_disks = BTreeSet::new();
     for (i, disk) in devices.disks.iter().enumerate() {
         let path = format!("{base}.disks[{i}]");
-        if !seen_disks.insert(disk.name.as_str()) {
-            e.add(
-                format!("{path}.name"),
-                Problem::Duplicate {
-                    what: "disk",
-                    name: disk.name.clone(),
-                },
-            );
-        }
+        e.unique(&mut seen_disks, &path, "disk", &disk.name);
         let volume = volumes.get(disk.name.as_str());
         if volume.is_none() {
             e.add(

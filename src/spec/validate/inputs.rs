@@ -12,15 +12,7 @@ pub(super) fn validate_inputs(devices: &Devices, e: &mut Problems) {
     let mut seen_inputs = BTreeSet::new();
     for (i, input) in devices.inputs.iter().enumerate() {
         let path = format!("{base}.inputs[{i}]");
-        if !seen_inputs.insert(input.name.as_str()) {
-            e.add(
-                format!("{path}.name"),
-                Problem::Duplicate {
-                    what: "input",
-                    name: input.name.clone(),
-                },
-            );
-        }
+        e.unique(&mut seen_inputs, &path, "input", &input.name);
         if let Err(why) = check_dns1123_label(&input.name) {
             e.add(format!("{path}.name"), why);
         }

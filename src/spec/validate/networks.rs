@@ -76,15 +76,7 @@ pub(super) fn validate_networks(
     let mut seen_ifaces = BTreeSet::new();
     for (i, iface) in devices.interfaces.iter().enumerate() {
         let path = format!("{base}.interfaces[{i}]");
-        if !seen_ifaces.insert(iface.name.as_str()) {
-            e.add(
-                format!("{path}.name"),
-                Problem::Duplicate {
-                    what: "interface",
-                    name: iface.name.clone(),
-                },
-            );
-        }
+        e.unique(&mut seen_ifaces, &path, "interface", &iface.name);
         if !networks.contains_key(iface.name.as_str()) {
             e.add(
                 format!("{path}.name"),

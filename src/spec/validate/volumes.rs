@@ -14,15 +14,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
         if let Err(why) = check_volume_name(&volume.name) {
             e.add(format!("{path}.name"), why);
         }
-        if !seen.insert(volume.name.as_str()) {
-            e.add(
-                format!("{path}.name"),
-                Problem::Duplicate {
-                    what: "volume",
-                    name: volume.name.clone(),
-                },
-            );
-        }
+        e.unique(&mut seen, &path, "volume", &volume.name);
         let sources = volume.sources();
         match sources.as_slice() {
             [] => e.add(
