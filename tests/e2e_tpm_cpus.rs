@@ -1,6 +1,8 @@
 //! A vTPM and dedicated CPUs, in a real TCG guest against a real private libvirtd:
 //! - `tpm: {persistent: true}`: libvirt starts swtpm beside QEMU and the guest's kernel finds
-//!   the TPM (`/sys/class/tpm/tpm0`, reported on the console);
+//!   the TPM (`/sys/class/tpm/tpm0`, reported on the console); its state outlives the
+//!   launcher (libvirt's swtpm directory under the runtime dir, by the domain's UUID), while a
+//!   TPM that is not persistent leaves nothing;
 //! - `dedicatedCpuPlacement`: each vCPU is pinned to a CPU of the launcher's own affinity —
 //!   proven with the launcher started under `taskset -c <one CPU>` and libvirt's live
 //!   `vcpuinfo` (the affinity of QEMU's vCPU thread) — and `isolateEmulatorThread` pins the
@@ -164,4 +166,49 @@ fn an_isolated_emulator_thread_gets_the_next_cpu() {
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
     assert_eq!(vm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// swtpm's state file for the domain `uuid` under a private libvirtd's runtime dir.
+fn tpm_state(dir: &std::path::Path, uuid: &str) -> std::path::PathBuf {
+    dir.join("libvirt/lib/swtpm")
+        .join(uuid)
+        .join("tpm2/tpm2-00.permall")
+}
+
+#[test]
+fn a_persistent_tpm_keeps_its_state_after_the_launcher_and_another_does_not() {
+    for (persistent, uuid) in [
+        (true, "2f1d0a8e-6c1b-4e55-9a34-5b0f6f7c1a01"),
+        (false, "2f1d0a8e-6c1b-4e55-9a34-5b0f6f7c1a02"),
+    ] {
+        let text = spec(
+            &format!("e2e-tpm-{persistent}"),
+            "",
+            &format!("      tpm: {{persistent: {persistent}}}"),
+        )
+        .replace(
+            "    firmware:\n",
+            &format!("    firmware:\n      uuid: {uuid}\n"),
+        );
+        let mut vm = Launched::start(&text, &[]);
+        let mut console = vm.boot();
+        console
+            .wait_for(
+                "the guest's TPM report",
+                std::time::Instant::now() + GUEST_DEADLINE,
+                |l| l == "VMLTEST-TPM tpm0",
+            )
+            .unwrap();
+        let state = tpm_state(vm.dir(), uuid);
+        assert!(state.exists(), "swtpm made no state at {}", state.display());
+        vm.signal(nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(vm.wait_exit(Duration::from_secs(120)).code(), Some(0));
+        // The launcher has removed the domain definition and stopped its libvirtd.
+        assert_eq!(
+            state.exists(),
+            persistent,
+            "state at {} after the launcher exited (persistent: {persistent})",
+            state.display()
+        );
+    }
 }
