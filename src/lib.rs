@@ -4,6 +4,7 @@
 //! them; `launcher` is the core the front ends (`api`, `run`, the CLI) call. See `docs/DESIGN.md`.
 
 pub mod api;
+pub mod authority;
 pub mod console;
 pub mod convert;
 pub mod domain;
