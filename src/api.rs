@@ -428,11 +428,20 @@ pub async fn serve(
     let first = serving(&launcher.status());
     set_health(&health, first).await;
     tokio::spawn(report_health(launcher.clone(), health, first));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(ApiError::Reflection)?;
+    // Both versions: grpcurl asks v1 first, Python's grpcio-reflection only knows v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // Each builder lists only its own version; both are served.
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+    };
+    let reflection_v1 = reflection().build_v1().map_err(ApiError::Reflection)?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(ApiError::Reflection)?;
     // Every connection goes through the authority fix: stock C-core and Java clients send the
     // socket path as `:authority`, which the HTTP/2 layer would refuse.
     let incoming = UnixListenerStream::new(listener)
@@ -440,7 +449,8 @@ pub async fn serve(
     Server::builder()
         .add_service(LauncherServer::new(Service { launcher }))
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ApiError::Serve)
