@@ -74,6 +74,14 @@ enum Command {
         /// 3); 0 never gives up.
         #[arg(long, default_value_t = 300)]
         reconnect_timeout: u64,
+        /// QEMU's capability cache shared by every launcher of the host; "" shares none.
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
+    },
+    /// Probe QEMU once and fill the shared capability cache (an image build runs this).
+    WarmCache {
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
     },
     /// Print the libvirt domain XML for SPEC; touches nothing.
     Convert {
@@ -240,6 +248,7 @@ async fn dispatch(command: Command) -> ExitCode {
             hotplug_dir,
             network,
             reconnect_timeout,
+            qemu_cache_dir,
         } => {
             let spec_text = run::read_spec(&spec).unwrap_or_default();
             let spec = match run::load_spec(&spec) {
@@ -263,9 +272,11 @@ async fn dispatch(command: Command) -> ExitCode {
                 network,
                 reconnect_timeout: (reconnect_timeout > 0)
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),
+                qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
             })
             .await
         }
+        Command::WarmCache { qemu_cache_dir } => run::warm_cache(&qemu_cache_dir).await,
         Command::Convert {
             spec,
             emulation,

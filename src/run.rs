@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
+use crate::host::cgroup::CgroupRoots;
 use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
@@ -70,6 +71,8 @@ pub struct RunOptions {
     pub network: crate::convert::NetworkMode,
     /// Give up on a lost libvirt after this long (`None`: never).
     pub reconnect_timeout: Option<Duration>,
+    /// QEMU's capability cache shared by the launchers of this host (`None`: not shared).
+    pub qemu_cache_dir: Option<PathBuf>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -139,7 +142,10 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         Some(uri) => Backend::Uri(uri.clone()),
         None => Backend::Private {
             dir: rt.libvirt_dir(),
-            options: DaemonOptions { pod_cgroups: true },
+            options: DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: opts.qemu_cache_dir.clone(),
+            },
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
@@ -148,7 +154,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         mirror_console(console_log.clone());
     }
     let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
-        Ok(roots) => roots,
+        Ok(roots) => writable_cgroups(roots, &rt),
         Err(e) => {
             tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
             Default::default()
@@ -257,6 +263,62 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
     let _ = fs::remove_file(&socket);
     code
+}
+
+/// `vmlauncher warm-cache`: starts a private libvirtd in a temporary dir with the shared cache
+/// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
+pub async fn warm_cache(cache: &Path) -> ExitCode {
+    let cache = cache.to_path_buf();
+    let started = Instant::now();
+    let warmed = tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new()
+            .prefix("vmlauncher-warm-")
+            .tempdir()?;
+        let daemon = crate::libvirt::daemon::PrivateDaemon::start(
+            dir.path(),
+            DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: Some(cache.clone()),
+            },
+        )
+        .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;
+        drop(daemon);
+        std::fs::read_dir(&cache).map(|d| d.count())
+    })
+    .await;
+    match warmed {
+        Ok(Ok(files)) => {
+            say(format_args!(
+                "QEMU capability cache warm: {files} file(s) after {:.2}s",
+                started.elapsed().as_secs_f64()
+            ));
+            ExitCode::Succeeded
+        }
+        Ok(Err(e)) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::HypervisorUnavailable
+        }
+        Err(e) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::Internal
+        }
+    }
+}
+
+/// In a container the cgroup v1 mounts are read-only: the devices hierarchy is mounted again,
+/// read-write, in the runtime dir (needs CAP_SYS_ADMIN; without it, block hotplug is reported
+/// unavailable by the capability check and file volumes work as before).
+fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
+    match roots.clone().with_writable_v1(&rt.0.join("cgroup-devices")) {
+        Ok(roots) => roots,
+        Err(e) => {
+            say(format_args!(
+                "hotplug: cgroup v1 device rules unavailable: {}",
+                crate::error_chain(&e)
+            ));
+            roots
+        }
+    }
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.

@@ -78,7 +78,7 @@ pub fn qemu_device_cgroups(
     let path = proc_root.join(pid.to_string()).join("cgroup");
     let text =
         fs::read_to_string(&path).map_err(|source| BlockHostError::QemuCgroups { path, source })?;
-    Ok(roots.device_cgroups_of(&text))
+    Ok(roots.device_cgroups_of(&text)?)
 }
 
 #[derive(Debug, thiserror::Error)]

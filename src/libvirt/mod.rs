@@ -3,6 +3,7 @@
 //!
 //! Every call here blocks: async callers run them with `spawn_blocking`.
 
+pub mod capcache;
 pub mod daemon;
 pub mod events;
 
@@ -372,7 +373,7 @@ impl Connector {
                 });
                 *slot = Some(daemon::PrivateDaemon::adopt_or_start(
                     dir,
-                    *options,
+                    options.clone(),
                     Some(notify),
                 )?);
             }
