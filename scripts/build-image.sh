@@ -58,6 +58,7 @@ cmp -s "target/$profile/vmlauncher" target/image/vmlauncher ||
 
 devices=()
 [ -c /dev/kvm ] && devices=(--device /dev/kvm)
-podman build -q --layers --build-arg "BASE_IMAGE=$base" "${devices[@]}" \
+# The warm-up starts libvirtd in a mount namespace of its own: CAP_SYS_ADMIN for that RUN.
+podman build -q --layers --cap-add=SYS_ADMIN --build-arg "BASE_IMAGE=$base" "${devices[@]}" \
   -f Containerfile -t "$image" . >/dev/null
 echo "build-image: $image ($(podman image inspect --format '{{.Size}}' "$image" | numfmt --to=iec) )"

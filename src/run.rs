@@ -182,7 +182,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
             node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
             cgroup_roots,
-            sys_dev_block: "/sys/dev/block".into(),
+            sys_dev_block: crate::host::devnode::block_device_list(),
             proc_root: "/proc".into(),
             qemu_pid_dir: match &opts.connect {
                 Some(_) => "/run/libvirt/qemu".into(),
@@ -194,6 +194,26 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             let mut paths = crate::volumes::HostPaths::local(&rt.0);
             if let Some(dir) = &opts.hotplug_dir {
                 paths.hotplug_dir = dir.clone();
+            }
+            // Made at start: a node daemon puts hot-plugged image files there before a Sync.
+            if let Err(e) = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&paths.hotplug_dir)
+            {
+                tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
+            }
+            // As a container's PID 1 the launcher owns its mount namespace.
+            let in_container = crate::init::is_container_entrypoint();
+            match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
+                Ok(true) => {
+                    tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
+                }
+                Ok(false) => {}
+                Err(e) => say(format_args!(
+                    "hotplug: block device nodes unavailable: {}",
+                    crate::error_chain(&e)
+                )),
             }
             ConvertOptions {
                 virt_type: opts.emulation.resolve(),
