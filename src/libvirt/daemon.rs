@@ -371,6 +371,12 @@ impl PrivateDaemon {
                 )
             })
             .collect();
+        // libvirt re-probes QEMU when the host's CPUID differs from the cached one, and on some
+        // machines CPUID differs between cores (this project's nested-PVM test host reports leaf
+        // 0x1f on one core only): libvirtd, and the QEMU probes it spawns, stay on one core so the
+        // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
+        // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
+        let one_cpu = (name == "libvirtd").then(first_allowed_cpu).flatten();
         let mut command = Command::new(name);
         command
             .arg("--config")
@@ -386,6 +392,9 @@ impl PrivateDaemon {
         // (unshare, mount) on memory prepared before the fork; it allocates nothing.
         unsafe {
             command.pre_exec(move || {
+                if let Some(cpus) = &one_cpu {
+                    nix::sched::sched_setaffinity(Pid::from_raw(0), cpus)?;
+                }
                 unshare(CloneFlags::CLONE_NEWNS)?;
                 mount(
                     None::<&str>,
@@ -480,6 +489,15 @@ impl Drop for PrivateDaemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A set holding only the lowest CPU this process may run on.
+fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
+    let allowed = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok()?;
+    let first = (0..nix::sched::CpuSet::count()).find(|&c| allowed.is_set(c).unwrap_or(false))?;
+    let mut one = nix::sched::CpuSet::new();
+    one.set(first).ok()?;
+    Some(one)
 }
 
 /// An API call on `uri` succeeds.
