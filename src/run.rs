@@ -181,7 +181,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         hotplug: crate::launcher::HotplugOptions {
             // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
             node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
-            cgroup_roots,
+            cgroup_roots: unless_unrestricted(cgroup_roots, opts.connect.is_some()),
             sys_dev_block: crate::host::devnode::block_device_list(),
             proc_root: "/proc".into(),
             qemu_pid_dir: match &opts.connect {
@@ -322,6 +322,35 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
             eprintln!("vmlauncher: cannot warm the capability cache: {e}");
             ExitCode::Internal
         }
+    }
+}
+
+/// The private libvirtd leaves QEMU in the launcher's own cgroup. On a host that is the operator's
+/// session, which restricts no device: QEMU may open any block node already, and a device rule
+/// written there would restrict every process of the session, for good (review M3). So when none
+/// of the launcher's device cgroups restricts anything, block hotplug writes no rule at all. A pod's
+/// cgroup (the container engine's device policy) is restricted, and gets the rules.
+fn unless_unrestricted(roots: CgroupRoots, connect: bool) -> CgroupRoots {
+    if connect {
+        // QEMU runs in the cgroup the other libvirt gives it.
+        return roots;
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Ok(cgroups) = roots.device_cgroups_of(&own) else {
+        return roots;
+    };
+    let unrestricted = cgroups
+        .iter()
+        .all(|c| crate::host::cgroup::restricts_devices(c) == Some(false));
+    if unrestricted {
+        say(format_args!(
+            "hotplug: block devices get no cgroup rule: this launcher's cgroup restricts no \
+             device, so QEMU (which runs in it) needs none, and a rule would restrict every \
+             process sharing it"
+        ));
+        CgroupRoots::default()
+    } else {
+        roots
     }
 }
 

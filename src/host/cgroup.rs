@@ -273,6 +273,18 @@ impl CgroupRoots {
     }
 }
 
+/// Whether `cgroup` restricts devices at all: cgroup v1 `devices.list` is `a *:* rwm`, or no
+/// device program is attached to a cgroup v2 directory. `None` when that cannot be read.
+pub fn restricts_devices(cgroup: &DeviceCgroup) -> Option<bool> {
+    match cgroup {
+        DeviceCgroup::V1(dir) => {
+            let list = std::fs::read_to_string(dir.join("devices.list")).ok()?;
+            Some(!list.lines().any(|l| l.trim() == "a *:* rwm"))
+        }
+        DeviceCgroup::V2(dir) => attached_programs(dir).ok().map(|p| !p.is_empty()),
+    }
+}
+
 /// One cgroup whose device rules the launcher keeps.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub enum DeviceCgroup {
