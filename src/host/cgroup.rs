@@ -581,6 +581,72 @@ mod tests {
         ));
     }
 
+    /// Samples taken on this project's host: `podman kube play deploy/pod.yaml` (rootful podman
+    /// 4.3, runc, cgroup v1, no cgroup namespace) seen from inside the container.
+    const PODMAN_V1_MOUNTINFO: &str = "\
+421 410 0:56 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=755
+426 421 0:33 /libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864 /sys/fs/cgroup/devices ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,devices
+";
+    const PODMAN_V1_CGROUP: &str = "\
+5:devices:/libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864
+0::/libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864
+";
+
+    #[test]
+    fn a_podman_v1_container_sees_its_own_cgroup_at_the_mount_point() {
+        let roots = CgroupRoots::from_mountinfo(PODMAN_V1_MOUNTINFO);
+        let mount = roots.v1_devices.clone().unwrap();
+        assert!(
+            mount.read_only,
+            "the container's cgroup mounts are read-only"
+        );
+        assert!(roots.unified.is_none());
+        // The mount root is stripped: the container's cgroup is the mount point itself, which
+        // has no release_agent (not a hierarchy root) and is kept.
+        let dir = tempfile::tempdir().unwrap();
+        let roots = CgroupRoots {
+            v1_devices: Some(CgroupMount {
+                mount_point: dir.path().into(),
+                ..mount
+            }),
+            unified: None,
+        };
+        assert_eq!(
+            roots.device_cgroups_of(PODMAN_V1_CGROUP).unwrap(),
+            [DeviceCgroup::V1(dir.path().into())]
+        );
+    }
+
+    /// cgroup v2 in a cgroup namespace (`unshare -C` after moving into a child cgroup, on this
+    /// host): the process sees itself at `0::/`; a cgroup2 mounted inside the namespace has root
+    /// `/`, and its top directory has `cgroup.type` (it is not the hierarchy's root); the host's
+    /// mount, seen from inside, has root `/..`.
+    #[test]
+    fn cgroup_v2_in_a_cgroup_namespace() {
+        let inside =
+            CgroupRoots::from_mountinfo("142 121 0:38 / /tmp/cg2 rw,relatime - cgroup2 none rw\n");
+        let host_mount = CgroupRoots::from_mountinfo(
+            "135 125 0:38 /.. /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.type"), "domain\n").unwrap();
+        let inside = CgroupRoots {
+            v1_devices: None,
+            unified: Some(CgroupMount {
+                mount_point: dir.path().into(),
+                ..inside.unified.unwrap()
+            }),
+        };
+        assert_eq!(
+            inside.device_cgroups_of("0::/\n").unwrap(),
+            [DeviceCgroup::V2(dir.path().into())]
+        );
+        assert!(matches!(
+            host_mount.device_cgroups_of("0::/\n"),
+            Err(CgroupError::OutsideMount { .. })
+        ));
+    }
+
     #[test]
     fn v1_allows_the_new_and_denies_the_gone() {
         let dir = tempfile::tempdir().unwrap();
