@@ -32,6 +32,7 @@
 //! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
 
 pub mod api;
+pub mod authority;
 pub mod console;
 pub mod convert;
 pub mod domain;

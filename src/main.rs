@@ -82,6 +82,7 @@ async fn dispatch(command: Command) -> ExitCode {
             publish_address,
             publish,
             reconnect_timeout,
+            qemu_cache_dir,
         } => {
             let spec_text = run::read_spec(&spec).unwrap_or_default();
             let spec = match run::load_spec(&spec) {
@@ -121,9 +122,11 @@ async fn dispatch(command: Command) -> ExitCode {
                 },
                 reconnect_timeout: (reconnect_timeout > 0)
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),
+                qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
             })
             .await
         }
+        Command::WarmCache { qemu_cache_dir } => run::warm_cache(&qemu_cache_dir).await,
         Command::Convert {
             spec,
             emulation,

@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,6 +16,7 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
+use crate::host::cgroup::CgroupRoots;
 use crate::launcher::{LaunchOptions, Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
@@ -72,6 +73,8 @@ pub struct RunOptions {
     pub publish: crate::convert::Publish,
     /// Give up on a lost libvirt after this long (`None`: never).
     pub reconnect_timeout: Option<Duration>,
+    /// QEMU's capability cache shared by the launchers of this host (`None`: not shared).
+    pub qemu_cache_dir: Option<PathBuf>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -132,7 +135,10 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         Some(uri) => Backend::Uri(uri.clone()),
         None => Backend::Private {
             dir: rt.libvirt_dir(),
-            options: DaemonOptions { pod_cgroups: true },
+            options: DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: opts.qemu_cache_dir.clone(),
+            },
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
@@ -141,7 +147,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         mirror_console(console_log.clone());
     }
     let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
-        Ok(roots) => roots,
+        Ok(roots) => writable_cgroups(roots, &rt),
         Err(e) => {
             tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
             Default::default()
@@ -168,8 +174,8 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         hotplug: crate::launcher::HotplugOptions {
             // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
             node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
-            cgroup_roots,
-            sys_dev_block: "/sys/dev/block".into(),
+            cgroup_roots: unless_unrestricted(cgroup_roots, opts.connect.is_some()),
+            sys_dev_block: crate::host::devnode::block_device_list(),
             proc_root: "/proc".into(),
             qemu_pid_dir: match &opts.connect {
                 Some(_) => "/run/libvirt/qemu".into(),
@@ -181,6 +187,26 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             let mut paths = crate::volumes::HostPaths::local(&rt.0);
             if let Some(dir) = &opts.hotplug_dir {
                 paths.hotplug_dir = dir.clone();
+            }
+            // Made at start: a node daemon puts hot-plugged image files there before a Sync.
+            if let Err(e) = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&paths.hotplug_dir)
+            {
+                tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
+            }
+            // As a container's PID 1 the launcher owns its mount namespace.
+            let in_container = crate::init::is_container_entrypoint();
+            match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
+                Ok(true) => {
+                    tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
+                }
+                Ok(false) => {}
+                Err(e) => say(format_args!(
+                    "hotplug: block device nodes unavailable: {}",
+                    crate::error_chain(&e)
+                )),
             }
             ConvertOptions {
                 virt_type: opts.emulation.resolve(),
@@ -256,6 +282,91 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
     let _ = fs::remove_file(&socket);
     code
+}
+
+/// `vmlauncher warm-cache`: starts a private libvirtd in a temporary dir with the shared cache
+/// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
+pub async fn warm_cache(cache: &Path) -> ExitCode {
+    let cache = cache.to_path_buf();
+    let started = Instant::now();
+    let warmed = tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new()
+            .prefix("vmlauncher-warm-")
+            .tempdir()?;
+        let daemon = crate::libvirt::daemon::PrivateDaemon::start(
+            dir.path(),
+            DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: Some(cache.clone()),
+            },
+        )
+        .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;
+        drop(daemon);
+        std::fs::read_dir(&cache).map(|d| d.count())
+    })
+    .await;
+    match warmed {
+        Ok(Ok(files)) => {
+            say(format_args!(
+                "QEMU capability cache warm: {files} file(s) after {:.2}s",
+                started.elapsed().as_secs_f64()
+            ));
+            ExitCode::Succeeded
+        }
+        Ok(Err(e)) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::HypervisorUnavailable
+        }
+        Err(e) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::Internal
+        }
+    }
+}
+
+/// The private libvirtd leaves QEMU in the launcher's own cgroup. On a host that is the operator's
+/// session, which restricts no device: QEMU may open any block node already, and a device rule
+/// written there would restrict every process of the session, for good (review M3). So when none
+/// of the launcher's device cgroups restricts anything, block hotplug writes no rule at all. A pod's
+/// cgroup (the container engine's device policy) is restricted, and gets the rules.
+fn unless_unrestricted(roots: CgroupRoots, connect: bool) -> CgroupRoots {
+    if connect {
+        // QEMU runs in the cgroup the other libvirt gives it.
+        return roots;
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Ok(cgroups) = roots.device_cgroups_of(&own) else {
+        return roots;
+    };
+    let unrestricted = cgroups
+        .iter()
+        .all(|c| crate::host::cgroup::restricts_devices(c) == Some(false));
+    if unrestricted {
+        say(format_args!(
+            "hotplug: block devices get no cgroup rule: this launcher's cgroup restricts no \
+             device, so QEMU (which runs in it) needs none, and a rule would restrict every \
+             process sharing it"
+        ));
+        CgroupRoots::default()
+    } else {
+        roots
+    }
+}
+
+/// In a container the cgroup v1 mounts are read-only: the devices hierarchy is mounted again,
+/// read-write, in the runtime dir (needs CAP_SYS_ADMIN; without it, block hotplug is reported
+/// unavailable by the capability check and file volumes work as before).
+fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
+    match roots.clone().with_writable_v1(&rt.0.join("cgroup-devices")) {
+        Ok(roots) => roots,
+        Err(e) => {
+            say(format_args!(
+                "hotplug: cgroup v1 device rules unavailable: {}",
+                crate::error_chain(&e)
+            ));
+            roots
+        }
+    }
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.

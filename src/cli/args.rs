@@ -78,6 +78,14 @@ pub(crate) enum Command {
         /// 3); 0 never gives up.
         #[arg(long, default_value_t = 300)]
         reconnect_timeout: u64,
+        /// QEMU's capability cache shared by every launcher of the host; "" shares none.
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
+    },
+    /// Probe QEMU once and fill the shared capability cache (an image build runs this).
+    WarmCache {
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
     },
     /// Print the libvirt domain XML for SPEC; touches nothing.
     Convert {

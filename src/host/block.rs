@@ -72,7 +72,7 @@ pub fn qemu_device_cgroups(
     let path = proc_root.join(pid.to_string()).join("cgroup");
     let text =
         fs::read_to_string(&path).map_err(|source| BlockHostError::QemuCgroups { path, source })?;
-    Ok(roots.device_cgroups_of(&text))
+    Ok(roots.device_cgroups_of(&text)?)
 }
 
 /// Where the host steps happen.
@@ -363,7 +363,7 @@ mod tests {
                 hotplug_dir: self.path("hotplug"),
                 node_owner: NodeOwner { uid: 0, gid: 0 },
                 cgroup_roots: CgroupRoots {
-                    v1_devices: Some(self.path("devices")),
+                    v1_devices: Some(cgroup::CgroupMount::whole(self.path("devices"))),
                     unified: None,
                 },
                 proc_root: self.path("proc"),

@@ -3,6 +3,7 @@
 //!
 //! Every call here blocks: async callers run them with `spawn_blocking`.
 
+pub mod capcache;
 pub mod daemon;
 pub(crate) mod events;
 mod states;
@@ -417,7 +418,7 @@ impl Connector {
                 });
                 *slot = Some(daemon::PrivateDaemon::adopt_or_start(
                     dir,
-                    *options,
+                    options.clone(),
                     Some(notify),
                 )?);
             }
