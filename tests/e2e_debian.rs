@@ -7,11 +7,12 @@
 mod common;
 
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::net::free_port;
 use common::{Launched, GUEST_DEADLINE};
 
 const BOOT_BOUND: Duration = Duration::from_secs(240);
@@ -39,14 +40,6 @@ fn spec(public_key: &str) -> String {
         line,
         &format!("{line}          ssh_authorized_keys: [\"{public_key}\"]\n"),
     )
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[test]

@@ -6,11 +6,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::mpsc;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
+use common::net::{free_port, host_server, http_get};
 use common::{guest_dir, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 
 fn spec(name: &str, kernel_args: &str) -> String {
@@ -49,56 +48,10 @@ spec:
     )
 }
 
-/// A port nobody listens on right now, on the host's loopback.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// One HTTP/1.0 GET; the whole answer.
-fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: vmltest\r\n\r\n")?;
-    stream.shutdown(Shutdown::Write)?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer)?;
-    Ok(answer)
-}
-
-/// A one-request HTTP server on the host's loopback that answers `body` and reports the
-/// request line it got.
-fn host_server(body: String) -> (u16, mpsc::Receiver<String>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let (mut stream, _) = listener.accept().unwrap();
-        let mut reader = BufReader::new(stream.try_clone().unwrap());
-        let mut request = String::new();
-        reader.read_line(&mut request).unwrap();
-        // Read the headers to their end before answering.
-        let mut line = String::new();
-        while reader.read_line(&mut line).unwrap_or(0) > 2 {
-            line.clear();
-        }
-        let _ = write!(
-            stream,
-            "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let _ = tx.send(request.trim_end().to_string());
-    });
-    (port, rx)
-}
-
 #[test]
 fn traffic_crosses_both_ways_through_user_mode_networking() {
     let token = format!("host-token-{}", std::process::id());
-    let (server_port, requests) = host_server(format!("{token}\n"));
+    let (server_port, requests) = host_server(Ipv4Addr::LOCALHOST.into(), format!("{token}\n"));
     let published = free_port();
     let args =
         format!("vmltest.name=nettest vmltest.fetch=http://10.0.2.2:{server_port}/from-guest");
@@ -124,7 +77,7 @@ fn traffic_crosses_both_ways_through_user_mode_networking() {
         .unwrap();
 
     // Host → guest, through the published port.
-    let answer = http_get(published, "/").unwrap();
+    let answer = http_get(SocketAddr::from((Ipv4Addr::LOCALHOST, published)), "/").unwrap();
     eprintln!("{answer}");
     let ip = address.split('/').next().unwrap();
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
@@ -174,7 +127,7 @@ fn traffic_crosses_both_ways_through_user_mode_networking() {
         fetched,
         format!("VMLTEST-FETCH http://10.0.2.2:{server_port}/from-guest {token}")
     );
-    let request = requests.recv_timeout(GUEST_DEADLINE).unwrap();
+    let request = requests.recv_timeout(GUEST_DEADLINE).unwrap().line;
     assert!(request.starts_with("GET /from-guest HTTP/1."), "{request}");
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);

@@ -10,39 +10,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
+use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER};
 use common::{Loop, BOOT_DEADLINE, GUEST_DEADLINE};
-
-const CONTAINER: &str = "vmlauncher-launcher";
-const IMAGE: &str = "localhost/vmlauncher:dev";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn podman(args: &[&str]) -> std::process::Output {
-    Command::new("podman")
-        .args(args)
-        .env("CONTAINERS_CONF", repo().join("deploy/containers.conf"))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run podman (scripts/setup.sh installs it)")
-}
-
-fn podman_ok(args: &[&str]) -> String {
-    let out = podman(args);
-    assert!(
-        out.status.success(),
-        "podman {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
 
 fn python_client(args: &[&str]) -> serde_json::Value {
     let python = std::env::var_os("VMLAUNCHER_PYTHON")
@@ -60,66 +32,6 @@ fn python_client(args: &[&str]) -> serde_json::Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Removes the pod and its volumes, now and when the test ends.
-struct PlayedPod;
-
-impl PlayedPod {
-    fn down() {
-        let yaml = repo().join("deploy/pod.yaml");
-        let _ = podman(&["kube", "down", yaml.to_str().unwrap()]);
-        let _ = podman(&["volume", "rm", "-f", "launcher", "vmlauncher-vm"]);
-    }
-}
-
-impl Drop for PlayedPod {
-    fn drop(&mut self) {
-        Self::down();
-    }
-}
-
-/// The container's log (the launcher's lines and the guest's console), line by line.
-struct Logs(mpsc::Receiver<String>);
-
-impl Logs {
-    fn follow() -> Logs {
-        let mut child = Command::new("podman")
-            .args(["logs", "-f", CONTAINER])
-            .env("CONTAINERS_CONF", repo().join("deploy/containers.conf"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let (tx, rx) = mpsc::channel();
-        for out in [
-            Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-            Box::new(child.stderr.take().unwrap()),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        std::thread::spawn(move || child.wait());
-        Logs(rx)
-    }
-
-    fn wait_for(&self, what: &str, within: Duration, wanted: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.0.recv_timeout(left) {
-                Ok(line) if wanted(&line) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("no log line {what} within {within:?}: {e}"),
-            }
-        }
-    }
 }
 
 /// The container's device cgroup (v1) on the host.
@@ -151,13 +63,15 @@ spec:
           kernelPath: /var/cache/vmlauncher/test-guest/vmlinuz
           initrdPath: /var/cache/vmlauncher/test-guest/initrd.img
     devices:
+      interfaces:
+      - {name: default, masquerade: {}, ports: [{name: http, port: 80}]}
       disks:
 ",
     );
     for (name, serial) in disks {
         text += &format!("      - {{name: {name}, disk: {{bus: scsi}}, serial: {serial}}}\n");
     }
-    text += "  volumes:\n";
+    text += "  networks:\n  - {name: default, pod: {}}\n  volumes:\n";
     for (name, _) in disks {
         text += &format!(
             "  - {{name: {name}, persistentVolumeClaim: {{claimName: {name}, hotpluggable: true}}}}\n"
@@ -172,15 +86,7 @@ spec:
 
 #[test]
 fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
-    let images = podman_ok(&["images", "--format", "{{.Repository}}:{{.Tag}}"]);
-    assert!(
-        images.lines().any(|i| i == IMAGE),
-        "no {IMAGE}: run scripts/build-image.sh (scripts/test.sh does)"
-    );
-    PlayedPod::down();
-    let _pod = PlayedPod;
-    let yaml = repo().join("deploy/pod.yaml");
-    podman_ok(&["kube", "play", yaml.to_str().unwrap()]);
+    let pod = PlayedPod::play(&repo().join("deploy/pod.yaml"));
     let logs = Logs::follow();
     let running = logs.wait_for("phase Running", BOOT_DEADLINE, |l| {
         l.contains("phase Running")
@@ -191,16 +97,7 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     });
 
     // The node daemon's view: the emptyDir on the host.
-    let shared = PathBuf::from(
-        podman_ok(&[
-            "volume",
-            "inspect",
-            "--format",
-            "{{.Mountpoint}}",
-            "launcher",
-        ])
-        .trim(),
-    );
+    let shared = pod.shared_dir();
     let socket = shared.join("launcher.sock");
     let socket = socket.to_str().unwrap();
     assert_eq!(

@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 
 use vmlauncher::console::ConsoleLog;
 
+pub mod net;
+pub mod pod;
+
 /// Generous: a TCG guest boots in 5 s on an idle machine, 8–13 s under load.
 pub const BOOT_DEADLINE: Duration = Duration::from_secs(180);
 pub const GUEST_DEADLINE: Duration = Duration::from_secs(60);

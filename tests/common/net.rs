@@ -1,0 +1,60 @@
+//! Both ends of a test's HTTP traffic with the test guest: a GET to the guest's server, and a
+//! one-request server for the guest to fetch from.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A port nobody listens on right now, on the host's loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One HTTP/1.0 GET; the whole answer.
+pub fn http_get(to: SocketAddr, path: &str) -> std::io::Result<String> {
+    let mut stream = TcpStream::connect(to)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: vmltest\r\n\r\n")?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// What the host server got: from whom, and the request line.
+pub struct Request {
+    pub peer: SocketAddr,
+    pub line: String,
+}
+
+/// A one-request HTTP server on `address` (any port) that answers `body` and reports the
+/// request it got.
+pub fn host_server(address: IpAddr, body: String) -> (u16, mpsc::Receiver<Request>) {
+    let listener = TcpListener::bind((address, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut stream, peer) = listener.accept().unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        // Read the headers to their end before answering.
+        let mut header = String::new();
+        while reader.read_line(&mut header).unwrap_or(0) > 2 {
+            header.clear();
+        }
+        let _ = write!(
+            stream,
+            "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let line = line.trim_end().to_string();
+        let _ = tx.send(Request { peer, line });
+    });
+    (port, rx)
+}
