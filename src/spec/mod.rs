@@ -12,6 +12,7 @@
 //! - `parse`: text → instance (YAML/JSON, VMI/VM, defaulting).
 //! - `quantity`: `128Mi` and friends.
 //! - `validate`: what serde cannot check, by area; problems are [`Problem`] values.
+//! - `unsupported`: the KubeVirt fields outside the subset, with why, in one table.
 //! - [`Validated`]: an instance that passed; the only thing `convert` takes.
 
 mod checks;
@@ -19,6 +20,7 @@ pub mod model;
 mod parse;
 mod problem;
 mod quantity;
+mod unsupported;
 mod validate;
 
 use std::ops::Deref;

@@ -9,6 +9,7 @@ use crate::spec::checks::{
 };
 use crate::spec::model::{DiskKind, VirtualMachineInstance, Volume, VolumeSource};
 use crate::spec::problem::Problem;
+use crate::spec::unsupported;
 
 pub const DISK_BUSES: &[&str] = &["virtio", "scsi", "sata"];
 pub const CDROM_BUSES: &[&str] = &["sata", "scsi"];
@@ -73,38 +74,15 @@ pub(super) fn validate_disks(
                 },
             );
         }
-        e.unsupported(
-            &path,
-            &[
-                ("blockSize", disk.block_size.is_some(), "custom block sizes"),
-                (
-                    "tag",
-                    disk.tag.is_some(),
-                    "device tags need the guest agent",
-                ),
-            ],
-        );
+        unsupported::check(e, &path, disk);
         if let Some(d) = &disk.disk {
-            e.unsupported(
-                &format!("{path}.disk"),
-                &[("pciAddress", d.pci_address.is_some(), "fixed PCI addresses")],
-            );
+            unsupported::check(e, &format!("{path}.disk"), d);
         }
         if let Some(c) = &disk.cdrom {
-            e.unsupported(
-                &format!("{path}.cdrom"),
-                &[("tray", c.tray.is_some(), "an open tray")],
-            );
+            unsupported::check(e, &format!("{path}.cdrom"), c);
         }
         if let Some(l) = &disk.lun {
-            e.unsupported(
-                &format!("{path}.lun"),
-                &[(
-                    "reservation",
-                    l.reservation.is_some(),
-                    "persistent reservations",
-                )],
-            );
+            unsupported::check(e, &format!("{path}.lun"), l);
         }
         if let Some(serial) = &disk.serial {
             if kind == DiskKind::Lun {

@@ -4,6 +4,7 @@ use super::Problems;
 use crate::spec::checks::looks_like_uuid;
 use crate::spec::model::DomainSpec;
 use crate::spec::problem::Problem;
+use crate::spec::unsupported;
 
 /// The machine types this launcher knows: the q35 and i440fx families of QEMU's x86 machines.
 pub fn is_known_machine(machine: &str) -> bool {
@@ -32,10 +33,7 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
         return;
     };
     let base = "spec.domain.firmware";
-    e.unsupported(
-        base,
-        &[("acpi", firmware.acpi.is_some(), "ACPI tables from volumes")],
-    );
+    unsupported::check(e, base, firmware);
     if let Some(uuid) = &firmware.uuid {
         if !looks_like_uuid(uuid) {
             e.add(format!("{base}.uuid"), Problem::Uuid { uuid: uuid.clone() });
@@ -65,14 +63,7 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
             );
         }
         if let Some(efi) = &bootloader.efi {
-            e.unsupported(
-                &format!("{base}.bootloader.efi"),
-                &[(
-                    "persistent",
-                    efi.persistent.is_some(),
-                    "EFI variables kept across restarts need a persistent volume",
-                )],
-            );
+            unsupported::check(e, &format!("{base}.bootloader.efi"), efi);
             if efi.secure() {
                 if machine.is_some_and(|m| m == "pc" || m.starts_with("pc-i440fx-")) {
                     e.add(
@@ -133,14 +124,7 @@ const TICK_POLICIES: &[&str] = &["delay", "catchup", "merge", "discard"];
 
 pub(super) fn validate_features_and_clock(domain: &DomainSpec, e: &mut Problems) {
     if let Some(features) = &domain.features {
-        e.unsupported(
-            "spec.domain.features",
-            &[(
-                "hypervPassthrough",
-                features.hyperv_passthrough.is_some(),
-                "host Hyper-V passthrough",
-            )],
-        );
+        unsupported::check(e, "spec.domain.features", features);
         if let Some(hv) = &features.hyperv {
             let base = "spec.domain.features.hyperv";
             if let Some(s) = &hv.spinlocks {

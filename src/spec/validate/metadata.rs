@@ -4,6 +4,7 @@ use super::Problems;
 use crate::spec::checks::check_dns1123_label;
 use crate::spec::model::ObjectMeta;
 use crate::spec::problem::Problem;
+use crate::spec::unsupported;
 
 /// Annotations that would change the domain through a KubeVirt sidecar hook.
 const HOOK_ANNOTATIONS: &[&str] = &["hooks.kubevirt.io/hookSidecars"];
@@ -18,14 +19,7 @@ pub(super) fn validate_metadata(meta: &ObjectMeta, e: &mut Problems) {
             e.add("metadata.namespace", why);
         }
     }
-    e.unsupported(
-        "metadata",
-        &[(
-            "generateName",
-            meta.generate_name.is_some(),
-            "a launcher runs one VM with a fixed name",
-        )],
-    );
+    unsupported::check(e, "metadata", meta);
     for key in meta.annotations.keys() {
         if HOOK_ANNOTATIONS.contains(&key.as_str()) || key.starts_with(SMBIOS_ANNOTATION_PREFIX) {
             e.add(

@@ -21,6 +21,7 @@ pub use resources::{guest_memory, resource_cpus};
 use super::checks::check_dns1123_label;
 use super::model::VirtualMachineInstance;
 use super::problem::{Problem, Problems, SpecErrors};
+use super::unsupported;
 
 /// What validation learnt on the way that `convert` needs, so it never looks again.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,36 +62,7 @@ pub(super) fn check(vmi: &VirtualMachineInstance) -> Result<Facts, SpecErrors> {
     metadata::validate_metadata(&vmi.metadata, e);
 
     let spec = &vmi.spec;
-    e.unsupported(
-        "spec",
-        &[
-            ("subdomain", spec.subdomain.is_some(), "cluster DNS"),
-            ("dnsPolicy", spec.dns_policy.is_some(), "pod DNS"),
-            ("dnsConfig", spec.dns_config.is_some(), "pod DNS"),
-            ("livenessProbe", spec.liveness_probe.is_some(), "probes"),
-            ("readinessProbe", spec.readiness_probe.is_some(), "probes"),
-            (
-                "accessCredentials",
-                spec.access_credentials.is_some(),
-                "credential propagation needs the guest agent",
-            ),
-            (
-                "startStrategy",
-                spec.start_strategy.is_some(),
-                "paused starts",
-            ),
-            (
-                "resourceClaims",
-                spec.resource_claims.is_some(),
-                "dynamic resource allocation",
-            ),
-            (
-                "preference",
-                spec.preference.is_some(),
-                "preferences are expanded by the cluster",
-            ),
-        ],
-    );
+    unsupported::check(e, "spec", spec);
     if let Some(arch) = &spec.architecture {
         if arch != "amd64" {
             e.add(
@@ -109,22 +81,7 @@ pub(super) fn check(vmi: &VirtualMachineInstance) -> Result<Facts, SpecErrors> {
     }
 
     let domain = &spec.domain;
-    e.unsupported(
-        "spec.domain",
-        &[
-            (
-                "ioThreads",
-                domain.io_threads.is_some(),
-                "supplemental iothread pools",
-            ),
-            ("chassis", domain.chassis.is_some(), "SMBIOS chassis"),
-            (
-                "launchSecurity",
-                domain.launch_security.is_some(),
-                "confidential computing",
-            ),
-        ],
-    );
+    unsupported::check(e, "spec.domain", domain);
     let memory_bytes = resources::validate_memory(vmi, e);
     resources::validate_cpu(domain, e);
     firmware::validate_machine_and_firmware(domain, e);
@@ -186,69 +143,7 @@ impl BootOrders {
 fn validate_devices(vmi: &VirtualMachineInstance, e: &mut Problems) {
     let devices = &vmi.spec.domain.devices;
     let base = "spec.domain.devices";
-    e.unsupported(
-        base,
-        &[
-            ("gpus", devices.gpus.is_some(), "device passthrough"),
-            (
-                "hostDevices",
-                devices.host_devices.is_some(),
-                "device passthrough",
-            ),
-            ("filesystems", devices.filesystems.is_some(), "virtiofs"),
-            ("sound", devices.sound.is_some(), "sound devices"),
-            (
-                "clientPassthrough",
-                devices.client_passthrough.is_some(),
-                "USB redirection",
-            ),
-            (
-                "useVirtioTransitional",
-                devices.use_virtio_transitional.is_some(),
-                "virtio 0.9 devices",
-            ),
-            (
-                "blockMultiQueue",
-                devices.block_multi_queue.is_some(),
-                "multi-queue block",
-            ),
-            (
-                "networkInterfaceMultiqueue",
-                devices.network_interface_multiqueue.is_some(),
-                "multi-queue network",
-            ),
-            (
-                "autoattachVSOCK",
-                devices.autoattach_vsock.is_some(),
-                "vsock",
-            ),
-            (
-                "autoattachInputDevice",
-                devices.autoattach_input_device.is_some(),
-                "list the input in spec.domain.devices.inputs",
-            ),
-            (
-                "logSerialConsole",
-                devices.log_serial_console.is_some(),
-                "the launcher always logs the serial console",
-            ),
-            (
-                "downwardMetrics",
-                devices.downward_metrics.is_some(),
-                "downward metrics",
-            ),
-            (
-                "panicDevices",
-                devices.panic_devices.is_some(),
-                "panic devices",
-            ),
-            (
-                "video",
-                devices.video.is_some(),
-                "the video model is chosen with the graphics device",
-            ),
-        ],
-    );
+    unsupported::check(e, base, devices);
 
     let mut boot = BootOrders::default();
     disks::validate_disks(vmi, &mut boot, e);

@@ -7,6 +7,7 @@ use super::{BootOrders, Problems};
 use crate::spec::checks::{check_dns1123_label, check_mac};
 use crate::spec::model::{Interface, Network, VirtualMachineInstance};
 use crate::spec::problem::Problem;
+use crate::spec::unsupported;
 
 pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
 
@@ -36,17 +37,7 @@ pub(super) fn validate_networks(
         match (&network.pod, &network.multus) {
             (Some(pod), None) => {
                 pod_networks += 1;
-                e.unsupported(
-                    &format!("{path}.pod"),
-                    &[
-                        ("vmNetworkCIDR", pod.vm_network_cidr.is_some(), "custom masquerade subnets"),
-                        (
-                            "vmIPv6NetworkCIDR",
-                            pod.vm_ipv6_network_cidr.is_some(),
-                            "custom masquerade subnets",
-                        ),
-                    ],
-                );
+                unsupported::check(e, &format!("{path}.pod"), pod);
             }
             (None, Some(_)) => e.add(
                 format!("{path}.multus"),
@@ -131,28 +122,7 @@ pub(super) fn validate_networks(
         {
             e.add(format!("{path}.masquerade"), Problem::MasqueradeNotPod);
         }
-        e.unsupported(
-            &path,
-            &[
-                (
-                    "pciAddress",
-                    iface.pci_address.is_some(),
-                    "fixed PCI addresses",
-                ),
-                (
-                    "dhcpOptions",
-                    iface.dhcp_options.is_some(),
-                    "custom DHCP options",
-                ),
-                (
-                    "tag",
-                    iface.tag.is_some(),
-                    "device tags need the guest agent",
-                ),
-                ("state", iface.state.is_some(), "interface hot-unplug"),
-                ("acpiIndex", iface.acpi_index.is_some(), "ACPI indexes"),
-            ],
-        );
+        unsupported::check(e, &path, iface);
         validate_ports(iface, &path, e);
         if let Some(model) = &iface.model {
             e.one_of(format!("{path}.model"), model, NIC_MODELS);

@@ -6,6 +6,7 @@ use super::Problems;
 use crate::spec::model::{DomainSpec, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 use crate::spec::quantity::{Quantity, QuantityError};
+use crate::spec::unsupported;
 
 /// Returns the guest memory in bytes when it is present and sane.
 pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) -> Option<u64> {
@@ -26,10 +27,7 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
         }
     };
     if let Some(memory) = &domain.memory {
-        e.unsupported(
-            "spec.domain.memory",
-            &[("maxGuest", memory.max_guest.is_some(), "memory hotplug")],
-        );
+        unsupported::check(e, "spec.domain.memory", memory);
         if let Some(hp) = &memory.hugepages {
             let path = "spec.domain.memory.hugepages.pageSize";
             match hp.page_size.to_bytes() {
@@ -55,14 +53,7 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
         }
     }
     if let Some(resources) = &domain.resources {
-        e.unsupported(
-            "spec.domain.resources",
-            &[(
-                "overcommitGuestOverhead",
-                resources.overcommit_guest_overhead.is_some(),
-                "pod memory accounting",
-            )],
-        );
+        unsupported::check(e, "spec.domain.resources", resources);
         for (kind, map) in [
             ("requests", &resources.requests),
             ("limits", &resources.limits),
@@ -156,14 +147,7 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
             },
         );
     }
-    e.unsupported(
-        "spec.domain.cpu",
-        &[
-            ("maxSockets", cpu.max_sockets.is_some(), "CPU hotplug"),
-            ("numa", cpu.numa.is_some(), "guest NUMA mapping"),
-            ("realtime", cpu.realtime.is_some(), "realtime scheduling"),
-        ],
-    );
+    unsupported::check(e, "spec.domain.cpu", cpu);
 }
 
 /// Guest memory in bytes: `memory.guest`, else `resources.requests.memory`, else

@@ -6,6 +6,7 @@ use super::Problems;
 use crate::spec::checks::{check_dns1123_subdomain, check_volume_name, decode_base64};
 use crate::spec::model::{PvcSource, VirtualMachineInstance, VolumeSource};
 use crate::spec::problem::Problem;
+use crate::spec::unsupported;
 
 pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
     let mut seen = BTreeSet::new();
@@ -91,21 +92,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                             &["Always", "IfNotPresent", "Never"],
                         );
                     }
-                    e.unsupported(
-                        &spath,
-                        &[
-                            (
-                                "path",
-                                cd.path.is_some(),
-                                "the image file is found by KubeVirt's convention",
-                            ),
-                            (
-                                "hotpluggable",
-                                cd.hotpluggable.is_some(),
-                                "hot-plugged container disks",
-                            ),
-                        ],
-                    );
+                    unsupported::check(e, &spath, cd);
                 }
                 Some(VolumeSource::EmptyDisk(ed)) => match ed.capacity.to_bytes() {
                     Ok(0) => e.add(format!("{spath}.capacity"), Problem::Zero),
@@ -118,21 +105,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                     e,
                 ),
                 Some(VolumeSource::CloudInitNoCloud(ci)) => {
-                    e.unsupported(
-                        &spath,
-                        &[
-                            (
-                                "secretRef",
-                                ci.secret_ref.is_some(),
-                                "Secrets live in a cluster",
-                            ),
-                            (
-                                "networkDataSecretRef",
-                                ci.network_data_secret_ref.is_some(),
-                                "Secrets live in a cluster",
-                            ),
-                        ],
-                    );
+                    unsupported::check(e, &spath, ci);
                     if ci.user_data.is_some() && ci.user_data_base64.is_some() {
                         e.add(
                             spath.clone(),
