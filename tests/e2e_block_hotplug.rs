@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_spec, with_claims, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 use vmlauncher::host::cgroup::{attached_programs, DeviceCgroup};
 
@@ -114,22 +114,7 @@ const NAME: &str = "e2e-block";
 
 /// The test guest with hot-plugged block claims `(volume, serial)` on scsi.
 fn spec(volumes: &[(&str, &str)]) -> String {
-    let mut text = guest_spec(NAME, "", &[]);
-    if volumes.is_empty() {
-        return text;
-    }
-    let mut disks = String::new();
-    let mut vols = String::new();
-    for (volume, serial) in volumes {
-        disks += &format!(
-            "      - name: {volume}\n        disk: {{bus: scsi}}\n        serial: {serial}\n"
-        );
-        vols += &format!(
-            "  - name: {volume}\n    persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}\n"
-        );
-    }
-    text = text.replace("      disks: []\n", &format!("      disks:\n{disks}"));
-    text.replace("  volumes: []\n", &format!("  volumes:\n{vols}"))
+    with_claims(guest_spec(NAME, "", &[]), volumes)
 }
 
 fn request(volumes: &[(&str, &str, &Loop)]) -> proto::SyncRequest {

@@ -10,41 +10,23 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 
 use common::net::{free_port, host_server, http_get};
-use common::{guest_dir, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_vmi, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 
 fn spec(name: &str, kernel_args: &str) -> String {
-    let guest = guest_dir();
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 60
-  domain:
-    memory:
-      guest: 256Mi
-    firmware:
-      kernelBoot:
-        kernelArgs: console=ttyS0 loglevel=1 {kernel_args}
-        container:
-          kernelPath: {kernel}
-          initrdPath: {initrd}
-    devices:
+    guest_vmi(
+        name,
+        kernel_args,
+        r#"    devices:
       autoattachGraphicsDevice: false
       interfaces:
       - name: default
-        masquerade: {{}}
+        masquerade: {}
         macAddress: "02:00:00:0a:0b:0c"
         ports:
         - name: http
           port: 80
-  networks:
-  - name: default
-    pod: {{}}
 "#,
-        kernel = guest.join("vmlinuz").display(),
-        initrd = guest.join("initrd.img").display(),
+        "  networks:\n  - name: default\n    pod: {}\n",
     )
 }
 

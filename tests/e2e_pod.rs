@@ -10,11 +10,11 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER};
-use common::{Loop, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_vmi_from, with_claims, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
 
 fn python_client(args: &[&str]) -> serde_json::Value {
     let python = std::env::var_os("VMLAUNCHER_PYTHON")
@@ -45,43 +45,21 @@ fn devices_list() -> String {
     std::fs::read_to_string(format!("/sys/fs/cgroup/devices{path}/devices.list")).unwrap()
 }
 
+/// The manifest's VM (the guest where the pod mounts it), with hot-pluggable claims
+/// `(volume, serial)`.
 fn spec(disks: &[(&str, &str)]) -> String {
-    let mut text = String::from(
-        "apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: pod-vm
-spec:
-  terminationGracePeriodSeconds: 60
-  domain:
-    memory:
-      guest: 256Mi
-    firmware:
-      kernelBoot:
-        kernelArgs: console=ttyS0 loglevel=1
-        container:
-          kernelPath: /var/cache/vmlauncher/test-guest/vmlinuz
-          initrdPath: /var/cache/vmlauncher/test-guest/initrd.img
-    devices:
+    let vm = guest_vmi_from(
+        Path::new("/var/cache/vmlauncher/test-guest"),
+        "pod-vm",
+        "",
+        "    devices:
       interfaces:
       - {name: default, masquerade: {}, ports: [{name: http, port: 80}]}
-      disks:
+      disks: []
 ",
+        "  networks:\n  - {name: default, pod: {}}\n  volumes: []\n",
     );
-    for (name, serial) in disks {
-        text += &format!("      - {{name: {name}, disk: {{bus: scsi}}, serial: {serial}}}\n");
-    }
-    text += "  networks:\n  - {name: default, pod: {}}\n  volumes:\n";
-    for (name, _) in disks {
-        text += &format!(
-            "  - {{name: {name}, persistentVolumeClaim: {{claimName: {name}, hotpluggable: true}}}}\n"
-        );
-    }
-    if disks.is_empty() {
-        text = text.replace("disks:\n", "disks: []\n");
-        text = text.replace("volumes:\n", "volumes: []\n");
-    }
-    text
+    with_claims(vm, disks)
 }
 
 #[test]

@@ -13,35 +13,16 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{guest_dir, Launched, GUEST_DEADLINE};
+use common::{guest_vmi, Launched, GUEST_DEADLINE};
 
 fn spec(name: &str, cpu: &str, devices: &str) -> String {
-    let guest = guest_dir();
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 60
-  domain:
-    cpu:
-      cores: 1
-{cpu}
-    memory:
-      guest: 256Mi
-    firmware:
-      kernelBoot:
-        kernelArgs: console=ttyS0 loglevel=1
-        container:
-          kernelPath: {kernel}
-          initrdPath: {initrd}
-    devices:
-      autoattachGraphicsDevice: false
-{devices}
-"#,
-        kernel = guest.join("vmlinuz").display(),
-        initrd = guest.join("initrd.img").display(),
+    guest_vmi(
+        name,
+        "",
+        &format!(
+            "    cpu:\n      cores: 1\n{cpu}\n    devices:\n      autoattachGraphicsDevice: false\n{devices}\n"
+        ),
+        "",
     )
 }
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{guest_dir, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_vmi, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 
 /// `(dev, serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
 fn disks(line: &str) -> Vec<(String, String, u64)> {
@@ -25,32 +25,20 @@ fn disks(line: &str) -> Vec<(String, String, u64)> {
 }
 
 fn spec(name: &str, marker: &str) -> String {
-    let guest = guest_dir();
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata:
-  name: {name}
-spec:
-  terminationGracePeriodSeconds: 60
-  domain:
-    memory:
-      guest: 256Mi
-    firmware:
-      kernelBoot:
-        kernelArgs: console=ttyS0 loglevel=1
-        container:
-          kernelPath: {kernel}
-          initrdPath: {initrd}
-    devices:
+    guest_vmi(
+        name,
+        "",
+        "    devices:
       autoattachGraphicsDevice: false
       disks:
       - name: cloudinitdisk
-        disk: {{bus: virtio}}
+        disk: {bus: virtio}
       - name: scratch
         serial: EMPTY-SCRATCH
-        disk: {{bus: virtio}}
-  volumes:
+        disk: {bus: virtio}
+",
+        &format!(
+            "  volumes:
   - name: cloudinitdisk
     cloudInitNoCloud:
       userData: |
@@ -61,9 +49,8 @@ spec:
   - name: scratch
     emptyDisk:
       capacity: 96Mi
-"#,
-        kernel = guest.join("vmlinuz").display(),
-        initrd = guest.join("initrd.img").display(),
+"
+        ),
     )
 }
 

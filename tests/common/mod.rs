@@ -35,12 +35,19 @@ pub fn guest_dir() -> PathBuf {
     dir
 }
 
-/// The kernel logs at `loglevel=1` only: its messages would otherwise interleave with the
-/// guest's report lines on the one serial console.
-/// A VMI for the test guest with the given disks: `(volume, serial, image path)`, all on scsi.
-pub fn guest_spec(name: &str, kernel_args: &str, disks: &[(&str, &str, &Path)]) -> String {
-    let guest = guest_dir();
-    let mut text = format!(
+/// The test guest's VMI, booted from the guest in `guest`: `domain` (lines indented 4, under
+/// `spec.domain`) follows its memory and kernel boot, `rest` (indented 2, under `spec`) follows
+/// the domain. The kernel logs at `loglevel=1` only: its messages would otherwise interleave with
+/// the guest's report lines on the one serial console.
+pub fn guest_vmi_from(
+    guest: &Path,
+    name: &str,
+    kernel_args: &str,
+    domain: &str,
+    rest: &str,
+) -> String {
+    let kernel_args = format!("console=ttyS0 loglevel=1 {kernel_args}");
+    format!(
         r#"apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
 metadata:
@@ -52,35 +59,62 @@ spec:
       guest: 256Mi
     firmware:
       kernelBoot:
-        kernelArgs: console=ttyS0 loglevel=1 {kernel_args}
+        kernelArgs: {kernel_args}
         container:
           kernelPath: {kernel}
           initrdPath: {initrd}
-    devices:
-      disks:
-"#,
+{domain}{rest}"#,
+        kernel_args = kernel_args.trim_end(),
         kernel = guest.join("vmlinuz").display(),
         initrd = guest.join("initrd.img").display(),
-    );
+    )
+}
+
+/// [`guest_vmi_from`] the test guest built by `scripts/build-test-guest.sh`.
+pub fn guest_vmi(name: &str, kernel_args: &str, domain: &str, rest: &str) -> String {
+    guest_vmi_from(&guest_dir(), name, kernel_args, domain, rest)
+}
+
+/// A VMI for the test guest with the given disks: `(volume, serial, image path)`, all on scsi.
+pub fn guest_spec(name: &str, kernel_args: &str, disks: &[(&str, &str, &Path)]) -> String {
+    let mut devices = String::from("    devices:\n      disks:");
+    let mut volumes = String::from("  volumes:");
     if disks.is_empty() {
-        text = text.replace("      disks:\n", "      disks: []\n");
+        devices += " []";
+        volumes += " []";
     }
-    for (volume, serial, _) in disks {
-        text += &format!(
+    devices += "\n";
+    volumes += "\n";
+    for (volume, serial, path) in disks {
+        devices += &format!(
             "      - name: {volume}\n        disk: {{bus: scsi}}\n        serial: {serial}\n"
         );
-    }
-    text += "  volumes:\n";
-    if disks.is_empty() {
-        text = text.replace("  volumes:\n", "  volumes: []\n");
-    }
-    for (volume, _, path) in disks {
-        text += &format!(
+        volumes += &format!(
             "  - name: {volume}\n    hostDisk: {{path: {}, type: Disk}}\n",
             path.display()
         );
     }
-    text
+    guest_vmi(name, kernel_args, &devices, &volumes)
+}
+
+/// `text`, a VMI with `disks: []` and `volumes: []`, with hot-pluggable claims
+/// `(volume, serial)` on scsi.
+pub fn with_claims(text: String, claims: &[(&str, &str)]) -> String {
+    if claims.is_empty() {
+        return text;
+    }
+    let mut disks = String::new();
+    let mut volumes = String::new();
+    for (volume, serial) in claims {
+        disks += &format!(
+            "      - name: {volume}\n        disk: {{bus: scsi}}\n        serial: {serial}\n"
+        );
+        volumes += &format!(
+            "  - name: {volume}\n    persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}\n"
+        );
+    }
+    text.replace("      disks: []\n", &format!("      disks:\n{disks}"))
+        .replace("  volumes: []\n", &format!("  volumes:\n{volumes}"))
 }
 
 /// A runtime dir prepared for a launcher not started yet.
