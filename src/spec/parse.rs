@@ -8,7 +8,8 @@ use serde::Deserialize;
 use super::model::{
     Disk, Ignored, ObjectMeta, RunStrategy, Unsupported, VirtualMachineInstance, VmiSpec,
 };
-use super::problem::{FieldError, Problem, SpecErrors};
+use super::problem::{FieldError, Problem, Problems, SpecErrors};
+use super::unsupported;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -25,14 +26,14 @@ struct VirtualMachine {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct VirtualMachineSpec {
+pub(super) struct VirtualMachineSpec {
     template: VmiTemplate,
     run_strategy: Option<RunStrategy>,
     running: Option<bool>,
-    data_volume_templates: Option<Unsupported>,
-    instancetype: Option<Unsupported>,
-    preference: Option<Unsupported>,
-    update_volumes_strategy: Option<Unsupported>,
+    pub(super) data_volume_templates: Option<Unsupported>,
+    pub(super) instancetype: Option<Unsupported>,
+    pub(super) preference: Option<Unsupported>,
+    pub(super) update_volumes_strategy: Option<Unsupported>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -120,37 +121,10 @@ fn default_volume_disks(spec: &mut VmiSpec) {
 }
 
 fn from_vm(vm: VirtualMachine) -> Result<VirtualMachineInstance, SpecErrors> {
-    let mut errors = Vec::new();
     let spec = &vm.spec;
-    for (field, present, why) in [
-        (
-            "dataVolumeTemplates",
-            spec.data_volume_templates.is_some(),
-            "DataVolumes are imported by CDI in a cluster",
-        ),
-        (
-            "instancetype",
-            spec.instancetype.is_some(),
-            "instance types are expanded by the cluster",
-        ),
-        (
-            "preference",
-            spec.preference.is_some(),
-            "preferences are expanded by the cluster",
-        ),
-        (
-            "updateVolumesStrategy",
-            spec.update_volumes_strategy.is_some(),
-            "volume migration",
-        ),
-    ] {
-        if present {
-            errors.push(FieldError::new(
-                format!("spec.{field}"),
-                Problem::Unsupported { why },
-            ));
-        }
-    }
+    let mut problems = Problems::default();
+    unsupported::check(&mut problems, "spec", spec);
+    let mut errors = problems.0;
     let run_strategy = match (spec.run_strategy, spec.running) {
         (Some(_), Some(_)) => {
             errors.push(FieldError::new(

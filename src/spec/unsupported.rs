@@ -8,6 +8,7 @@ use super::model::{
     CdromTarget, CloudInitNoCloud, ContainerDisk, Cpu, Devices, Disk, DiskTarget, DomainSpec, Efi,
     Features, Firmware, Interface, LunTarget, Memory, ObjectMeta, PodNetwork, Resources, VmiSpec,
 };
+use super::parse::VirtualMachineSpec;
 use super::problem::Problems;
 
 /// A part of the manifest with KubeVirt fields outside the subset.
@@ -30,6 +31,16 @@ pub(super) fn check(e: &mut Problems, base: &str, part: &impl UnsupportedFields)
         .map(|(name, present, why)| (name.as_str(), *present, *why))
         .collect();
     e.unsupported(base, &fields);
+}
+
+/// An interface's bindings this launcher does not provide (it provides masquerade and bridge).
+pub(super) struct Bindings<'a>(pub(super) &'a Interface);
+
+impl std::ops::Deref for Bindings<'_> {
+    type Target = Interface;
+    fn deref(&self) -> &Interface {
+        self.0
+    }
 }
 
 /// `block_size` → `blockSize`: serde's `rename_all = "camelCase"` for a field name.
@@ -70,6 +81,12 @@ macro_rules! unsupported_fields {
 unsupported_fields! {
     ObjectMeta {
         generate_name: "a launcher runs one VM with a fixed name",
+    }
+    VirtualMachineSpec {
+        data_volume_templates: "DataVolumes are imported by CDI in a cluster",
+        instancetype: "instance types are expanded by the cluster",
+        preference: "preferences are expanded by the cluster",
+        update_volumes_strategy: "volume migration",
     }
     VmiSpec {
         subdomain: "cluster DNS",
@@ -143,6 +160,13 @@ unsupported_fields! {
         state: "interface hot-unplug",
         acpi_index: "ACPI indexes",
     }
+    Bindings<'_> {
+        sriov: "SR-IOV needs a VF from the node",
+        slirp: "the slirp binding was removed from KubeVirt",
+        passt: "the passt binding",
+        macvtap: "the macvtap binding",
+        binding: "network binding plugins",
+    }
     PodNetwork {
         vm_network_cidr as "vmNetworkCIDR": "custom masquerade subnets",
         vm_ipv6_network_cidr as "vmIPv6NetworkCIDR": "custom masquerade subnets",
@@ -160,6 +184,55 @@ unsupported_fields! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn errors(text: &str) -> Vec<String> {
+        match crate::spec::parse(text) {
+            Ok(_) => vec![],
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn a_virtual_machines_cluster_fields_are_named() {
+        let text = "apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: vm}
+spec:
+  instancetype: {name: u1.small}
+  dataVolumeTemplates: []
+  template:
+    spec:
+      domain: {memory: {guest: 64Mi}, devices: {}}
+";
+        assert_eq!(
+            errors(text),
+            vec![
+                "spec.dataVolumeTemplates: unsupported (DataVolumes are imported by CDI in a cluster)",
+                "spec.instancetype: unsupported (instance types are expanded by the cluster)",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unsupported_binding_is_named_and_counts_as_a_binding() {
+        let text = "apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: vm}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices:
+      interfaces: [{name: default, masquerade: {}, slirp: {}}]
+  networks: [{name: default, pod: {}}]
+";
+        assert_eq!(
+            errors(text),
+            vec![
+                "spec.domain.devices.interfaces[0].slirp: unsupported (the slirp binding was removed from KubeVirt)",
+                "spec.domain.devices.interfaces[0]: only one binding may be set",
+            ]
+        );
+    }
 
     #[test]
     fn manifest_names_are_serde_camel_case_or_the_models_rename() {

@@ -7,7 +7,7 @@ use super::{BootOrders, Problems};
 use crate::spec::checks::{check_dns1123_label, check_mac};
 use crate::spec::model::{Interface, Network, VirtualMachineInstance};
 use crate::spec::problem::Problem;
-use crate::spec::unsupported;
+use crate::spec::unsupported::{self, UnsupportedFields};
 
 pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
 
@@ -78,31 +78,18 @@ pub(super) fn validate_networks(
                 },
             );
         }
-        let unsupported_bindings = [
-            (
-                "sriov",
-                iface.sriov.is_some(),
-                "SR-IOV needs a VF from the node",
-            ),
-            (
-                "slirp",
-                iface.slirp.is_some(),
-                "the slirp binding was removed from KubeVirt",
-            ),
-            ("passt", iface.passt.is_some(), "the passt binding"),
-            ("macvtap", iface.macvtap.is_some(), "the macvtap binding"),
-            (
-                "binding",
-                iface.binding.is_some(),
-                "network binding plugins",
-            ),
-        ];
+        let unsupported_bindings = unsupported::Bindings(iface);
         let bindings = [iface.masquerade.is_some(), iface.bridge.is_some()]
             .into_iter()
-            .chain(unsupported_bindings.iter().map(|(_, set, _)| *set))
+            .chain(
+                unsupported_bindings
+                    .unsupported_fields()
+                    .into_iter()
+                    .map(|(_, set, _)| set),
+            )
             .filter(|s| *s)
             .count();
-        e.unsupported(&path, &unsupported_bindings);
+        unsupported::check(e, &path, &unsupported_bindings);
         if bindings == 0 {
             e.add(
                 path.clone(),
