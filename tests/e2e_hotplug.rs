@@ -33,19 +33,18 @@ fn serials(line: &str) -> Vec<String> {
         .collect()
 }
 
-/// Sends a Sync that must be refused; returns its status.
-async fn refused(
+/// Sends a Sync; its reply, or the status it was refused with.
+async fn sync(
     client: &mut api::proto::launcher_client::LauncherClient<tonic::transport::Channel>,
     spec: String,
-    what: &str,
-) -> tonic::Status {
+) -> Result<proto::SyncResponse, tonic::Status> {
     client
         .sync(proto::SyncRequest {
             spec,
             ..Default::default()
         })
         .await
-        .expect_err(what)
+        .map(tonic::Response::into_inner)
 }
 
 /// `(serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
@@ -100,15 +99,9 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
 
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
     let started = Instant::now();
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: both.clone(),
-            dry_run: false,
-            ..Default::default()
-        })
+    let reply = sync(&mut client, both.clone())
         .await
-        .expect("Sync with two new disks")
-        .into_inner();
+        .expect("Sync with two new disks");
     eprintln!("Sync attaching 2 disks took {:?}", started.elapsed());
     let ready: Vec<_> = reply
         .volumes
@@ -155,15 +148,9 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     );
 
     let started = Instant::now();
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: only_one.clone(),
-            dry_run: false,
-            ..Default::default()
-        })
+    let reply = sync(&mut client, only_one.clone())
         .await
-        .expect("Sync without disk two")
-        .into_inner();
+        .expect("Sync without disk two");
     eprintln!(
         "Sync detaching 1 disk (until DEVICE_REMOVED) took {:?}",
         started.elapsed()
@@ -201,15 +188,9 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .await
         .unwrap()
         .into_inner();
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: only_one.clone(),
-            dry_run: false,
-            ..Default::default()
-        })
+    let reply = sync(&mut client, only_one.clone())
         .await
-        .expect("the same Sync again")
-        .into_inner();
+        .expect("the same Sync again");
     assert!(reply.plan.is_empty(), "{:?}", reply.plan);
     assert_eq!(live_xml(&uri, &domain), before);
     assert_eq!(
@@ -222,32 +203,30 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     );
 
     // Bad Syncs: refused with the field named, and nothing changes.
-    let too_long = only_one.replace("E2E-Serial-One", &"S".repeat(37));
-    let err = refused(&mut client, too_long, "a 37-character scsi serial").await;
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(
-        err.message()
-            .contains("spec.domain.devices.disks[0].serial: 37 characters, at most 36 on bus scsi"),
-        "{}",
-        err.message()
-    );
-    let unknown_field = only_one.replace("    memory:\n", "    memory:\n      overcommit: true\n");
-    let err = refused(&mut client, unknown_field, "an unknown field").await;
-    assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    assert!(
-        err.message()
-            .contains("spec.domain.memory.overcommit: unknown field"),
-        "{}",
-        err.message()
-    );
-    let more_memory = both.replace("guest: 256Mi", "guest: 512Mi");
-    let err = refused(&mut client, more_memory, "a memory change").await;
-    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        err.message().contains("spec.domain.memory"),
-        "{}",
-        err.message()
-    );
+    for (spec, what, code, named) in [
+        (
+            only_one.replace("E2E-Serial-One", &"S".repeat(37)),
+            "a 37-character scsi serial",
+            tonic::Code::InvalidArgument,
+            "spec.domain.devices.disks[0].serial: 37 characters, at most 36 on bus scsi",
+        ),
+        (
+            only_one.replace("    memory:\n", "    memory:\n      overcommit: true\n"),
+            "an unknown field",
+            tonic::Code::InvalidArgument,
+            "spec.domain.memory.overcommit: unknown field",
+        ),
+        (
+            both.replace("guest: 256Mi", "guest: 512Mi"),
+            "a memory change",
+            tonic::Code::FailedPrecondition,
+            "spec.domain.memory",
+        ),
+    ] {
+        let err = sync(&mut client, spec).await.expect_err(what);
+        assert_eq!(err.code(), code, "{what}");
+        assert!(err.message().contains(named), "{what}: {}", err.message());
+    }
     assert_eq!(
         live_xml(&uri, &domain),
         before,

@@ -18,6 +18,14 @@ fn qemu_pid(vm: &Launched, name: &str) -> i32 {
         .expect("QEMU's pid file")
 }
 
+/// The test guest `name` launched and booted, and its QEMU's pid.
+fn booted(name: &str, kernel_args: &str) -> (Launched, i32) {
+    let mut vm = Launched::start(&guest_spec(name, kernel_args, &[]), &[]);
+    vm.boot();
+    let qemu = qemu_pid(&vm, name);
+    (vm, qemu)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     let name = "crash-always";
@@ -75,9 +83,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guest_powering_itself_off_succeeds_and_the_launcher_exits_0() {
     let name = "self-poweroff";
-    let mut vm = Launched::start(&guest_spec(name, "vmltest.poweroff_after=2", &[]), &[]);
-    vm.boot();
-    let qemu = qemu_pid(&vm, name);
+    let (mut vm, qemu) = booted(name, "vmltest.poweroff_after=2");
     vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
     assert!(
@@ -120,9 +126,7 @@ async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running() {
     let name = "daemon-killed";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    vm.boot();
-    let qemu = qemu_pid(&vm, name);
+    let (mut vm, qemu) = booted(name, "");
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon),
@@ -171,9 +175,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     let name = "adopt";
-    let mut first = Launched::start(&guest_spec(name, "", &[]), &[]);
-    first.boot();
-    let qemu = qemu_pid(&first, name);
+    let (mut first, qemu) = booted(name, "");
     let disk = first.dir().join("data.img");
     std::fs::File::create(&disk)
         .unwrap()
@@ -429,9 +431,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_stop_ends_a_launcher_whose_vm_runs_once() {
     let name = "stop-once";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    vm.boot();
-    let qemu = qemu_pid(&vm, name);
+    let (mut vm, qemu) = booted(name, "");
     assert_eq!(
         vm_state_after(&vm, &["stop", "--grace-period", "30"]),
         "Stopped"
