@@ -24,6 +24,17 @@ spec:
       type: Disk
 "#;
 
+/// Each expected message starts one of `errors`, and there is no other error.
+fn assert_starts_each(errors: &[String], expect: &[&str]) {
+    for e in expect {
+        assert!(
+            errors.iter().any(|got| got.starts_with(e)),
+            "missing {e:?} in {errors:#?}"
+        );
+    }
+    assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+}
+
 fn errors_of(text: &str) -> Vec<String> {
     match parse(text) {
         Ok(_) => vec![],
@@ -57,11 +68,9 @@ fn unknown_field_is_named_with_its_path() {
         "        serial: DataDisk-1",
         "        serial: DataDisk-1\n        bogus: 1",
     );
-    let errors = errors_of(&text);
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(
-        errors[0].starts_with("spec.domain.devices.disks[0].bogus: unknown field `bogus`"),
-        "{errors:?}"
+    assert_starts_each(
+        &errors_of(&text),
+        &["spec.domain.devices.disks[0].bogus: unknown field `bogus`"],
     );
 }
 
@@ -118,13 +127,7 @@ spec:
         "spec.domain.devices.disks[2].name: duplicate disk name \"b\"",
         "spec.domain.devices.disks[2].serial: \"has space\" contains ' '",
     ];
-    for e in expect {
-        assert!(
-            errors.iter().any(|got| got.starts_with(e)),
-            "missing {e:?} in {errors:#?}"
-        );
-    }
-    assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+    assert_starts_each(&errors, &expect);
 }
 
 #[test]
@@ -168,9 +171,10 @@ fn kernel_boot_from_an_image_is_rejected_by_name() {
         "    memory:\n",
         "    firmware:\n      kernelBoot:\n        container:\n          image: quay.io/k:1\n          kernelPath: /boot/vmlinuz\n    memory:\n",
     );
-    let errors = errors_of(&text);
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(errors[0].starts_with("spec.domain.firmware.kernelBoot.container.image: \"quay.io/k:1\": unsupported (kernel images from a registry"));
+    assert_starts_each(
+        &errors_of(&text),
+        &["spec.domain.firmware.kernelBoot.container.image: \"quay.io/k:1\": unsupported (kernel images from a registry"],
+    );
 }
 
 #[test]
@@ -294,13 +298,7 @@ spec:
         "spec.domain.devices.interfaces[0].macAddress: \"01:00:00:00:00:01\" is a multicast address",
         "spec.volumes[0].cloudInitNoCloud.userDataBase64: not base64",
     ];
-    for e in expect {
-        assert!(
-            errors.iter().any(|got| got.starts_with(e)),
-            "missing {e:?} in {errors:#?}"
-        );
-    }
-    assert_eq!(errors.len(), expect.len(), "{errors:#?}");
+    assert_starts_each(&errors, &expect);
 }
 
 #[test]
@@ -361,5 +359,47 @@ spec:
     assert_eq!(
         errors_of(text),
         ["spec.domain.cpu.isolateEmulatorThread: needs dedicatedCpuPlacement: true"]
+    );
+}
+
+#[test]
+fn a_virtual_machines_cluster_fields_are_named() {
+    let text = "apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata: {name: vm}
+spec:
+  instancetype: {name: u1.small}
+  dataVolumeTemplates: []
+  template:
+    spec:
+      domain: {memory: {guest: 64Mi}, devices: {}}
+";
+    assert_eq!(
+        errors_of(text),
+        vec![
+            "spec.dataVolumeTemplates: unsupported (DataVolumes are imported by CDI in a cluster)",
+            "spec.instancetype: unsupported (instance types are expanded by the cluster)",
+        ]
+    );
+}
+
+#[test]
+fn an_unsupported_binding_is_named_and_counts_as_a_binding() {
+    let text = "apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: vm}
+spec:
+  domain:
+    memory: {guest: 64Mi}
+    devices:
+      interfaces: [{name: default, masquerade: {}, slirp: {}}]
+  networks: [{name: default, pod: {}}]
+";
+    assert_eq!(
+        errors_of(text),
+        vec![
+            "spec.domain.devices.interfaces[0].slirp: unsupported (the slirp binding was removed from KubeVirt)",
+            "spec.domain.devices.interfaces[0]: only one binding may be set",
+        ]
     );
 }

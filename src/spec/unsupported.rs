@@ -185,55 +185,6 @@ unsupported_fields! {
 mod tests {
     use super::*;
 
-    fn errors(text: &str) -> Vec<String> {
-        match crate::spec::parse(text) {
-            Ok(_) => vec![],
-            Err(e) => e.0.iter().map(ToString::to_string).collect(),
-        }
-    }
-
-    #[test]
-    fn a_virtual_machines_cluster_fields_are_named() {
-        let text = "apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata: {name: vm}
-spec:
-  instancetype: {name: u1.small}
-  dataVolumeTemplates: []
-  template:
-    spec:
-      domain: {memory: {guest: 64Mi}, devices: {}}
-";
-        assert_eq!(
-            errors(text),
-            vec![
-                "spec.dataVolumeTemplates: unsupported (DataVolumes are imported by CDI in a cluster)",
-                "spec.instancetype: unsupported (instance types are expanded by the cluster)",
-            ]
-        );
-    }
-
-    #[test]
-    fn an_unsupported_binding_is_named_and_counts_as_a_binding() {
-        let text = "apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata: {name: vm}
-spec:
-  domain:
-    memory: {guest: 64Mi}
-    devices:
-      interfaces: [{name: default, masquerade: {}, slirp: {}}]
-  networks: [{name: default, pod: {}}]
-";
-        assert_eq!(
-            errors(text),
-            vec![
-                "spec.domain.devices.interfaces[0].slirp: unsupported (the slirp binding was removed from KubeVirt)",
-                "spec.domain.devices.interfaces[0]: only one binding may be set",
-            ]
-        );
-    }
-
     #[test]
     fn manifest_names_are_serde_camel_case_or_the_models_rename() {
         let names: Vec<String> = Devices::default()
