@@ -145,6 +145,16 @@ impl Hypervisor {
             .map_err(Self::call_err("lookup", name))
     }
 
+    /// One libvirt call on domain `name`; its error names the call and the domain.
+    fn on_domain<T>(
+        &self,
+        name: &str,
+        call: &'static str,
+        op: impl FnOnce(&Domain) -> Result<T, virt::error::Error>,
+    ) -> Result<T, LibvirtError> {
+        op(&self.domain(name)?).map_err(Self::call_err(call, name))
+    }
+
     pub fn exists(&self, name: &str) -> Result<bool, LibvirtError> {
         match self.domain(name) {
             Ok(_) => Ok(true),
@@ -224,9 +234,7 @@ impl Hypervisor {
     }
 
     pub fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
-        self.domain(name)?
-            .xml_desc(0)
-            .map_err(Self::call_err("get XML", name))
+        self.on_domain(name, "get XML", |d| d.xml_desc(0))
     }
 
     pub fn attach(&self, name: &str, disk_xml: &str, persist: bool) -> Result<(), LibvirtError> {
@@ -234,9 +242,7 @@ impl Hypervisor {
         if persist {
             flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
         }
-        self.domain(name)?
-            .attach_device_flags(disk_xml, flags)
-            .map_err(Self::call_err("attach", name))
+        self.on_domain(name, "attach", |d| d.attach_device_flags(disk_xml, flags))
     }
 
     /// Asks for a detach; the device is gone only when libvirt sends DEVICE_REMOVED.
@@ -258,48 +264,38 @@ impl Hypervisor {
 
     /// Presses the ACPI power button.
     pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .shutdown_flags(sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
-            .map_err(Self::call_err("shutdown", name))
+        self.on_domain(name, "shutdown", |d| {
+            d.shutdown_flags(sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
+        })
     }
 
     pub fn destroy(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .destroy()
-            .map_err(Self::call_err("destroy", name))
+        self.on_domain(name, "destroy", Domain::destroy)
     }
 
     pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .suspend()
-            .map_err(Self::call_err("suspend", name))
+        self.on_domain(name, "suspend", Domain::suspend)
     }
 
     pub fn resume(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .resume()
-            .map_err(Self::call_err("resume", name))
+        self.on_domain(name, "resume", Domain::resume)
     }
 
     /// Asks the guest to reboot through ACPI (libvirt powers it back on when it powers off).
     pub fn reboot_acpi(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .reboot(sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN)
-            .map_err(Self::call_err("reboot", name))
+        self.on_domain(name, "reboot", |d| {
+            d.reboot(sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN)
+        })
     }
 
     /// The reset button: immediate, no guest cooperation.
     pub fn reset(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .reset()
-            .map_err(Self::call_err("reset", name))
+        self.on_domain(name, "reset", Domain::reset)
     }
 
     /// Removes the persistent definition (the domain must be stopped).
     pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .undefine()
-            .map_err(Self::call_err("undefine", name))
+        self.on_domain(name, "undefine", Domain::undefine)
     }
 }
 
