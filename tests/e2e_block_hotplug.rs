@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, with_claims, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_spec, with_claims, ConsoleWait, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 use vmlauncher::host::cgroup::{attached_programs, DeviceCgroup};
 
@@ -267,11 +267,9 @@ async fn scenario(kind: Kind) {
     assert!(node.file_type().is_block_device());
     assert_eq!(node.permissions().mode() & 0o777, 0o660);
     assert_eq!(node.rdev(), std::fs::metadata(&a.dev).unwrap().rdev());
-    console
-        .wait_for("BLK-A in the guest", Instant::now() + GUEST_DEADLINE, |l| {
-            l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-A"]
-        })
-        .unwrap();
+    console.line("BLK-A in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-A"]
+    });
     assert!(cgroup.can_open(&a.dev));
 
     // KubeVirt #10689: three volumes in three Syncs, all still allowed after the third.
@@ -291,13 +289,9 @@ async fn scenario(kind: Kind) {
     for v in ["vol-a", "vol-b", "vol-c"] {
         assert_eq!(phase(&reply, v).0, READY, "{:?}", reply.volumes);
     }
-    console
-        .wait_for(
-            "three block disks in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-A", "BLK-B", "BLK-C"],
-        )
-        .unwrap();
+    console.line("three block disks in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-A", "BLK-B", "BLK-C"]
+    });
     for l in [a, b, c] {
         assert!(cgroup.can_open(&l.dev), "{} no longer allowed", l.number());
     }
@@ -384,13 +378,9 @@ async fn scenario(kind: Kind) {
         assert!(!cgroup.rules().contains(&format!("b {} ", bad.number())));
     }
     assert!(cgroup.can_open(&good.dev));
-    console
-        .wait_for(
-            "BLK-GOOD in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && serials(l).contains(&"BLK-GOOD".to_string()),
-        )
-        .unwrap();
+    console.line("BLK-GOOD in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && serials(l).contains(&"BLK-GOOD".to_string())
+    });
 
     // Unplug vol-a: the guest loses it, the node and the rule are gone, QEMU is refused again.
     let started = Instant::now();
@@ -413,13 +403,9 @@ async fn scenario(kind: Kind) {
         "{:?}",
         reply.volumes
     );
-    console
-        .wait_for(
-            "vol-a gone from the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-B", "BLK-C", "BLK-GOOD"],
-        )
-        .unwrap();
+    console.line("vol-a gone from the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && serials(l) == ["BLK-B", "BLK-C", "BLK-GOOD"]
+    });
     assert!(!hotplug.join("vol-a").exists());
     assert!(!cgroup.can_open(&a.dev), "vol-a's rule is still there");
     assert_permission_error(&direct_attach_refused(&uri, &control));

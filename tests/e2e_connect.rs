@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::time::Instant;
-
-use common::{alive, guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{alive, guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 
@@ -40,10 +38,7 @@ async fn runs_a_vm_on_a_libvirt_given_by_uri() {
     );
 
     let disk = vm.dir().join("uri.img");
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
+    common::sparse_file(&disk, 4);
     let reply = api::connect(&vm.socket())
         .await
         .unwrap()
@@ -58,13 +53,9 @@ async fn runs_a_vm_on_a_libvirt_given_by_uri() {
         reply.volumes.iter().find(|v| v.name == "d").unwrap().phase,
         proto::volume_status::Phase::Ready as i32
     );
-    console
-        .wait_for(
-            "the disk in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && l.contains(":By-Uri-1:8192"),
-        )
-        .unwrap();
+    console.line("the disk in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && l.contains(":By-Uri-1:8192")
+    });
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive, guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{alive, guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 
 fn live_xml(uri: &str, domain: &str) -> String {
@@ -18,10 +18,7 @@ fn live_xml(uri: &str, domain: &str) -> String {
 
 fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf {
     let path = dir.join(name);
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(mib << 20)
-        .unwrap();
+    common::sparse_file(&path, mib);
     path
 }
 
@@ -123,18 +120,16 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
             ("two", "sdb", "e2e.serial_TWO", ready_phase)
         ]
     );
-    let line = console
-        .wait_for(
-            "both hot-plugged serials in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| {
-                let s = serials(l);
-                l.starts_with("VMLTEST-DISKS")
-                    && s.contains(&"E2E-Serial-One".into())
-                    && s.contains(&"e2e.serial_TWO".into())
-            },
-        )
-        .unwrap();
+    let line = console.line(
+        "both hot-plugged serials in the guest",
+        GUEST_DEADLINE,
+        |l| {
+            let s = serials(l);
+            l.starts_with("VMLTEST-DISKS")
+                && s.contains(&"E2E-Serial-One".into())
+                && s.contains(&"e2e.serial_TWO".into())
+        },
+    );
     // The guest names disks in its own probe order; libvirt's target names are only hints.
     let mut seen = sized_serials(&line);
     seen.sort();
@@ -169,13 +164,9 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
             .collect::<Vec<_>>(),
         ["one"]
     );
-    console
-        .wait_for(
-            "disk two gone from the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && serials(l) == ["E2E-Serial-One"],
-        )
-        .unwrap();
+    console.line("disk two gone from the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && serials(l) == ["E2E-Serial-One"]
+    });
 
     // The same spec again: no plan, and libvirt's live XML is byte for byte the same.
     let uri = vm.libvirt_uri();
@@ -272,13 +263,9 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
 
     drop(client);
     vm.signal(nix::sys::signal::Signal::SIGTERM);
-    console
-        .wait_for(
-            "the guest powering off on ACPI",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.contains("VMLTEST-ACPI-POWEROFF"),
-        )
-        .unwrap();
+    console.line("the guest powering off on ACPI", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-ACPI-POWEROFF")
+    });
     vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
     let status = vm.wait_exit(Duration::from_secs(60));
     assert_eq!(status.code(), Some(0), "exit status");
@@ -328,10 +315,7 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     let parent = late.parent().unwrap();
     std::fs::create_dir(parent).unwrap();
     let staging = vm.dir().join("staging.img");
-    std::fs::File::create(&staging)
-        .unwrap()
-        .set_len(2 << 20)
-        .unwrap();
+    common::sparse_file(&staging, 2);
     std::fs::rename(&staging, &late).unwrap();
     events
         .wait_for("the pending volume Ready", GUEST_DEADLINE, |e| {
@@ -339,13 +323,9 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
                 if v.name == "late" && v.phase == proto::volume_status::Phase::Ready as i32)
         })
         .await;
-    console
-        .wait_for(
-            "the late disk in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && l.contains(":Late-Serial-1:4096"),
-        )
-        .unwrap();
+    console.line("the late disk in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && l.contains(":Late-Serial-1:4096")
+    });
 
     // addvolume / removevolume: a block device by path, through the CLI.
     let scratch = tempfile::tempdir().unwrap();
@@ -388,29 +368,17 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
         !inactive().contains("<alias name='ua-late'/>"),
         "without --persist it is not"
     );
-    console
-        .wait_for(
-            "the CLI's block disk in the guest",
-            Instant::now() + GUEST_DEADLINE,
-            |l| {
-                l.starts_with("VMLTEST-DISKS")
-                    && l.contains(":Cli-Block-1:6144")
-                    && l.contains(":Late-Serial-1:")
-            },
-        )
-        .unwrap();
+    console.line("the CLI's block disk in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS")
+            && l.contains(":Cli-Block-1:6144")
+            && l.contains(":Late-Serial-1:")
+    });
     cli(&["removevolume", "blk"]);
-    console
-        .wait_for(
-            "the CLI's block disk gone",
-            Instant::now() + GUEST_DEADLINE,
-            |l| {
-                l.starts_with("VMLTEST-DISKS")
-                    && !l.contains("Cli-Block-1")
-                    && l.contains(":Late-Serial-1:")
-            },
-        )
-        .unwrap();
+    console.line("the CLI's block disk gone", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS")
+            && !l.contains("Cli-Block-1")
+            && l.contains(":Late-Serial-1:")
+    });
     assert!(
         !vm.dir().join("hotplug/blk").exists(),
         "the block node was left behind"

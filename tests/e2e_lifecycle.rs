@@ -9,7 +9,8 @@ use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
 use common::{
-    alive, event_status, guest_spec, EventWatcher, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
+    alive, event_status, guest_spec, ConsoleWait, EventWatcher, Launched, BOOT_DEADLINE,
+    GUEST_DEADLINE,
 };
 use vmlauncher::api::proto::{self, event::Kind};
 
@@ -177,10 +178,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     let name = "adopt";
     let (mut first, qemu) = booted(name, "");
     let disk = first.dir().join("data.img");
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
+    common::sparse_file(&disk, 4);
     let with_disk = guest_spec(name, "", &[("data", "Adopt-Me-1", &disk)]);
     // Plus a hot-plugged block volume: its node is the launcher's own, known from its records.
     let scratch = tempfile::tempdir().unwrap();
@@ -356,13 +354,9 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     assert_eq!(vm_state_after(&vm, &["reset"]), "Active");
     booted(&mut console);
     assert_eq!(vm_state_after(&vm, &["reboot"]), "Active");
-    console
-        .wait_for(
-            "the guest acting on the ACPI reboot",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.contains("VMLTEST-ACPI-POWEROFF"),
-        )
-        .unwrap();
+    console.line("the guest acting on the ACPI reboot", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-ACPI-POWEROFF")
+    });
     booted(&mut console);
     assert_eq!(vm_state_after(&vm, &["stop"]), "Stopped");
     assert_eq!(vm_state_after(&vm, &["start"]), "Active");

@@ -10,29 +10,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER};
+use common::python::python_client;
 use common::{guest_vmi_from, with_claims, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
-
-fn python_client(args: &[&str]) -> serde_json::Value {
-    let python = std::env::var_os("VMLAUNCHER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/vmlauncher/python/bin/python3"));
-    let out = Command::new(python)
-        .arg(repo().join("tests/python/launcher_client.py"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the Python client (scripts/setup.sh makes its venv)");
-    assert!(
-        out.status.success(),
-        "python client {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
 
 /// The container's device cgroup (v1) on the host.
 fn devices_list() -> String {
@@ -85,10 +67,7 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     );
 
     let work = tempfile::tempdir().unwrap();
-    std::fs::File::create(shared.join("hotplug-disks/data.img"))
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    common::sparse_file(shared.join("hotplug-disks/data.img"), 8);
     let block = Loop::new(work.path(), "pod-blk", 16, false);
     let with_both = work.path().join("both.yaml");
     std::fs::write(

@@ -8,44 +8,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Instant;
 
-use common::{guest_spec, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
-
-/// The venv `scripts/setup.sh` makes with the PyPI packages.
-pub fn python() -> PathBuf {
-    let python = std::env::var_os("VMLAUNCHER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/vmlauncher/python/bin/python3"));
-    assert!(
-        python.exists(),
-        "no Python venv at {} — run scripts/setup.sh first",
-        python.display()
-    );
-    python
-}
-
-fn client_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/launcher_client.py")
-}
-
-/// Runs the client; its one JSON line, or a panic with its stderr.
-fn client(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(python())
-        .arg(client_script())
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the Python client");
-    assert!(
-        out.status.success(),
-        "python client {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON line")
-}
+use common::python::{client_script, python, python_client as client};
+use common::{guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 
 #[test]
 fn a_stock_python_client_with_default_options_drives_the_launcher() {
@@ -84,21 +50,16 @@ fn a_stock_python_client_with_default_options_drives_the_launcher() {
 
     // A Sync through messages built from reflection: a new scsi disk the guest reports.
     let image = vm.dir().join("py-data.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    common::sparse_file(&image, 8);
     let spec = vm.dir().join("with-disk.yaml");
     std::fs::write(&spec, guest_spec(name, "", &[("data", "PYDISK-1", &image)])).unwrap();
     let synced = client(&["sync", socket, spec.to_str().unwrap(), "--ready", "data"]);
     assert_eq!(synced["ready"]["data"]["serial"], "PYDISK-1", "{synced}");
-    console
-        .wait_for(
-            "the guest to report the disk synced by Python",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && l.contains(":PYDISK-1:"),
-        )
-        .unwrap();
+    console.line(
+        "the guest to report the disk synced by Python",
+        GUEST_DEADLINE,
+        |l| l.starts_with("VMLTEST-DISKS") && l.contains(":PYDISK-1:"),
+    );
 
     // Terminating: the health Watch, subscribed while SERVING, sees NOT_SERVING while the guest
     // shuts down, before the server goes away.

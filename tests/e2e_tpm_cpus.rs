@@ -13,7 +13,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{guest_vmi, Launched, GUEST_DEADLINE};
+use common::{guest_vmi, ConsoleWait, Launched, GUEST_DEADLINE};
 
 fn spec(name: &str, cpu: &str, devices: &str) -> String {
     guest_vmi(
@@ -74,13 +74,9 @@ fn the_guest_sees_its_tpm_and_its_vcpu_runs_on_the_launchers_cpu() {
         &[],
     );
     let mut console = vm.boot();
-    let line = console
-        .wait_for(
-            "the guest's TPM report",
-            std::time::Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-TPM"),
-        )
-        .unwrap();
+    let line = console.line("the guest's TPM report", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-TPM")
+    });
     assert_eq!(line, "VMLTEST-TPM tpm0");
     let domain = "default_e2e-tpm";
     let xml = virsh(&vm, &["dumpxml", domain]);
@@ -173,13 +169,9 @@ fn a_persistent_tpm_keeps_its_state_after_the_launcher_and_another_does_not() {
         );
         let mut vm = Launched::start(&text, &[]);
         let mut console = vm.boot();
-        console
-            .wait_for(
-                "the guest's TPM report",
-                std::time::Instant::now() + GUEST_DEADLINE,
-                |l| l == "VMLTEST-TPM tpm0",
-            )
-            .unwrap();
+        console.line("the guest's TPM report", GUEST_DEADLINE, |l| {
+            l == "VMLTEST-TPM tpm0"
+        });
         let state = tpm_state(vm.dir(), uuid);
         assert!(state.exists(), "swtpm made no state at {}", state.display());
         vm.signal(nix::sys::signal::Signal::SIGTERM);

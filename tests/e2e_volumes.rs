@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{guest_vmi, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{guest_vmi, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 
 /// `(dev, serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
 fn disks(line: &str) -> Vec<(String, String, u64)> {
@@ -91,13 +91,9 @@ fn the_guest_sees_the_cidata_iso_and_the_empty_disk() {
         .map(|(dev, _, _)| dev.clone())
         .unwrap_or_else(|| panic!("no disk of {iso_sectors} sectors: {line}"));
     // And the guest reads it as a NoCloud seed: label, meta-data and user-data.
-    let line = console
-        .wait_for(
-            "the guest's cidata report",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-CIDATA"),
-        )
-        .unwrap();
+    let line = console.line("the guest's cidata report", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-CIDATA")
+    });
     eprintln!("{line}");
     assert_eq!(
         line,

@@ -13,6 +13,7 @@ use vmlauncher::console::ConsoleLog;
 
 pub mod net;
 pub mod pod;
+pub mod python;
 
 /// Generous: a TCG guest boots in 5 s on an idle machine, 8–13 s under load.
 pub const BOOT_DEADLINE: Duration = Duration::from_secs(180);
@@ -131,15 +132,32 @@ impl Pending {
     }
 }
 
+/// A sparse file of `mib` MiB at `path`: a raw disk image.
+pub fn sparse_file(path: impl AsRef<Path>, mib: u64) {
+    std::fs::File::create(path)
+        .unwrap()
+        .set_len(mib << 20)
+        .unwrap();
+}
+
+/// Waiting on the guest's console with a deadline counted from now.
+pub trait ConsoleWait {
+    /// The first line `wanted` accepts within `within`; a panic naming `what` otherwise.
+    fn line(&mut self, what: &str, within: Duration, wanted: impl FnMut(&str) -> bool) -> String;
+}
+
+impl ConsoleWait for ConsoleLog {
+    fn line(&mut self, what: &str, within: Duration, wanted: impl FnMut(&str) -> bool) -> String {
+        self.wait_for(what, Instant::now() + within, wanted)
+            .unwrap()
+    }
+}
+
 /// Waits for the test guest's next boot line on `console`.
 pub fn wait_booted(console: &mut ConsoleLog) {
-    console
-        .wait_for(
-            "the guest's boot line",
-            Instant::now() + BOOT_DEADLINE,
-            |l| l.contains("VMLTEST-BOOTED"),
-        )
-        .unwrap();
+    console.line("the guest's boot line", BOOT_DEADLINE, |l| {
+        l.contains("VMLTEST-BOOTED")
+    });
 }
 
 /// A running `vmlauncher run`, with its runtime dir.
@@ -506,10 +524,7 @@ pub struct Loop {
 impl Loop {
     pub fn new(dir: &Path, name: &str, mib: u64, read_only: bool) -> Loop {
         let file = dir.join(format!("{name}.raw"));
-        std::fs::File::create(&file)
-            .unwrap()
-            .set_len(mib << 20)
-            .unwrap();
+        sparse_file(&file, mib);
         let mut cmd = std::process::Command::new("losetup");
         cmd.args(["--find", "--show"]);
         if read_only {
