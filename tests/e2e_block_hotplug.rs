@@ -220,9 +220,7 @@ async fn scenario(kind: Kind) {
             l == "VMLTEST-DISKS"
         })
         .unwrap();
-    let qemu_pid = vm
-        .pid_from(&format!("libvirt/run/qemu/default_{NAME}.pid"))
-        .expect("QEMU's pid file");
+    let qemu_pid = vm.qemu_pid(NAME);
     let qemu_cgroup = std::fs::read_to_string(format!("/proc/{qemu_pid}/cgroup")).unwrap();
     let leaf = cgroup
         .dir

@@ -6,21 +6,13 @@ mod common;
 
 use common::{alive, guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
-use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_a_vm_on_a_libvirt_given_by_uri() {
     let name = "by-uri";
     let domain = format!("default_{name}");
     let external = tempfile::tempdir().unwrap();
-    let daemon = PrivateDaemon::start(
-        &external.path().join("libvirt"),
-        DaemonOptions {
-            pod_cgroups: true,
-            ..Default::default()
-        },
-    )
-    .expect("the test's own libvirtd");
+    let daemon = common::private_libvirtd(external.path());
     let uri = daemon.uri().to_string();
     let has_domain = |uri: &str| {
         let conn = virt::connect::Connect::open(Some(uri)).unwrap();
@@ -71,14 +63,7 @@ async fn a_libvirt_that_stays_gone_ends_in_unknown_and_exit_3() {
     let name = "uri-lost";
     let external = tempfile::tempdir().unwrap();
     let libvirt_dir = external.path().join("libvirt");
-    let mut daemon = PrivateDaemon::start(
-        &libvirt_dir,
-        DaemonOptions {
-            pod_cgroups: true,
-            ..Default::default()
-        },
-    )
-    .expect("the test's own libvirtd");
+    let mut daemon = common::private_libvirtd(external.path());
     let uri = daemon.uri().to_string();
     let mut vm = Launched::start(
         &guest_spec(name, "", &[]),

@@ -73,9 +73,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
             l == "VMLTEST-DISKS"
         })
         .unwrap();
-    let qemu_pid = vm
-        .pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
-        .expect("QEMU's pid file");
+    let qemu_pid = vm.qemu_pid(name);
     let daemon_pid = vm
         .pid_from("libvirt/libvirtd.pid")
         .expect("libvirtd's pid file");
@@ -249,13 +247,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     );
 
     // The CLI client sees the same state.
-    let out = std::process::Command::new(common::bin())
-        .args(["status", "--output", "json", "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = common::cli_status(&vm.socket());
     assert_eq!(status["phase"], "Running");
     assert_eq!(status["volumes"][0]["name"], "one");
     assert_eq!(status["volumes"][0]["phase"], "Ready");

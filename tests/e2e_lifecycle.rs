@@ -14,16 +14,11 @@ use common::{
 };
 use vmlauncher::api::proto::{self, event::Kind};
 
-fn qemu_pid(vm: &Launched, name: &str) -> i32 {
-    vm.pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
-        .expect("QEMU's pid file")
-}
-
 /// The test guest `name` launched and booted, and its QEMU's pid.
 fn booted(name: &str, kernel_args: &str) -> (Launched, i32) {
     let mut vm = Launched::start(&guest_spec(name, kernel_args, &[]), &[]);
     vm.boot();
-    let qemu = qemu_pid(&vm, name);
+    let qemu = vm.qemu_pid(name);
     (vm, qemu)
 }
 
@@ -32,7 +27,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     let name = "crash-always";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "always"]);
     let mut console = vm.boot();
-    let first = qemu_pid(&vm, name);
+    let first = vm.qemu_pid(name);
     let mut events = EventWatcher::start(&vm.socket()).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(first),
@@ -62,7 +57,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
             event_status(e).is_some_and(|s| s.phase == "Running" && s.printable_status == "Running")
         })
         .await;
-    let second = qemu_pid(&vm, name);
+    let second = vm.qemu_pid(name);
     assert_ne!(first, second, "a new QEMU");
     assert!(alive(second));
     let status = vmlauncher::api::connect(&vm.socket())
@@ -104,7 +99,7 @@ async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends()
     );
     let mut vm = Launched::start(&spec, &[]);
     vm.boot();
-    let qemu = qemu_pid(&vm, name);
+    let qemu = vm.qemu_pid(name);
     let asked = Instant::now();
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     vm.wait_stdout("phase Failed", GUEST_DEADLINE);
@@ -139,7 +134,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     let new_daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     assert_ne!(daemon, new_daemon, "a new libvirtd");
     assert!(alive(new_daemon));
-    assert_eq!(qemu_pid(&vm, name), qemu, "the same QEMU");
+    assert_eq!(vm.qemu_pid(name), qemu, "the same QEMU");
     assert!(alive(qemu), "QEMU kept running throughout");
     // virtlogd too: it is restarted at once, and the VM runs on.
     let mut events = EventWatcher::start(&vm.socket()).await;
@@ -220,7 +215,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     let line = second.wait_stdout("domain default_adopt", GUEST_DEADLINE);
     assert!(line.contains("adopted"), "{line}");
     second.wait_stdout("phase Running", GUEST_DEADLINE);
-    assert_eq!(qemu_pid(&second, name), qemu, "one QEMU, the same one");
+    assert_eq!(second.qemu_pid(name), qemu, "one QEMU, the same one");
     let qemus = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()

@@ -69,12 +69,7 @@ fn traffic_crosses_both_ways_through_user_mode_networking() {
     );
 
     // Status shows the interface as libvirt runs it, with the port where it was published.
-    let out = std::process::Command::new(common::bin())
-        .args(["status", "--output", "json", "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = common::cli_status(&vm.socket());
     assert_eq!(
         status["interfaces"],
         serde_json::json!([{

@@ -11,7 +11,6 @@
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::Command;
 
 use common::net::{host_server, http_get};
 use common::pod::{podman_ok, repo, Logs, PlayedPod};
@@ -112,12 +111,7 @@ fn traffic_crosses_the_pod_both_ways() {
     assert_eq!(request.peer.ip(), pod_ip, "the request's source");
 
     // Status through the pod's socket: the port published on every address of the pod.
-    let out = Command::new(common::bin())
-        .args(["status", "--output", "json", "--socket"])
-        .arg(pod.shared_dir().join("launcher.sock"))
-        .output()
-        .unwrap();
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = common::cli_status(&pod.shared_dir().join("launcher.sock"));
     assert_eq!(
         status["interfaces"][0]["ports"],
         serde_json::json!([{"protocol": "TCP", "port": 80, "hostAddress": "0.0.0.0", "hostPort": 80}]),

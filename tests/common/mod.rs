@@ -132,6 +132,21 @@ impl Pending {
     }
 }
 
+/// `vmlauncher status --output json` through `socket`, as a client sees it.
+pub fn cli_status(socket: &Path) -> serde_json::Value {
+    let out = Command::new(bin())
+        .args(["status", "--output", "json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vmlauncher status: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A sparse file of `mib` MiB at `path`: a raw disk image.
 pub fn sparse_file(path: impl AsRef<Path>, mib: u64) {
     std::fs::File::create(path)
@@ -417,6 +432,12 @@ impl Launched {
             .parse()
             .ok()
     }
+
+    /// The pid of the QEMU running domain `default_<name>` under the private libvirtd.
+    pub fn qemu_pid(&self, name: &str) -> i32 {
+        self.pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
+            .expect("QEMU's pid file")
+    }
 }
 
 pub use vmlauncher::libvirt::daemon::process_alive as alive;
@@ -569,6 +590,19 @@ impl Drop for Loop {
     }
 }
 
+/// A private libvirtd of the test's own under `dir/libvirt`, leaving QEMU's cgroups alone.
+pub fn private_libvirtd(dir: &Path) -> vmlauncher::libvirt::daemon::PrivateDaemon {
+    use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+    PrivateDaemon::start(
+        &dir.join("libvirt"),
+        DaemonOptions {
+            pod_cgroups: true,
+            ..Default::default()
+        },
+    )
+    .expect("a private libvirtd")
+}
+
 /// libvirt as the judge of an XML: `virt-xml-validate`, then `defineXML` (and undefine) on a
 /// private libvirtd of its own.
 pub struct LibvirtJudge {
@@ -579,16 +613,8 @@ pub struct LibvirtJudge {
 
 impl LibvirtJudge {
     pub fn start() -> LibvirtJudge {
-        use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
         let state = tempfile::tempdir().unwrap();
-        let daemon = PrivateDaemon::start(
-            &state.path().join("libvirt"),
-            DaemonOptions {
-                pod_cgroups: true,
-                ..Default::default()
-            },
-        )
-        .expect("a private libvirtd");
+        let daemon = private_libvirtd(state.path());
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let hv = vmlauncher::libvirt::Hypervisor::open(daemon.uri(), tx).expect("connect to it");
         LibvirtJudge {
