@@ -16,6 +16,7 @@ pub mod libvirt;
 pub mod lifecycle;
 pub mod run;
 pub mod spec;
+pub mod spec_document;
 pub mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.
