@@ -74,7 +74,12 @@ pub fn read(text: &str) -> Result<Value, DocumentProblem> {
             .map_err(|e| e.to_string())
     };
     // A problem found by the budget carries its own path; the parser's message only repeats it.
-    parsed.map_err(|parser| budget.problem.take().unwrap_or_else(|| DocumentProblem::whole(parser)))
+    parsed.map_err(|parser| {
+        budget
+            .problem
+            .take()
+            .unwrap_or_else(|| DocumentProblem::whole(parser))
+    })
 }
 
 struct Budget {
@@ -308,6 +313,10 @@ mod tests {
     #[test]
     fn deep_nesting_hits_the_parsers_recursion_limit() {
         let deep = format!("x: {}{}\n", "[".repeat(200), "]".repeat(200));
-        assert!(problem(&deep).contains("recursion limit exceeded"), "{}", problem(&deep));
+        assert!(
+            problem(&deep).contains("recursion limit exceeded"),
+            "{}",
+            problem(&deep)
+        );
     }
 }

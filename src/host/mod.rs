@@ -11,6 +11,7 @@
 pub mod caps;
 pub mod cgroup;
 pub mod devnode;
+pub mod image_check;
 pub mod records;
 pub mod watch;
 
