@@ -8,6 +8,7 @@ pub mod console;
 pub mod convert;
 pub mod domain;
 pub mod exit;
+pub mod fuzzing;
 pub mod host;
 pub mod hotplug;
 pub mod init;
