@@ -46,6 +46,49 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
     );
 }
 
+/// `vmlauncher run` with the shared capability cache `caps`, until phase Running; then SIGTERM and
+/// wait for it to end.
+fn time_to_running(
+    spec: &std::path::Path,
+    rt: &std::path::Path,
+    caps: &std::path::Path,
+) -> std::time::Duration {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vmlauncher"))
+        .arg("run")
+        .arg(spec)
+        .arg("--runtime-dir")
+        .arg(rt)
+        .arg("--qemu-cache-dir")
+        .arg(caps)
+        .args(["--emulation", "tcg"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let running = loop {
+        let line = lines.next().expect("launcher output").unwrap();
+        if line.contains("phase Running") {
+            break started.elapsed();
+        }
+    };
+    // Stopped once the guest can answer ACPI, so that the stop is quick.
+    ConsoleLog::from_start(&rt.join("console.log"))
+        .unwrap()
+        .wait_for("boot", Instant::now() + DEADLINE, |l| {
+            l.contains("VMLTEST-BOOTED")
+        })
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for _ in lines.by_ref() {}
+    child.wait().unwrap();
+    running
+}
+
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
@@ -61,6 +104,18 @@ fn main() {
     let spec_path = dir.path().join("vmi.yaml");
     std::fs::write(&spec_path, spec(&guest, None)).unwrap();
     let rt = dir.path().join("rt");
+
+    // QEMU's capability cache: a first run with an empty shared cache probes QEMU; a second run
+    // on the same cache does not.
+    let caps = dir.path().join("qemu-caps");
+    for (what, n) in [("cold capability cache", 1), ("warm capability cache", 2)] {
+        let t = time_to_running(&spec_path, &dir.path().join(format!("rt-cache-{n}")), &caps);
+        println!(
+            "{:<44} {:>8.2} s",
+            format!("run → phase Running, {what}"),
+            t.as_secs_f64()
+        );
+    }
 
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_vmlauncher"))
@@ -129,6 +184,13 @@ fn main() {
     summary("Sync detach 1 scsi disk (until DEVICE_REMOVED)", detach);
 
     let t = Instant::now();
+    // Stopped once the guest can answer ACPI, so that the stop is quick.
+    ConsoleLog::from_start(&rt.join("console.log"))
+        .unwrap()
+        .wait_for("boot", Instant::now() + DEADLINE, |l| {
+            l.contains("VMLTEST-BOOTED")
+        })
+        .unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the tiny test guest from Debian packages alone (no image download): the cloud kernel,
-# the virtio/scsi modules it needs, and a busybox initramfs whose /init reports on the serial
-# console. Cached: the output is rebuilt only when the kernel package or the init script changes.
+# the virtio/scsi/net modules it needs, and a busybox initramfs whose /init reports on the serial
+# console and serves HTTP on the network. Cached: the output is rebuilt only when the kernel
+# package or the guest's scripts change.
 # Output: $VMLAUNCHER_GUEST_DIR (default /var/cache/vmlauncher/test-guest)/{vmlinuz,initrd.img}
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${VMLAUNCHER_GUEST_DIR:-/var/cache/vmlauncher/test-guest}
 kpkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
 [ -n "$kpkg" ] || { echo "build-test-guest: no linux-image-cloud-amd64 dependency found (apt-get update?)" >&2; exit 1; }
-stamp="$kpkg $(cat "$here/guest/init" "$here/build-test-guest.sh" | sha256sum | cut -c1-16)"
+stamp="$kpkg $(cat "$here/guest/init" "$here/guest/dhcp" "$here/build-test-guest.sh" | sha256sum | cut -c1-16)"
 if [ -f "$out/stamp" ] && [ "$(cat "$out/stamp")" = "$stamp" ]; then
   echo "test guest up to date in $out ($kpkg)"; exit 0
 fi
@@ -18,9 +19,10 @@ dpkg-deb -x "$work"/linux-image-*.deb "$work/k"
 kver=$(ls "$work/k/lib/modules")
 moddir="$work/k/lib/modules/$kver"
 root="$work/root"
-mkdir -p "$root"/{bin,proc,sys,dev,modules}
+mkdir -p "$root"/{bin,proc,sys,dev,modules,etc}
 cp /bin/busybox "$root/bin/busybox"
 install -m 0755 "$here/guest/init" "$root/init"
+install -m 0755 "$here/guest/dhcp" "$root/bin/vmltest-dhcp"
 # Order modules so that each comes after what it depends on (the .deb carries no modules.dep).
 declare -A seen=()
 order=()
@@ -34,7 +36,7 @@ add() {
   cp "$path" "$root/modules/"
   order+=("$(basename "$path")")
 }
-for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev; do add "$m"; done
+for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev virtio_net; do add "$m"; done
 printf '%s\n' "${order[@]}" > "$root/modules.order"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible | gzip -9n) > "$work/initrd.img"
 mkdir -p "$out"

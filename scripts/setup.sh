@@ -8,7 +8,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev qemu-system-x86
           busybox-static cpio kmod libxml2-utils pkg-config genisoimage ovmf
           libelf-dev zlib1g-dev  # libbpf-sys (libcgroups cgroup v2 device programs) links them
-          util-linux mount)      # unshare and losetup, for the PID-1 and block-device tests
+          util-linux mount       # unshare and losetup, for the PID-1 and block-device tests
+          debootstrap extlinux fdisk  # the Debian image (scripts/build-debian-image.sh); the pod's base image
+          openssh-client         # ssh into it (the README, tests/e2e_debian.rs)
+          swtpm swtpm-tools      # the vTPM libvirt starts for `tpm: {}`
+          python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
+          podman runc catatonit) # the pod: image build, kube play (runc: see below)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -28,3 +33,11 @@ mkdir -p /var/log/libvirt/qemu /run/libvirt /var/lib/libvirt /var/cache/libvirt 
 # apt-cache needs lists to find the kernel package for the test guest.
 apt-cache show linux-image-cloud-amd64 >/dev/null 2>&1 || apt-get update -q
 "$here/build-test-guest.sh"
+# A stock Python gRPC client for the tests (tests/python): PyPI's packages, pinned, in a venv.
+python_venv=/var/cache/vmlauncher/python
+python_packages=(grpcio==1.85.1 grpcio-health-checking==1.85.1 grpcio-reflection==1.85.1)
+if ! "$python_venv/bin/python3" -c 'import grpc, grpc_health, grpc_reflection' 2>/dev/null; then
+  echo "setup: making the Python venv $python_venv (${python_packages[*]})"
+  /usr/bin/python3 -m venv "$python_venv"
+  "$python_venv/bin/pip" install -q "${python_packages[@]}"
+fi

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean checkout on a fresh Debian 12 machine (root): set-up, format
 # and lint checks, then every test — unit, CLI, and end-to-end against a real private libvirtd and
-# a real TCG guest. Nothing is skipped.
+# a real TCG guest, and the pod (podman kube play deploy/pod.yaml). Nothing is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/e2e_debian.rs boots it)
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The launcher's image, for the pod test (tests/e2e_pod.rs): cached, seconds when nothing changed.
+scripts/build-image.sh
 cargo test --all-targets --locked

@@ -17,7 +17,7 @@ use tonic::{Request, Response};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 
 use crate::launcher::{
     self, EventKind, Launcher, LauncherError, PlannedAction, TaskOutcome, VolumePhase,
@@ -49,6 +49,8 @@ pub enum ApiError {
     },
     #[error("the gRPC server failed")]
     Serve(#[source] tonic::transport::Error),
+    #[error("cannot build the reflection service")]
+    Reflection(#[source] tonic_reflection::server::Error),
 }
 
 fn to_status(e: LauncherError) -> tonic::Status {
@@ -123,6 +125,25 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
             })
             .collect(),
         volumes: s.volumes.iter().map(volume_to_proto).collect(),
+        interfaces: s
+            .interfaces
+            .iter()
+            .map(|i| proto::InterfaceStatus {
+                name: i.name.clone(),
+                mac: i.mac.clone(),
+                ip_address: i.ip_address.clone(),
+                ports: i
+                    .ports
+                    .iter()
+                    .map(|p| proto::PublishedPort {
+                        protocol: p.protocol.clone(),
+                        port: p.port.into(),
+                        host_address: p.host_address.clone(),
+                        host_port: p.host_port.into(),
+                    })
+                    .collect(),
+            })
+            .collect(),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
         phase_reason: s.phase_reason.unwrap_or_default().into(),
@@ -269,7 +290,7 @@ impl proto::launcher_server::Launcher for Service {
             persist: req.persist.into_iter().collect(),
         };
         let launcher = self.launcher.clone();
-        let outcome = detached(async move { launcher.sync_with(input).await }).await?;
+        let outcome = detached(async move { launcher.sync(input).await }).await?;
         Ok(Response::new(proto::SyncResponse {
             plan: outcome
                 .plan
@@ -421,11 +442,82 @@ pub async fn serve(
     listener: UnixListener,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ApiError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    // The first status is set before the server answers anything ("" starts as SERVING).
+    let first = serving(&launcher.status());
+    set_health(&health, first).await;
+    tokio::spawn(report_health(launcher.clone(), health, first));
+    // Both versions: grpcurl asks v1 first, Python's grpcio-reflection only knows v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            // Each builder lists only its own version; both are served.
+            .include_reflection_service(false)
+            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(
+                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
+            )
+    };
+    let reflection_v1 = reflection().build_v1().map_err(ApiError::Reflection)?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(ApiError::Reflection)?;
+    // Every connection goes through the authority fix: stock C-core and Java clients send the
+    // socket path as `:authority`, which the HTTP/2 layer would refuse.
+    let incoming = UnixListenerStream::new(listener)
+        .map(|connection| connection.map(crate::authority::FixAuthority::new));
     Server::builder()
         .add_service(LauncherServer::new(Service { launcher }))
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
         .map_err(ApiError::Serve)
+}
+
+/// The encoded descriptors of `launcher.proto`, for server reflection.
+const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vmlauncher_descriptor");
+
+/// Whether the launcher serves, in `grpc.health.v1` terms, for the whole server ("") and for the
+/// Launcher service: SERVING once the domain is up (phase Running), NOT_SERVING before that and
+/// from the moment the launcher is terminating or the VM is final.
+pub fn serving(status: &launcher::Status) -> bool {
+    status.phase == crate::lifecycle::Phase::Running
+        && status.printable_status != "Terminating"
+        && !status.finished
+}
+
+async fn set_health(health: &tonic_health::server::HealthReporter, serving: bool) {
+    use tonic::server::NamedService;
+    use tonic_health::ServingStatus;
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for name in ["", <LauncherServer<Service> as NamedService>::NAME] {
+        health.set_service_status(name, status).await;
+    }
+}
+
+async fn report_health(
+    launcher: Arc<Launcher>,
+    health: tonic_health::server::HealthReporter,
+    mut last: bool,
+) {
+    let mut changes = launcher.subscribe();
+    let mut closing = launcher.closing();
+    loop {
+        let now = serving(&changes.borrow_and_update()) && !*closing.borrow_and_update();
+        if now != last {
+            set_health(&health, now).await;
+            last = now;
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() { return },
+            changed = closing.changed() => if changed.is_err() { return },
+        }
+    }
 }
 
 /// A client for the launcher listening on the unix socket `path`.

@@ -1,6 +1,8 @@
 //! The launcher's exit codes: one enum, derived from how the VM and the process ended. The README
-//! tabulates them; scripts and node daemons depend on the numbers.
+//! tabulates them; scripts and node daemons depend on the numbers. Every mapping to a code lives
+//! here: from a final phase, from a launcher error, from a gRPC status a client verb received.
 
+use crate::launcher::LauncherError;
 use crate::lifecycle::Phase;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,26 @@ impl ExitCode {
             (Phase::Failed, _) => ExitCode::GuestFailed,
             (Phase::Unknown, _) => ExitCode::HypervisorUnavailable,
             (Phase::Scheduled | Phase::Running, _) => ExitCode::Internal,
+        }
+    }
+
+    /// How a launcher exits when it could not bring its VM up.
+    pub fn from_launcher_error(e: &LauncherError) -> ExitCode {
+        match e {
+            LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
+            e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
+            LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
+            _ => ExitCode::Internal,
+        }
+    }
+
+    /// How a client verb exits when the launcher refused its call (the launcher chose the gRPC
+    /// code from its own typed error, in `api`).
+    pub fn from_rpc_code(code: tonic::Code) -> ExitCode {
+        match code {
+            tonic::Code::InvalidArgument => ExitCode::BadSpec,
+            tonic::Code::Unavailable => ExitCode::HypervisorUnavailable,
+            _ => ExitCode::RequestFailed,
         }
     }
 }
@@ -69,5 +91,69 @@ mod tests {
             ExitCode::from_final_phase(Phase::Unknown, None),
             ExitCode::HypervisorUnavailable
         );
+    }
+
+    #[test]
+    fn launcher_errors_map_to_codes() {
+        use crate::lifecycle::Refusal;
+        use crate::spec::SpecErrors;
+        let table = [
+            (
+                LauncherError::InvalidSpec(SpecErrors(vec![])),
+                ExitCode::BadSpec,
+            ),
+            (LauncherError::Unreachable, ExitCode::HypervisorUnavailable),
+            (
+                LauncherError::Refused(Refusal::Unreachable { command: "Start" }),
+                ExitCode::HypervisorUnavailable,
+            ),
+            (
+                LauncherError::HostDisk {
+                    volume: "v".into(),
+                    source: crate::host::HostError::Missing { path: "/x".into() },
+                },
+                ExitCode::GuestFailed,
+            ),
+            (LauncherError::Preempted, ExitCode::Internal),
+            (
+                LauncherError::Terminating { command: "Start" },
+                ExitCode::Internal,
+            ),
+        ];
+        for (error, code) in table {
+            assert_eq!(ExitCode::from_launcher_error(&error), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn rpc_codes_map_to_codes() {
+        use tonic::Code;
+        let table = [
+            (Code::InvalidArgument, ExitCode::BadSpec),
+            (Code::Unavailable, ExitCode::HypervisorUnavailable),
+            (Code::FailedPrecondition, ExitCode::RequestFailed),
+            (Code::NotFound, ExitCode::RequestFailed),
+            (Code::Internal, ExitCode::RequestFailed),
+        ];
+        for (rpc, code) in table {
+            assert_eq!(ExitCode::from_rpc_code(rpc), code, "{rpc:?}");
+        }
+    }
+
+    #[test]
+    fn the_numbers_scripts_depend_on() {
+        let table = [
+            (ExitCode::Succeeded, 0u8),
+            (ExitCode::Internal, 1),
+            (ExitCode::BadSpec, 2),
+            (ExitCode::HypervisorUnavailable, 3),
+            (ExitCode::GuestFailed, 4),
+            (ExitCode::GracePeriodExpired, 5),
+            (ExitCode::RequestFailed, 6),
+            (ExitCode::Usage, 64),
+        ];
+        for (code, number) in table {
+            assert_eq!(code as u8, number, "{code:?}");
+        }
     }
 }

@@ -8,12 +8,12 @@ use std::path::Path;
 use crate::convert::{self, ConvertOptions};
 use crate::domain::{self, VirtType};
 use crate::host::records::Records;
-use crate::{spec, spec_document};
+use crate::spec;
 
 /// A spec from any bytes: read, validate and, when valid, convert; what converts must be
 /// well-formed XML (libvirt would refuse anything else, after the launcher said the spec is fine).
 pub fn spec(data: &[u8]) {
-    let Ok(text) = spec_document::text_of(data) else {
+    let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
     let Ok(vmi) = spec::parse(text) else {

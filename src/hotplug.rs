@@ -19,12 +19,6 @@ pub struct Plan {
     pub detach: Vec<LiveDisk>,
 }
 
-impl Plan {
-    pub fn is_empty(&self) -> bool {
-        self.attach.is_empty() && self.detach.is_empty()
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     #[error("volume {volume:?}: disks on bus {bus} cannot be {action} while the VM runs (only scsi disks can)")]
@@ -100,6 +94,8 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         topology,
         cpu,
         iothreads,
+        cputune,
+        tpm,
         machine,
         firmware,
         sysinfo_serial,
@@ -124,6 +120,11 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         ),
         ("spec.domain.cpu", *topology == d.topology && *cpu == d.cpu),
         ("spec.domain.ioThreadsPolicy", *iothreads == d.iothreads),
+        (
+            "spec.domain.cpu.dedicatedCpuPlacement",
+            *cputune == d.cputune,
+        ),
+        ("spec.domain.devices.tpm", *tpm == d.tpm),
         ("spec.domain.machine", *machine == d.machine),
         (
             "spec.domain.firmware",
@@ -291,7 +292,8 @@ mod tests {
     fn same_spec_twice_plans_nothing() {
         let live_disks = [live("a", "scsi", "sda", Some(0), "A")];
         let desired = domain(vec![disk("a", Bus::Scsi, "A")]);
-        assert!(plan(&live_disks, &desired).unwrap().is_empty());
+        let plan = plan(&live_disks, &desired).unwrap();
+        assert!(plan.attach.is_empty() && plan.detach.is_empty());
     }
 
     #[test]

@@ -69,3 +69,13 @@ fn supervise(launcher: Pid, signals: &SigSet) -> i32 {
         }
     }
 }
+
+/// This launcher is its PID namespace's init (PID 1, or the child PID 1 forked above): the
+/// entrypoint of a container, which owns the container's mount namespace too.
+pub fn is_container_entrypoint() -> bool {
+    if std::process::id() == 1 {
+        return true;
+    }
+    let exe = |pid: &str| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    nix::unistd::getppid().as_raw() == 1 && exe("1").is_some() && exe("1") == exe("self")
+}

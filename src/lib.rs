@@ -1,24 +1,52 @@
 //! vmlauncher: one process, one virtual machine, kept in the state its owner asks for.
 //!
-//! Data flows `spec → convert → domain → libvirt`, with `hotplug`, `host` and `lifecycle` beside
-//! them; `launcher` is the core the front ends (`api`, `run`, the CLI) call. See `docs/DESIGN.md`.
+//! Data flows forward, each stage a module that knows nothing of the later ones:
+//!
+//! ```text
+//!  text ──► spec ──► convert ──► domain ──► libvirt ──► QEMU
+//!           parse,   pure:        XML model,   the only     │ events
+//!           validate  Validated   live-XML      `virt` user │
+//!           (Validated)  → DomainDef   reader               ▼
+//!                          │                      launcher (tasks, reconciler, sync)
+//!             volumes ─────┘ hotplug (plan) ──► host (files, nodes, cgroups, records)
+//!                                               lifecycle (pure rules) ◄─┘
+//!  front ends: api (gRPC) · run (the entrypoint) · init (PID 1) · the binary's cli/
+//! ```
+//!
+//! | module | owns | must not |
+//! |---|---|---|
+//! | [`spec`] | KubeVirt's VMI subset: parse, default, validate into [`spec::Validated`] with typed [`spec::Problem`]s | do I/O, know libvirt |
+//! | `volumes` | where each volume source lives on the host (pure) | touch the host |
+//! | [`convert`] | `Validated` → [`domain::DomainDef`], deterministic | do I/O |
+//! | [`domain`] | the domain XML model, its writer, the live-XML reader | call libvirt |
+//! | `hotplug` | a Sync's plan: diff live vs desired scsi disks, targets, units | act on it |
+//! | [`host`] | host side: images, cidata ISOs, block nodes, cgroup rules, `host::block::BlockDevices`, capabilities, path watches | decide when |
+//! | [`libvirt`] | the connection, the private daemon, the event FFI, libvirt's state/event tables | hold policy |
+//! | [`lifecycle`] | the state model's pure rules: phase, admit, settle, reconcile, run strategy, restarts | do I/O |
+//! | `launcher` | the core that executes them: one VM, tasks, reconciler, Sync, status and events | parse or serialise |
+//! | [`api`] | the gRPC server and client connection; maps errors to gRPC codes | hold state |
+//! | [`run`] | the `run` entrypoint: runtime dir, daemon, launcher, socket, signals | — |
+//! | [`exit`] | every exit code and every mapping to one | — |
+//! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
+//!
+//! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
 
 pub mod api;
+pub mod authority;
 pub mod console;
 pub mod convert;
 pub mod domain;
 pub mod exit;
 pub mod fuzzing;
 pub mod host;
-pub mod hotplug;
+pub(crate) mod hotplug;
 pub mod init;
-pub mod launcher;
+pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod run;
 pub mod spec;
-pub mod spec_document;
-pub mod volumes;
+pub(crate) mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.
 pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {

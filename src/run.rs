@@ -5,7 +5,7 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,11 +16,12 @@ use crate::api;
 use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
-use crate::launcher::{LaunchOptions, Launcher, LauncherError, RuntimeDir, StartKind};
+use crate::host::cgroup::CgroupRoots;
+use crate::launcher::{LaunchOptions, Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
-use crate::spec::{self, VirtualMachineInstance};
+use crate::spec::{self, Validated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -53,7 +54,7 @@ impl Emulation {
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    pub spec: VirtualMachineInstance,
+    pub spec: Validated,
     pub connect: Option<String>,
     pub runtime_dir: PathBuf,
     pub socket: Option<PathBuf>,
@@ -68,23 +69,18 @@ pub struct RunOptions {
     pub hotplug_dir: Option<PathBuf>,
     /// User-mode networking for a local run, or the pod's tap devices.
     pub network: crate::convert::NetworkMode,
+    /// Where masquerade interfaces' `ports` are published on the host.
+    pub publish: crate::convert::Publish,
     /// Give up on a lost libvirt after this long (`None`: never).
     pub reconnect_timeout: Option<Duration>,
+    /// QEMU's capability cache shared by the launchers of this host (`None`: not shared).
+    pub qemu_cache_dir: Option<PathBuf>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
 /// pipe whose reader went away) must not take the launcher, and so the VM's clean stop, with it.
 fn say(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "vmlauncher: {what}");
-}
-
-fn classify(e: &LauncherError) -> ExitCode {
-    match e {
-        LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
-        e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
-        LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
-        _ => ExitCode::Internal,
-    }
 }
 
 /// SIGTERM, SIGINT and SIGHUP, caught from the very start: a signal that comes while the VM is
@@ -139,7 +135,10 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         Some(uri) => Backend::Uri(uri.clone()),
         None => Backend::Private {
             dir: rt.libvirt_dir(),
-            options: DaemonOptions { pod_cgroups: true },
+            options: DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: opts.qemu_cache_dir.clone(),
+            },
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
@@ -148,7 +147,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         mirror_console(console_log.clone());
     }
     let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
-        Ok(roots) => roots,
+        Ok(roots) => writable_cgroups(roots, &rt),
         Err(e) => {
             tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
             Default::default()
@@ -175,8 +174,8 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         hotplug: crate::launcher::HotplugOptions {
             // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
             node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
-            cgroup_roots,
-            sys_dev_block: "/sys/dev/block".into(),
+            cgroup_roots: unless_unrestricted(cgroup_roots, opts.connect.is_some()),
+            sys_dev_block: crate::host::devnode::block_device_list(),
             proc_root: "/proc".into(),
             qemu_pid_dir: match &opts.connect {
                 Some(_) => "/run/libvirt/qemu".into(),
@@ -189,6 +188,26 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             if let Some(dir) = &opts.hotplug_dir {
                 paths.hotplug_dir = dir.clone();
             }
+            // Made at start: a node daemon puts hot-plugged image files there before a Sync.
+            if let Err(e) = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o750)
+                .create(&paths.hotplug_dir)
+            {
+                tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
+            }
+            // As a container's PID 1 the launcher owns its mount namespace.
+            let in_container = crate::init::is_container_entrypoint();
+            match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
+                Ok(true) => {
+                    tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
+                }
+                Ok(false) => {}
+                Err(e) => say(format_args!(
+                    "hotplug: block device nodes unavailable: {}",
+                    crate::error_chain(&e)
+                )),
+            }
             ConvertOptions {
                 virt_type: opts.emulation.resolve(),
                 console_log: console_log.clone(),
@@ -198,6 +217,12 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 )),
                 paths,
                 network: opts.network,
+                publish: opts.publish.clone(),
+                // Never fails in practice; if it did, a spec asking for dedicated CPUs is
+                // refused by convert with "0 available", and nothing else needs them.
+                cpus: crate::host::cpus::own_cpus()
+                    .inspect_err(|e| tracing::warn!("{e}"))
+                    .unwrap_or_default(),
             }
         },
         resync_interval: opts.resync_interval,
@@ -212,7 +237,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 );
                 let c = connector.clone();
                 let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-                return classify(&e);
+                return ExitCode::from_launcher_error(&e);
             }
         };
     say(format_args!("libvirt {}", connector.uri()));
@@ -257,6 +282,91 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
     let _ = fs::remove_file(&socket);
     code
+}
+
+/// `vmlauncher warm-cache`: starts a private libvirtd in a temporary dir with the shared cache
+/// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
+pub async fn warm_cache(cache: &Path) -> ExitCode {
+    let cache = cache.to_path_buf();
+    let started = Instant::now();
+    let warmed = tokio::task::spawn_blocking(move || {
+        let dir = tempfile::Builder::new()
+            .prefix("vmlauncher-warm-")
+            .tempdir()?;
+        let daemon = crate::libvirt::daemon::PrivateDaemon::start(
+            dir.path(),
+            DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: Some(cache.clone()),
+            },
+        )
+        .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;
+        drop(daemon);
+        std::fs::read_dir(&cache).map(|d| d.count())
+    })
+    .await;
+    match warmed {
+        Ok(Ok(files)) => {
+            say(format_args!(
+                "QEMU capability cache warm: {files} file(s) after {:.2}s",
+                started.elapsed().as_secs_f64()
+            ));
+            ExitCode::Succeeded
+        }
+        Ok(Err(e)) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::HypervisorUnavailable
+        }
+        Err(e) => {
+            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
+            ExitCode::Internal
+        }
+    }
+}
+
+/// The private libvirtd leaves QEMU in the launcher's own cgroup. On a host that is the operator's
+/// session, which restricts no device: QEMU may open any block node already, and a device rule
+/// written there would restrict every process of the session, for good (review M3). So when none
+/// of the launcher's device cgroups restricts anything, block hotplug writes no rule at all. A pod's
+/// cgroup (the container engine's device policy) is restricted, and gets the rules.
+fn unless_unrestricted(roots: CgroupRoots, connect: bool) -> CgroupRoots {
+    if connect {
+        // QEMU runs in the cgroup the other libvirt gives it.
+        return roots;
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Ok(cgroups) = roots.device_cgroups_of(&own) else {
+        return roots;
+    };
+    let unrestricted = cgroups
+        .iter()
+        .all(|c| crate::host::cgroup::restricts_devices(c) == Some(false));
+    if unrestricted {
+        say(format_args!(
+            "hotplug: block devices get no cgroup rule: this launcher's cgroup restricts no \
+             device, so QEMU (which runs in it) needs none, and a rule would restrict every \
+             process sharing it"
+        ));
+        CgroupRoots::default()
+    } else {
+        roots
+    }
+}
+
+/// In a container the cgroup v1 mounts are read-only: the devices hierarchy is mounted again,
+/// read-write, in the runtime dir (needs CAP_SYS_ADMIN; without it, block hotplug is reported
+/// unavailable by the capability check and file volumes work as before).
+fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
+    match roots.clone().with_writable_v1(&rt.0.join("cgroup-devices")) {
+        Ok(roots) => roots,
+        Err(e) => {
+            say(format_args!(
+                "hotplug: cgroup v1 device rules unavailable: {}",
+                crate::error_chain(&e)
+            ));
+            roots
+        }
+    }
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
@@ -323,25 +433,69 @@ fn mirror_console(path: PathBuf) {
     });
 }
 
-/// Reads a spec file; `-` reads standard input.
-pub fn read_spec(path: &std::path::Path) -> Result<String, std::io::Error> {
-    if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
-    } else {
-        fs::read_to_string(path)
-    }
+/// Why a spec could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadSpecError {
+    #[error("cannot read it: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    TooLarge(spec::SpecErrors),
 }
 
-/// Parses and validates, printing every problem with its field path.
-pub fn load_spec(path: &std::path::Path) -> Result<VirtualMachineInstance, ExitCode> {
-    let text = read_spec(path).map_err(|e| {
-        eprintln!("vmlauncher: cannot read {}: {e}", path.display());
-        ExitCode::BadSpec
-    })?;
-    spec::parse(&text).map_err(|errors| {
+/// Reads a spec once, bounded: a file (its size checked before reading), or `-` standard input
+/// (never more than one byte past the bound).
+pub fn read_spec(path: &Path) -> Result<Vec<u8>, ReadSpecError> {
+    use std::io::Read;
+    let limit = spec::MAX_DOCUMENT_BYTES as u64 + 1;
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(limit)
+            .read_to_end(&mut bytes)?;
+    } else {
+        let file = fs::File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        spec::check_document_size(len).map_err(ReadSpecError::TooLarge)?;
+        file.take(limit).read_to_end(&mut bytes)?;
+    }
+    spec::check_document_size(bytes.len()).map_err(ReadSpecError::TooLarge)?;
+    Ok(bytes)
+}
+
+/// Reads (once), parses and validates, printing every problem with its field path; the spec and
+/// its text.
+pub fn load_spec(path: &Path) -> Result<(Validated, String), ExitCode> {
+    let report = |errors: &spec::SpecErrors| {
         for e in &errors.0 {
             eprintln!("{}: {e}", path.display());
         }
         ExitCode::BadSpec
-    })
+    };
+    let bytes = read_spec(path).map_err(|e| match e {
+        ReadSpecError::TooLarge(errors) => report(&errors),
+        ReadSpecError::Io(e) => {
+            eprintln!("vmlauncher: cannot read {}: {e}", path.display());
+            ExitCode::BadSpec
+        }
+    })?;
+    let validated = spec::parse_bytes(&bytes).map_err(|errors| report(&errors))?;
+    // parse_bytes checked that it is UTF-8.
+    Ok((validated, String::from_utf8(bytes).unwrap_or_default()))
+}
+
+/// Where the launcher keeps what it owns for one VM.
+#[derive(Debug, Clone)]
+pub struct RuntimeDir(pub PathBuf);
+
+impl RuntimeDir {
+    pub fn socket(&self) -> PathBuf {
+        self.0.join("launcher.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.0.join("console.log")
+    }
+    pub fn libvirt_dir(&self) -> PathBuf {
+        self.0.join("libvirt")
+    }
 }

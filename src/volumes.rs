@@ -124,16 +124,34 @@ pub fn resolve(
     paths: &HostPaths,
     block_volumes: &BTreeSet<String>,
 ) -> Option<ResolvedVolume> {
+    Some(resolve_source(
+        vmi,
+        volume,
+        volume.source()?,
+        paths,
+        block_volumes,
+    ))
+}
+
+/// Resolves a volume whose source is known: what `convert` does for a validated spec.
+pub fn resolve_source(
+    vmi: &VirtualMachineInstance,
+    volume: &Volume,
+    source: VolumeSource<'_>,
+    paths: &HostPaths,
+    block_volumes: &BTreeSet<String>,
+) -> ResolvedVolume {
     let block = block_volumes.contains(&volume.name);
     let name = volume.name.as_str();
-    let resolved = match volume.source()? {
+    match source {
         VolumeSource::HostDisk(hd) => ResolvedVolume {
             path: hd.path.clone().into(),
             block,
             format: ImageFormat::Raw,
             preparation: match (&hd.disk_type[..], &hd.capacity) {
                 ("DiskOrCreate", Some(q)) => Preparation::CreateIfMissing {
-                    capacity: q.to_bytes().ok()?,
+                    // Validation refused a capacity that does not parse.
+                    capacity: q.to_bytes().unwrap_or_default(),
                 },
                 _ => Preparation::Exists,
             },
@@ -164,8 +182,9 @@ pub fn resolve(
                 .spec
                 .volumes
                 .iter()
+                .take_while(|v| v.name != volume.name)
                 .filter(|v| v.container_disk.is_some())
-                .position(|v| v.name == volume.name)?;
+                .count();
             ResolvedVolume {
                 path: paths
                     .private_dir
@@ -186,7 +205,7 @@ pub fn resolve(
             block: false,
             format: ImageFormat::Qcow2,
             preparation: Preparation::EmptyQcow2 {
-                capacity: ed.capacity.to_bytes().ok()?,
+                capacity: ed.capacity.to_bytes().unwrap_or_default(),
             },
         },
         VolumeSource::Ephemeral(_) => ResolvedVolume {
@@ -239,8 +258,7 @@ pub fn resolve(
                 preparation: Preparation::CloudInit { files },
             }
         }
-    };
-    Some(resolved)
+    }
 }
 
 /// A claim marked `hotpluggable: true`: it lives in the hotplug dir.

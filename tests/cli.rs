@@ -139,3 +139,18 @@ fn client_without_a_launcher_fails_clearly() {
     assert_eq!(out.status.code(), Some(6));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect to the launcher"));
 }
+
+#[test]
+fn publishing_a_port_the_spec_does_not_list_is_a_usage_error() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/debian.yaml");
+    let out = vmlauncher(&["run", example, "--publish", "2222:23"], None);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--publish 2222:23: no masquerade interface of the spec lists port 23"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = vmlauncher(&["run", example, "--publish", "22"], None);
+    assert_eq!(out.status.code(), Some(64), "HOSTPORT:PORT is required");
+}

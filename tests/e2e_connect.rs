@@ -17,7 +17,10 @@ async fn runs_a_vm_on_a_libvirt_given_by_uri() {
     let external = tempfile::tempdir().unwrap();
     let daemon = PrivateDaemon::start(
         &external.path().join("libvirt"),
-        DaemonOptions { pod_cgroups: true },
+        DaemonOptions {
+            pod_cgroups: true,
+            ..Default::default()
+        },
     )
     .expect("the test's own libvirtd");
     let uri = daemon.uri().to_string();
@@ -77,8 +80,14 @@ async fn a_libvirt_that_stays_gone_ends_in_unknown_and_exit_3() {
     let name = "uri-lost";
     let external = tempfile::tempdir().unwrap();
     let libvirt_dir = external.path().join("libvirt");
-    let mut daemon = PrivateDaemon::start(&libvirt_dir, DaemonOptions { pod_cgroups: true })
-        .expect("the test's own libvirtd");
+    let mut daemon = PrivateDaemon::start(
+        &libvirt_dir,
+        DaemonOptions {
+            pod_cgroups: true,
+            ..Default::default()
+        },
+    )
+    .expect("the test's own libvirtd");
     let uri = daemon.uri().to_string();
     let mut vm = Launched::start(
         &guest_spec(name, "", &[]),

@@ -62,6 +62,7 @@ fn options(dir: &Path) -> ConvertOptions {
         Some("pod") => NetworkMode::Pod,
         _ => NetworkMode::Local,
     };
+    opts.publish = vmlauncher::convert::Publish::default_for(opts.network);
     opts.block_volumes = extra.block_volumes.into_iter().collect();
     opts
 }

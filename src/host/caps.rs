@@ -154,12 +154,13 @@ pub fn drop_unneeded() -> Result<Vec<Capability>, CapsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::cgroup::CgroupMount;
 
     #[test]
     fn names_what_is_missing_and_why() {
         let roots = CgroupRoots {
-            v1_devices: Some("/sys/fs/cgroup/devices".into()),
-            unified: Some("/sys/fs/cgroup/unified".into()),
+            v1_devices: Some(CgroupMount::whole("/sys/fs/cgroup/devices")),
+            unified: Some(CgroupMount::whole("/sys/fs/cgroup/unified")),
         };
         let all: CapsHashSet = NEEDED.into_iter().collect();
         assert!(check(&all, &roots).is_empty());

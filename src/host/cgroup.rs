@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use libcgroups::v2::devices::bpf::{prog, BpfError};
 use libcgroups::v2::devices::program::{Program, ProgramError};
 use nix::fcntl::{open, OFlag};
+use nix::mount::MsFlags;
 use nix::sys::stat::Mode;
 use oci_spec::runtime::{LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType};
 
@@ -47,6 +48,23 @@ pub enum CgroupError {
         #[source]
         source: nix::Error,
     },
+    #[error("cgroup {cgroup} is outside this cgroup namespace")]
+    OutsideNamespace { cgroup: String },
+    #[error(
+        "cgroup {cgroup} is outside the part of its hierarchy mounted at {mount_point} \
+         (which holds {root})"
+    )]
+    OutsideMount {
+        cgroup: String,
+        mount_point: PathBuf,
+        root: PathBuf,
+    },
+    #[error("cannot mount the cgroup v1 devices hierarchy read-write at {path}")]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
     #[error("cannot build the device program for {rules} rules")]
     Program {
         rules: usize,
@@ -62,13 +80,71 @@ pub enum CgroupError {
     },
 }
 
+/// One mounted cgroup hierarchy, from `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupMount {
+    /// Where it is mounted (`/sys/fs/cgroup/devices`).
+    pub mount_point: PathBuf,
+    /// Which directory of the hierarchy is mounted there (mountinfo's field 4): `/` on a host,
+    /// the container's own cgroup inside a container without a cgroup namespace. Paths in
+    /// `/proc/<pid>/cgroup` are relative to the hierarchy (or the cgroup namespace), so this
+    /// prefix is stripped before they are joined onto the mount point.
+    pub root: PathBuf,
+    pub read_only: bool,
+}
+
+impl CgroupMount {
+    /// A read-write mount of the whole hierarchy at `mount_point`.
+    pub fn whole(mount_point: impl Into<PathBuf>) -> CgroupMount {
+        CgroupMount {
+            mount_point: mount_point.into(),
+            root: PathBuf::from("/"),
+            read_only: false,
+        }
+    }
+
+    /// The directory of the cgroup `path` (as `/proc/<pid>/cgroup` shows it) under this mount.
+    fn dir_of(&self, path: &str) -> Result<PathBuf, CgroupError> {
+        let cgroup = Path::new(path);
+        if !cgroup.is_absolute()
+            || cgroup
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir))
+        {
+            // `/../..`: the process is in a cgroup outside the reader's cgroup namespace.
+            return Err(CgroupError::OutsideNamespace {
+                cgroup: path.into(),
+            });
+        }
+        let relative = cgroup
+            .strip_prefix(&self.root)
+            .map_err(|_| CgroupError::OutsideMount {
+                cgroup: path.into(),
+                mount_point: self.mount_point.clone(),
+                root: self.root.clone(),
+            })?;
+        Ok(self.mount_point.join(relative))
+    }
+}
+
 /// Where the cgroup hierarchies that can restrict devices are mounted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CgroupRoots {
     /// The cgroup v1 hierarchy with the `devices` controller (`/sys/fs/cgroup/devices`).
-    pub v1_devices: Option<PathBuf>,
+    pub v1_devices: Option<CgroupMount>,
     /// The cgroup2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host).
-    pub unified: Option<PathBuf>,
+    pub unified: Option<CgroupMount>,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` is a space).
+fn unescape(field: &str) -> PathBuf {
+    PathBuf::from(
+        field
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\"),
+    )
 }
 
 impl CgroupRoots {
@@ -80,20 +156,26 @@ impl CgroupRoots {
             let Some((left, right)) = line.split_once(" - ") else {
                 continue;
             };
-            let mount_point = left.split(' ').nth(4);
-            let mut right = right.split(' ');
-            let (fstype, super_opts) = (right.next(), right.nth(1));
-            let Some(mount_point) = mount_point else {
+            let mut left = left.split(' ').skip(3);
+            let (Some(root), Some(mount_point), Some(options)) =
+                (left.next(), left.next(), left.next())
+            else {
                 continue;
             };
-            let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
+            let mut right = right.split(' ');
+            let (fstype, super_opts) = (right.next(), right.nth(1));
+            let mount = CgroupMount {
+                mount_point: unescape(mount_point),
+                root: unescape(root),
+                read_only: options.split(',').any(|o| o == "ro"),
+            };
             match fstype {
-                Some("cgroup2") if roots.unified.is_none() => roots.unified = Some(mount_point),
+                Some("cgroup2") if roots.unified.is_none() => roots.unified = Some(mount),
                 Some("cgroup")
                     if roots.v1_devices.is_none()
                         && super_opts.is_some_and(|o| o.split(',').any(|o| o == "devices")) =>
                 {
-                    roots.v1_devices = Some(mount_point)
+                    roots.v1_devices = Some(mount)
                 }
                 _ => {}
             }
@@ -111,9 +193,56 @@ impl CgroupRoots {
         Ok(CgroupRoots::from_mountinfo(&text))
     }
 
+    /// A container's cgroup v1 mounts are read-only, and cannot be remounted read-write: with
+    /// CAP_SYS_ADMIN the devices hierarchy is mounted again, read-write, at `dir` (in this
+    /// process's mount namespace only), and used instead. Does nothing when the mount is
+    /// writable already.
+    pub fn with_writable_v1(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
+        if !self.v1_devices.as_ref().is_some_and(|m| m.read_only) {
+            return Ok(self);
+        }
+        std::fs::create_dir_all(dir).map_err(|source| CgroupError::Read {
+            path: dir.into(),
+            source,
+        })?;
+        let mounted = CgroupRoots::detect()?
+            .v1_devices
+            .filter(|m| m.mount_point == dir && !m.read_only);
+        if mounted.is_none() {
+            nix::mount::mount(
+                Some("cgroup"),
+                dir,
+                Some("cgroup"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("devices"),
+            )
+            .map_err(|source| CgroupError::Mount {
+                path: dir.into(),
+                source,
+            })?;
+        }
+        // The new mount's root is what `/proc/<pid>/cgroup` is relative to: the hierarchy's root,
+        // or the cgroup namespace's. mountinfo says which.
+        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
+            CgroupError::Read {
+                path: "/proc/self/mountinfo".into(),
+                source,
+            }
+        })?;
+        let ours = text
+            .lines()
+            .rfind(|l| l.split(' ').nth(4).map(unescape).as_deref() == Some(dir))
+            .map(CgroupRoots::from_mountinfo)
+            .and_then(|r| r.v1_devices);
+        self.v1_devices = Some(ours.unwrap_or_else(|| CgroupMount::whole(dir)));
+        Ok(self)
+    }
+
     /// The cgroups whose device rules apply to the process whose `/proc/<pid>/cgroup` is `text`.
-    /// A root cgroup restricts nothing and is left alone.
-    pub fn device_cgroups_of(&self, text: &str) -> Vec<DeviceCgroup> {
+    /// The root of a hierarchy restricts nothing and is left alone; the root of a cgroup
+    /// namespace (a container's own cgroup) is not the hierarchy's root, and is kept. A cgroup
+    /// outside the mounted part of its hierarchy is an error, never a path outside the mount.
+    pub fn device_cgroups_of(&self, text: &str) -> Result<Vec<DeviceCgroup>, CgroupError> {
         let mut found = Vec::new();
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
@@ -122,21 +251,37 @@ impl CgroupRoots {
             else {
                 continue;
             };
-            let relative = path.trim_start_matches('/');
-            if relative.is_empty() {
-                continue;
-            }
             if id == "0" && controllers.is_empty() {
-                if let Some(root) = &self.unified {
-                    found.push(DeviceCgroup::V2(root.join(relative)));
+                if let Some(mount) = &self.unified {
+                    let dir = mount.dir_of(path)?;
+                    // Every cgroup2 directory but the hierarchy's root has `cgroup.type`.
+                    if dir != mount.mount_point || dir.join("cgroup.type").exists() {
+                        found.push(DeviceCgroup::V2(dir));
+                    }
                 }
             } else if controllers.split(',').any(|c| c == "devices") {
-                if let Some(root) = &self.v1_devices {
-                    found.push(DeviceCgroup::V1(root.join(relative)));
+                if let Some(mount) = &self.v1_devices {
+                    let dir = mount.dir_of(path)?;
+                    // Only a v1 hierarchy's root has `release_agent`.
+                    if dir != mount.mount_point || !dir.join("release_agent").exists() {
+                        found.push(DeviceCgroup::V1(dir));
+                    }
                 }
             }
         }
-        found
+        Ok(found)
+    }
+}
+
+/// Whether `cgroup` restricts devices at all: cgroup v1 `devices.list` is `a *:* rwm`, or no
+/// device program is attached to a cgroup v2 directory. `None` when that cannot be read.
+pub fn restricts_devices(cgroup: &DeviceCgroup) -> Option<bool> {
+    match cgroup {
+        DeviceCgroup::V1(dir) => {
+            let list = std::fs::read_to_string(dir.join("devices.list")).ok()?;
+            Some(!list.lines().any(|l| l.trim() == "a *:* rwm"))
+        }
+        DeviceCgroup::V2(dir) => attached_programs(dir).ok().map(|p| !p.is_empty()),
     }
 }
 
@@ -350,15 +495,16 @@ mod tests {
     fn finds_both_hierarchies_on_a_hybrid_host() {
         let roots = CgroupRoots::from_mountinfo(MOUNTINFO);
         assert_eq!(
-            roots.unified.as_deref(),
-            Some(Path::new("/sys/fs/cgroup/unified"))
+            roots.unified,
+            Some(CgroupMount::whole("/sys/fs/cgroup/unified"))
         );
         assert_eq!(
-            roots.v1_devices.as_deref(),
-            Some(Path::new("/sys/fs/cgroup/devices"))
+            roots.v1_devices,
+            Some(CgroupMount::whole("/sys/fs/cgroup/devices"))
         );
         let cgroups = roots
-            .device_cgroups_of("9:name=systemd:/\n5:devices:/pod/x\n4:memory:/pod/x\n0::/pod/y\n");
+            .device_cgroups_of("9:name=systemd:/\n5:devices:/pod/x\n4:memory:/pod/x\n0::/pod/y\n")
+            .unwrap();
         assert_eq!(
             cgroups,
             [
@@ -366,8 +512,139 @@ mod tests {
                 DeviceCgroup::V2("/sys/fs/cgroup/unified/pod/y".into())
             ]
         );
-        // Root cgroups restrict nothing.
-        assert!(roots.device_cgroups_of("5:devices:/\n0::/\n").is_empty());
+    }
+
+    /// Mount points in a temp dir, with the files the kernel puts in a hierarchy's root
+    /// (`release_agent`, v1) or in every non-root cgroup (`cgroup.type`, v2).
+    fn mounts(
+        v1_root: &str,
+        v1_is_hierarchy_root: bool,
+        v2_root: &str,
+        v2_is_hierarchy_root: bool,
+    ) -> (tempfile::TempDir, CgroupRoots) {
+        let dir = tempfile::tempdir().unwrap();
+        let (v1, v2) = (dir.path().join("devices"), dir.path().join("unified"));
+        std::fs::create_dir_all(&v1).unwrap();
+        std::fs::create_dir_all(&v2).unwrap();
+        if v1_is_hierarchy_root {
+            std::fs::write(v1.join("release_agent"), "").unwrap();
+        }
+        if !v2_is_hierarchy_root {
+            std::fs::write(v2.join("cgroup.type"), "domain\n").unwrap();
+        }
+        let roots = CgroupRoots {
+            v1_devices: Some(CgroupMount {
+                mount_point: v1,
+                root: v1_root.into(),
+                read_only: false,
+            }),
+            unified: Some(CgroupMount {
+                mount_point: v2,
+                root: v2_root.into(),
+                read_only: false,
+            }),
+        };
+        (dir, roots)
+    }
+
+    #[test]
+    fn a_hierarchy_root_is_left_alone_a_namespace_root_is_not() {
+        // On a host: `/` is the hierarchy's root, which restricts nothing.
+        let (_dir, roots) = mounts("/", true, "/", true);
+        assert_eq!(roots.device_cgroups_of("5:devices:/\n0::/\n").unwrap(), []);
+        // In a cgroup namespace: `/` is the container's own cgroup, which does restrict.
+        let (dir, roots) = mounts("/", false, "/", false);
+        assert_eq!(
+            roots.device_cgroups_of("5:devices:/\n0::/\n").unwrap(),
+            [
+                DeviceCgroup::V1(dir.path().join("devices")),
+                DeviceCgroup::V2(dir.path().join("unified")),
+            ]
+        );
+    }
+
+    #[test]
+    fn paths_outside_the_mount_or_the_namespace_are_refused() {
+        let (_dir, roots) = mounts("/libpod_parent/libpod-abc", false, "/", true);
+        assert!(matches!(
+            roots.device_cgroups_of("5:devices:/libpod_parent/other\n"),
+            Err(CgroupError::OutsideMount { .. })
+        ));
+        // A prefix of a name is not a parent: `/libpod-abcdef` is not under `/libpod-abc`.
+        assert!(matches!(
+            roots.device_cgroups_of("5:devices:/libpod_parent/libpod-abcdef\n"),
+            Err(CgroupError::OutsideMount { .. })
+        ));
+        assert!(matches!(
+            roots.device_cgroups_of("0::/../../kubepods/x\n"),
+            Err(CgroupError::OutsideNamespace { .. })
+        ));
+    }
+
+    /// Samples taken on this project's host: `podman kube play deploy/pod.yaml` (rootful podman
+    /// 4.3, runc, cgroup v1, no cgroup namespace) seen from inside the container.
+    const PODMAN_V1_MOUNTINFO: &str = "\
+421 410 0:56 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime - tmpfs tmpfs rw,mode=755
+426 421 0:33 /libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864 /sys/fs/cgroup/devices ro,nosuid,nodev,noexec,relatime - cgroup cgroup rw,devices
+";
+    const PODMAN_V1_CGROUP: &str = "\
+5:devices:/libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864
+0::/libpod_parent/3bf9b2c38d27638f005a82e2b0da219fab0628b6f1ec1c27cb673c13c2ea3277/libpod-37844b5112881d889eaf8629a106b0d0aff0598b8c28677cd83e6d1d4dff3864
+";
+
+    #[test]
+    fn a_podman_v1_container_sees_its_own_cgroup_at_the_mount_point() {
+        let roots = CgroupRoots::from_mountinfo(PODMAN_V1_MOUNTINFO);
+        let mount = roots.v1_devices.clone().unwrap();
+        assert!(
+            mount.read_only,
+            "the container's cgroup mounts are read-only"
+        );
+        assert!(roots.unified.is_none());
+        // The mount root is stripped: the container's cgroup is the mount point itself, which
+        // has no release_agent (not a hierarchy root) and is kept.
+        let dir = tempfile::tempdir().unwrap();
+        let roots = CgroupRoots {
+            v1_devices: Some(CgroupMount {
+                mount_point: dir.path().into(),
+                ..mount
+            }),
+            unified: None,
+        };
+        assert_eq!(
+            roots.device_cgroups_of(PODMAN_V1_CGROUP).unwrap(),
+            [DeviceCgroup::V1(dir.path().into())]
+        );
+    }
+
+    /// cgroup v2 in a cgroup namespace (`unshare -C` after moving into a child cgroup, on this
+    /// host): the process sees itself at `0::/`; a cgroup2 mounted inside the namespace has root
+    /// `/`, and its top directory has `cgroup.type` (it is not the hierarchy's root); the host's
+    /// mount, seen from inside, has root `/..`.
+    #[test]
+    fn cgroup_v2_in_a_cgroup_namespace() {
+        let inside =
+            CgroupRoots::from_mountinfo("142 121 0:38 / /tmp/cg2 rw,relatime - cgroup2 none rw\n");
+        let host_mount = CgroupRoots::from_mountinfo(
+            "135 125 0:38 /.. /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n",
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("cgroup.type"), "domain\n").unwrap();
+        let inside = CgroupRoots {
+            v1_devices: None,
+            unified: Some(CgroupMount {
+                mount_point: dir.path().into(),
+                ..inside.unified.unwrap()
+            }),
+        };
+        assert_eq!(
+            inside.device_cgroups_of("0::/\n").unwrap(),
+            [DeviceCgroup::V2(dir.path().into())]
+        );
+        assert!(matches!(
+            host_mount.device_cgroups_of("0::/\n"),
+            Err(CgroupError::OutsideMount { .. })
+        ));
     }
 
     #[test]

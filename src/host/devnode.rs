@@ -58,6 +58,17 @@ pub enum DevNodeError {
     },
     #[error("no block device {dev} on this host ({sysfs} does not exist)")]
     NoSuchDevice { dev: DevNumber, sysfs: PathBuf },
+    #[error("{dir} is on a nodev mount: device nodes there cannot be opened")]
+    NodevMount { dir: PathBuf },
+    #[error("cannot allow device nodes in {dir} (a nodev mount): {step}")]
+    Remount {
+        dir: PathBuf,
+        step: &'static str,
+        #[source]
+        source: Errno,
+    },
+    #[error("no block device {dev} on this host ({table} does not list it)")]
+    NotListed { dev: DevNumber, table: PathBuf },
     #[error("cannot open the hotplug dir {dir}")]
     OpenDir {
         dir: PathBuf,
@@ -133,15 +144,83 @@ pub fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
     Ok(DevNumber::from_rdev(meta.rdev()))
 }
 
-/// The kernel knows block device `dev`: `<sys_dev_block>/<major>:<minor>` exists
-/// (`/sys/dev/block` on a host).
-pub fn check_exists(sys_dev_block: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
-    let sysfs = sys_dev_block.join(dev.to_string());
-    if sysfs.exists() {
+/// The kernel knows block device `dev`. `known` is either a sysfs directory of device numbers
+/// (`/sys/dev/block` on a host: `<major>:<minor>` exists) or a `/proc/partitions` table — inside
+/// a container sysfs lists no block devices, while `/proc/partitions` lists the host's.
+pub fn check_exists(known: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
+    let missing = |sysfs: PathBuf| DevNodeError::NoSuchDevice { dev, sysfs };
+    if known.is_dir() {
+        let sysfs = known.join(dev.to_string());
+        return if sysfs.exists() {
+            Ok(())
+        } else {
+            Err(missing(sysfs))
+        };
+    }
+    let table = std::fs::read_to_string(known).map_err(|_| missing(known.into()))?;
+    // major minor #blocks name
+    let listed = table.lines().any(|line| {
+        let mut fields = line.split_whitespace();
+        fields.next().and_then(|m| m.parse().ok()) == Some(dev.major)
+            && fields.next().and_then(|m| m.parse().ok()) == Some(dev.minor)
+    });
+    if listed {
         Ok(())
     } else {
-        Err(DevNodeError::NoSuchDevice { dev, sysfs })
+        Err(DevNodeError::NotListed {
+            dev,
+            table: known.into(),
+        })
     }
+}
+
+/// Where this machine lists its block devices: `/sys/dev/block`, or `/proc/partitions` where
+/// sysfs lists none (a container).
+pub fn block_device_list() -> PathBuf {
+    let sys = Path::new("/sys/dev/block");
+    let listed = std::fs::read_dir(sys).is_ok_and(|mut entries| entries.next().is_some());
+    if listed {
+        sys.into()
+    } else {
+        PathBuf::from("/proc/partitions")
+    }
+}
+
+/// Device nodes in `dir` can be opened: its mount is not `nodev`. Container engines mount
+/// volumes `nodev` (podman does for every volume, an emptyDir included; Kubernetes' kubelet does
+/// not), and a node there fails QEMU's open with EACCES. So when `dir` is on a `nodev` mount it
+/// is bind-mounted onto itself and that bind remounted with device nodes allowed (still
+/// `nosuid,noexec`): the change covers `dir` alone, in this mount namespace alone (libvirtd and
+/// QEMU, started later, inherit it). Needs CAP_SYS_ADMIN, which block hotplug needs anyway.
+/// Only where the launcher owns its mount namespace (`may_remount`: PID 1 of a container); on a
+/// host the bind would outlive the launcher, so a `nodev` dir is an error there. Returns whether
+/// it remounted.
+pub fn allow_device_nodes(dir: &Path, may_remount: bool) -> Result<bool, DevNodeError> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sys::statvfs::{statvfs, FsFlags};
+    let err = |step: &'static str| {
+        move |source| DevNodeError::Remount {
+            dir: dir.into(),
+            step,
+            source,
+        }
+    };
+    let flags = statvfs(dir).map_err(err("statvfs"))?.flags();
+    if !flags.contains(FsFlags::ST_NODEV) {
+        return Ok(false);
+    }
+    if !may_remount {
+        return Err(DevNodeError::NodevMount { dir: dir.into() });
+    }
+    mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(err("bind-mount onto itself"))?;
+    let mut keep = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC;
+    if flags.contains(FsFlags::ST_RDONLY) {
+        keep |= MsFlags::MS_RDONLY;
+    }
+    mount(None::<&str>, dir, None::<&str>, keep, None::<&str>)
+        .map_err(err("remount with device nodes allowed"))?;
+    Ok(true)
 }
 
 /// Who owns the nodes: the user and group QEMU runs as.
@@ -408,5 +487,22 @@ mod tests {
                 sys.path().display()
             )
         );
+        // Inside a container: /proc/partitions.
+        let partitions = sys.path().join("partitions");
+        std::fs::write(
+            &partitions,
+            "major minor  #blocks  name\n\n   7        0      16384 loop0\n 254        0  268435456 vda\n",
+        )
+        .unwrap();
+        check_exists(&partitions, LOOP0).unwrap();
+        let err = check_exists(
+            &partitions,
+            DevNumber {
+                major: 7,
+                minor: 99,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(err, DevNodeError::NotListed { .. }), "{err}");
     }
 }

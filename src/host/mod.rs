@@ -4,16 +4,18 @@
 //! `volumes`; paths come in as parameters, so the same code runs on real files in a temp dir in
 //! unit tests.
 //!
-//! Submodules: `devnode` (block nodes in the hotplug dir), `cgroup` (v1/v2 device rules),
-//! `records` (what the launcher made, for a restarted launcher), `caps` (capability check and
-//! drop).
+//! Submodules: `block` (the owner of hot-plugged block volumes' host side), `devnode` (block
+//! nodes in the hotplug dir), `cgroup` (v1/v2 device rules), `records` (what the launcher made,
+//! for a restarted launcher), `caps` (capability check and drop), `watch` (inotify on paths).
 
+pub(crate) mod block;
 pub mod caps;
 pub mod cgroup;
-pub mod devnode;
-pub mod image_check;
-pub mod records;
-pub mod watch;
+pub mod cpus;
+pub(crate) mod devnode;
+pub(crate) mod image_check;
+pub(crate) mod records;
+pub(crate) mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -23,64 +25,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::volumes::{HostPaths, Preparation, ResolvedVolume};
-
-/// A host step of a block-device hotplug that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum BlockHostError {
-    #[error("cannot read QEMU's pid from {path}")]
-    QemuPid {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error("cannot read QEMU's cgroups from {path}")]
-    QemuCgroups {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
-    #[error(transparent)]
-    Node(#[from] devnode::DevNodeError),
-    #[error(transparent)]
-    Cgroup(#[from] cgroup::CgroupError),
-    #[error(transparent)]
-    Records(#[from] records::RecordsError),
-}
-
-impl BlockHostError {
-    /// A CamelCase reason for volume status.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            BlockHostError::Node(_) => "NodeFailed",
-            BlockHostError::QemuPid { .. }
-            | BlockHostError::QemuCgroups { .. }
-            | BlockHostError::Cgroup(_) => "CgroupFailed",
-            BlockHostError::Records(_) => "RecordsFailed",
-        }
-    }
-}
-
-/// The device cgroups of the QEMU whose pid is in `pid_file`.
-pub fn qemu_device_cgroups(
-    pid_file: &Path,
-    proc_root: &Path,
-    roots: &cgroup::CgroupRoots,
-) -> Result<Vec<cgroup::DeviceCgroup>, BlockHostError> {
-    let pid = fs::read_to_string(pid_file)
-        .and_then(|t| {
-            t.trim()
-                .parse::<u32>()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-        })
-        .map_err(|source| BlockHostError::QemuPid {
-            path: pid_file.into(),
-            source,
-        })?;
-    let path = proc_root.join(pid.to_string()).join("cgroup");
-    let text =
-        fs::read_to_string(&path).map_err(|source| BlockHostError::QemuCgroups { path, source })?;
-    Ok(roots.device_cgroups_of(&text))
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {

@@ -27,6 +27,8 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use super::capcache;
+
 /// How long a fresh daemon may take to answer (the first libvirtd start probes QEMU).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a daemon may take to stop on SIGTERM before it gets SIGKILL.
@@ -70,10 +72,13 @@ pub enum DaemonError {
 }
 
 /// Settings of the daemon's QEMU driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DaemonOptions {
     /// Leave cgroups alone (`cgroup_controllers = [ ]`): in a pod the launcher owns device rules.
     pub pod_cgroups: bool,
+    /// QEMU's capability cache shared with the other launchers of this host (see `capcache`);
+    /// `None`: this daemon's own cache only (probes QEMU at every first start).
+    pub capability_cache: Option<PathBuf>,
 }
 
 /// Told the name of a daemon the launcher started when it exits.
@@ -225,11 +230,52 @@ impl PrivateDaemon {
             if self.libvirtd.is_some() {
                 tracing::warn!("the private libvirtd is gone; starting it again");
             }
+            self.seed_capabilities();
             let process = self.spawn("libvirtd")?;
             self.libvirtd = Some(process);
             self.wait_ready("libvirtd", |d| answers(&d.uri))?;
+            self.publish_capabilities();
         }
         Ok(())
+    }
+
+    /// Copies the shared QEMU capability cache into this daemon's, before it starts. A failure
+    /// costs a probe, nothing else: it is logged.
+    fn seed_capabilities(&self) {
+        let Some(shared) = &self.options.capability_cache else {
+            return;
+        };
+        let started = Instant::now();
+        match capcache::seed(shared, &self.dir.join(capcache::PRIVATE_SUBDIR)) {
+            Ok(n) => {
+                tracing::debug!(files = n, took = ?started.elapsed(), shared = %shared.display(), "seeded QEMU's capability cache")
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot seed QEMU's capability cache; libvirtd will probe QEMU")
+            }
+        }
+    }
+
+    /// Has the fresh libvirtd load QEMU's capabilities (probing if the seeded cache was missing
+    /// or stale), then publishes what changed for the next launcher.
+    fn publish_capabilities(&self) {
+        let Some(shared) = &self.options.capability_cache else {
+            return;
+        };
+        let started = Instant::now();
+        if let Err(e) = capcache::load_capabilities(&self.uri) {
+            tracing::warn!(error = %e, "cannot load QEMU's capabilities");
+            return;
+        }
+        let loaded = started.elapsed();
+        match capcache::publish(&self.dir.join(capcache::PRIVATE_SUBDIR), shared) {
+            Ok(n) => {
+                tracing::info!(published = n, ?loaded, shared = %shared.display(), "QEMU's capabilities loaded")
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot publish QEMU's capability cache")
+            }
+        }
     }
 
     pub fn uri(&self) -> &str {
@@ -288,7 +334,10 @@ impl PrivateDaemon {
         let files = [
             (self.dir.join("libvirtd.conf"), libvirtd_conf(&self.dir)),
             (self.dir.join("virtlogd.conf"), VIRTLOGD_CONF.to_string()),
-            (self.dir.join("etc/qemu.conf"), qemu_conf_text(self.options)),
+            (
+                self.dir.join("etc/qemu.conf"),
+                qemu_conf_text(&self.options),
+            ),
         ];
         for (path, text) in files {
             fs::write(&path, text).map_err(|e| prepare(&path, e))?;
@@ -322,6 +371,12 @@ impl PrivateDaemon {
                 )
             })
             .collect();
+        // libvirt re-probes QEMU when the host's CPUID differs from the cached one, and on some
+        // machines CPUID differs between cores (this project's nested-PVM test host reports leaf
+        // 0x1f on one core only): libvirtd, and the QEMU probes it spawns, stay on one core so the
+        // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
+        // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
+        let one_cpu = (name == "libvirtd").then(first_allowed_cpu).flatten();
         let mut command = Command::new(name);
         command
             .arg("--config")
@@ -337,6 +392,9 @@ impl PrivateDaemon {
         // (unshare, mount) on memory prepared before the fork; it allocates nothing.
         unsafe {
             command.pre_exec(move || {
+                if let Some(cpus) = &one_cpu {
+                    nix::sched::sched_setaffinity(Pid::from_raw(0), cpus)?;
+                }
                 unshare(CloneFlags::CLONE_NEWNS)?;
                 mount(
                     None::<&str>,
@@ -433,6 +491,15 @@ impl Drop for PrivateDaemon {
     }
 }
 
+/// A set holding only the lowest CPU this process may run on.
+fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
+    let allowed = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok()?;
+    let first = (0..nix::sched::CpuSet::count()).find(|&c| allowed.is_set(c).unwrap_or(false))?;
+    let mut one = nix::sched::CpuSet::new();
+    one.set(first).ok()?;
+    Some(one)
+}
+
 /// An API call on `uri` succeeds.
 fn answers(uri: &str) -> bool {
     match virt::connect::Connect::open(Some(uri)) {
@@ -479,7 +546,7 @@ const VIRTLOGD_CONF: &str = r#"# Written by vmlauncher for its private virtlogd;
 log_outputs = "3:stderr"
 "#;
 
-fn qemu_conf_text(options: DaemonOptions) -> String {
+fn qemu_conf_text(options: &DaemonOptions) -> String {
     let cgroups = if options.pod_cgroups {
         "cgroup_controllers = [ ]\n"
     } else {
@@ -494,6 +561,8 @@ remember_owner = 0
 namespaces = [ ]
 stdio_handler = "logd"
 security_driver = "none"
+swtpm_user = "root"
+swtpm_group = "root"
 {cgroups}"#
     )
 }

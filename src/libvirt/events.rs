@@ -23,19 +23,10 @@ pub enum HypervisorEvent {
         event: i32,
         detail: i32,
     },
-    DeviceAdded {
-        domain: String,
-        alias: String,
-    },
     /// The truth about a detach: QEMU and the guest are done with the device.
-    DeviceRemoved {
-        domain: String,
-        alias: String,
-    },
+    DeviceRemoved { domain: String, alias: String },
     /// The guest reset itself (or was reset).
-    Reboot {
-        domain: String,
-    },
+    Reboot { domain: String },
     /// A disk I/O error; `action` is libvirt's (`none`, `pause`, `report`).
     IoError {
         domain: String,
@@ -45,89 +36,14 @@ pub enum HypervisorEvent {
         reason: String,
     },
     /// libvirt lost control of the domain (e.g. its monitor broke).
-    ControlError {
-        domain: String,
-    },
+    ControlError { domain: String },
     /// A private daemon the launcher started (libvirtd, virtlogd) exited.
-    DaemonExited {
-        daemon: &'static str,
-    },
+    DaemonExited { daemon: &'static str },
     /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
-    ConnectionClosed {
-        reason: i32,
-    },
+    ConnectionClosed { reason: i32 },
 }
 
-/// libvirt's lifecycle event codes (`virDomainEventType`).
-pub mod lifecycle_event {
-    pub const DEFINED: i32 = 0;
-    pub const UNDEFINED: i32 = 1;
-    pub const STARTED: i32 = 2;
-    pub const SUSPENDED: i32 = 3;
-    pub const RESUMED: i32 = 4;
-    pub const STOPPED: i32 = 5;
-    pub const SHUTDOWN: i32 = 6;
-    pub const PMSUSPENDED: i32 = 7;
-    pub const CRASHED: i32 = 8;
-}
-
-/// A lifecycle event and its detail in libvirt's words (`virsh event --event lifecycle`).
-pub fn lifecycle_names(event: i32, detail: i32) -> (&'static str, &'static str) {
-    let (name, details): (&str, &[&str]) = match event {
-        lifecycle_event::DEFINED => ("Defined", &["added", "updated", "renamed", "from-snapshot"]),
-        lifecycle_event::UNDEFINED => ("Undefined", &["removed", "renamed"]),
-        lifecycle_event::STARTED => (
-            "Started",
-            &["booted", "migrated", "restored", "from-snapshot", "wakeup"],
-        ),
-        lifecycle_event::SUSPENDED => (
-            "Suspended",
-            &[
-                "paused",
-                "migrated",
-                "ioerror",
-                "watchdog",
-                "restored",
-                "from-snapshot",
-                "api-error",
-                "postcopy",
-                "postcopy-failed",
-            ],
-        ),
-        lifecycle_event::RESUMED => (
-            "Resumed",
-            &[
-                "unpaused",
-                "migrated",
-                "from-snapshot",
-                "postcopy",
-                "postcopy-failed",
-            ],
-        ),
-        lifecycle_event::STOPPED => (
-            "Stopped",
-            &[
-                "shutdown",
-                "destroyed",
-                "crashed",
-                "migrated",
-                "saved",
-                "failed",
-                "from-snapshot",
-            ],
-        ),
-        lifecycle_event::SHUTDOWN => ("Shutdown", &["finished", "guest", "host"]),
-        lifecycle_event::PMSUSPENDED => ("PMSuspended", &["memory", "disk"]),
-        lifecycle_event::CRASHED => ("Crashed", &["panicked", "crashloaded"]),
-        _ => ("Unknown", &[]),
-    };
-    let detail = usize::try_from(detail)
-        .ok()
-        .and_then(|d| details.get(d))
-        .copied()
-        .unwrap_or("unknown");
-    (name, detail)
-}
+pub use super::states::{lifecycle_event, lifecycle_names};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
@@ -194,7 +110,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 6] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 5] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -222,18 +138,6 @@ impl EventRegistration {
                         ) -> c_int,
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_lifecycle)),
-                ),
-                (
-                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
-                    Some(std::mem::transmute::<
-                        unsafe extern "C" fn(
-                            sys::virConnectPtr,
-                            sys::virDomainPtr,
-                            *const c_char,
-                            *mut c_void,
-                        ),
-                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
-                    >(on_device_added)),
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED as i32,
@@ -366,22 +270,6 @@ unsafe extern "C" fn on_lifecycle(
         );
     }
     0
-}
-
-unsafe extern "C" fn on_device_added(
-    _conn: sys::virConnectPtr,
-    dom: sys::virDomainPtr,
-    alias: *const c_char,
-    opaque: *mut c_void,
-) {
-    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
-    unsafe {
-        let event = HypervisorEvent::DeviceAdded {
-            domain: domain_name(dom),
-            alias: c_string(alias),
-        };
-        send(opaque, event);
-    }
 }
 
 unsafe extern "C" fn on_device_removed(

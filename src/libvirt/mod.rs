@@ -3,8 +3,10 @@
 //!
 //! Every call here blocks: async callers run them with `spawn_blocking`.
 
+pub mod capcache;
 pub mod daemon;
-pub mod events;
+pub(crate) mod events;
+mod states;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,8 +17,9 @@ use virt::domain::Domain;
 use virt::error::ErrorNumber;
 use virt::sys;
 
-use crate::lifecycle::{DomainState, PowerState};
+use crate::lifecycle::PowerState;
 use events::{EventRegistration, HypervisorEvent};
+pub use states::power_state_from_raw;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LibvirtError {
@@ -37,6 +40,18 @@ pub enum LibvirtError {
     },
     #[error("domain {domain} does not exist")]
     NoDomain { domain: String },
+    #[error("cannot publish {rule} of domain {domain}: {message}")]
+    Publish {
+        domain: String,
+        rule: String,
+        message: String,
+    },
+    #[error("cannot read the live XML of domain {domain}")]
+    LiveXml {
+        domain: String,
+        #[source]
+        source: crate::domain::LiveXmlError,
+    },
 }
 
 impl LibvirtError {
@@ -149,6 +164,11 @@ impl Hypervisor {
             let _ = dom.undefine();
             return Err(Self::call_err("start", name)(e));
         }
+        if let Err(e) = publish_ports(&dom, name) {
+            let _ = dom.destroy();
+            let _ = dom.undefine();
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -236,13 +256,6 @@ impl Hypervisor {
             .map_err(Self::call_err("detach", name))
     }
 
-    /// The persistent definition, as libvirt would boot it next.
-    pub fn inactive_xml(&self, name: &str) -> Result<String, LibvirtError> {
-        self.domain(name)?
-            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
-            .map_err(Self::call_err("get inactive XML", name))
-    }
-
     /// Presses the ACPI power button.
     pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.domain(name)?
@@ -254,13 +267,6 @@ impl Hypervisor {
         self.domain(name)?
             .destroy()
             .map_err(Self::call_err("destroy", name))
-    }
-
-    /// Starts the defined, stopped domain.
-    pub fn start(&self, name: &str) -> Result<(), LibvirtError> {
-        self.domain(name)?
-            .create()
-            .map_err(Self::call_err("start", name))
     }
 
     pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
@@ -295,6 +301,46 @@ impl Hypervisor {
             .undefine()
             .map_err(Self::call_err("undefine", name))
     }
+}
+
+/// Publishes the ports the domain's user-mode interfaces list (`<portForward>`) with QEMU's
+/// `hostfwd_add`, right after QEMU started: libvirt 9.0 keeps the element but applies it only
+/// for the passt backend, which it does not accept yet. The rules live in QEMU's user-mode
+/// stack, so they last as long as QEMU does: through guest reboots, libvirtd restarts and a
+/// launcher adopting the domain. libvirt marks the domain tainted (`custom-monitor`) for it.
+fn publish_ports(dom: &Domain, name: &str) -> Result<(), LibvirtError> {
+    let xml = dom
+        .xml_desc(0)
+        .map_err(Hypervisor::call_err("get XML", name))?;
+    let interfaces =
+        crate::domain::live_interfaces(&xml).map_err(|source| LibvirtError::LiveXml {
+            domain: name.into(),
+            source,
+        })?;
+    for iface in interfaces.iter().filter(|i| i.kind == "user") {
+        let Some(netdev) = iface.netdev_id() else {
+            continue;
+        };
+        for fwd in &iface.port_forwards {
+            let rule = fwd.hostfwd_rule();
+            let reply = dom
+                .qemu_monitor_command(
+                    &format!("hostfwd_add {netdev} {rule}"),
+                    sys::VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP,
+                )
+                .map_err(Hypervisor::call_err("hostfwd_add", name))?;
+            // HMP answers nothing on success and a sentence on failure (a port in use, say).
+            let reply = reply.trim();
+            if !reply.is_empty() {
+                return Err(LibvirtError::Publish {
+                    domain: name.into(),
+                    rule,
+                    message: reply.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Where the launcher's hypervisor is.
@@ -372,7 +418,7 @@ impl Connector {
                 });
                 *slot = Some(daemon::PrivateDaemon::adopt_or_start(
                     dir,
-                    *options,
+                    options.clone(),
                     Some(notify),
                 )?);
             }
@@ -392,92 +438,5 @@ impl Connector {
         if let Some(mut d) = self.daemon.lock().expect("daemon lock").take() {
             d.stop();
         }
-    }
-}
-
-/// libvirt's numeric state and reason, in libvirt's own words (`virsh domstate --reason`).
-pub fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
-    let (state, reasons): (DomainState, &[&str]) = match state {
-        1 => (
-            DomainState::Running,
-            &[
-                "unknown",
-                "booted",
-                "migrated",
-                "restored",
-                "from-snapshot",
-                "unpaused",
-                "migration-canceled",
-                "save-canceled",
-                "wakeup",
-                "crashed",
-                "post-copy",
-                "post-copy-failed",
-            ],
-        ),
-        2 => (DomainState::Blocked, &["unknown"]),
-        3 => (
-            DomainState::Paused,
-            &[
-                "unknown",
-                "user",
-                "migration",
-                "save",
-                "dump",
-                "ioerror",
-                "watchdog",
-                "from-snapshot",
-                "shutdown",
-                "snapshot",
-                "api-error",
-                "starting-up",
-                "post-copy",
-                "postcopy-failed",
-            ],
-        ),
-        4 => (DomainState::ShuttingDown, &["unknown", "user"]),
-        5 => (
-            DomainState::Shutoff,
-            &[
-                "unknown",
-                "shutdown",
-                "destroyed",
-                "crashed",
-                "migrated",
-                "saved",
-                "failed",
-                "from-snapshot",
-                "daemon",
-            ],
-        ),
-        6 => (DomainState::Crashed, &["unknown", "panicked"]),
-        7 => (DomainState::PmSuspended, &["unknown"]),
-        _ => (DomainState::NoState, &["unknown"]),
-    };
-    let reason = usize::try_from(reason)
-        .ok()
-        .and_then(|r| reasons.get(r))
-        .copied()
-        .unwrap_or("unknown");
-    PowerState {
-        state,
-        reason: reason.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn raw_states_read_as_virsh_says_them() {
-        assert_eq!(power_state_from_raw(1, 1).to_string(), "running (booted)");
-        assert_eq!(power_state_from_raw(3, 5).to_string(), "paused (ioerror)");
-        assert_eq!(
-            power_state_from_raw(5, 2).to_string(),
-            "shutoff (destroyed)"
-        );
-        assert_eq!(power_state_from_raw(5, 99).to_string(), "shutoff (unknown)");
-        assert_eq!(power_state_from_raw(42, 0).to_string(), "nostate (unknown)");
     }
 }

@@ -531,7 +531,10 @@ impl LibvirtJudge {
         let state = tempfile::tempdir().unwrap();
         let daemon = PrivateDaemon::start(
             &state.path().join("libvirt"),
-            DaemonOptions { pod_cgroups: true },
+            DaemonOptions {
+                pod_cgroups: true,
+                ..Default::default()
+            },
         )
         .expect("a private libvirtd");
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();

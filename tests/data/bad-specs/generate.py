@@ -40,7 +40,7 @@ case("document-empty.yaml", "", "(document): ")
 case("document-scalar.yaml", "hello\n", "(document): not a Kubernetes object")
 case("document-list.yaml", "- 1\n- 2\n", "(document): not a Kubernetes object")
 case("document-two-documents.yaml", BASE + "---\n" + BASE, "(document): ")
-case("encoding-not-utf8.yaml", sub("name: bad", "name: b\xffad").encode("latin-1"), "(document): not UTF-8 (invalid byte at offset 22)")
+case("encoding-not-utf8.yaml", sub("name: bad", "name: b\xffad").encode("latin-1"), "(document): not UTF-8 (invalid byte at offset 75)")
 case("encoding-nul-byte.yaml", sub("name: bad", "name: b\x00ad"), "(document): ")
 # --- wrong types ---
 case("type-cores-string.yaml", sub("cores: 1", "cores: two"), "spec.domain.cpu.cores: invalid type")

@@ -1,323 +1,11 @@
-//! The libvirt domain XML model: what vmlauncher writes (serialised with quick-xml), and the few
-//! facts it reads back from libvirt's XML (parsed losslessly with roxmltree): live disks, and the
-//! canonical machine names of the capabilities.
-//!
-//! The live reader never rebuilds an element from the model: to detach a disk it hands back the
-//! exact bytes libvirt gave, so nothing libvirt added (addresses, backing chains) is lost.
+//! The model to XML, with quick-xml: what vmlauncher asks libvirt to define and attach.
 
-use std::collections::BTreeMap;
 use std::io;
-use std::path::PathBuf;
 
 use quick_xml::events::BytesText;
 use quick_xml::Writer;
 
-/// The prefix libvirt requires for user-chosen device aliases.
-pub const USER_ALIAS_PREFIX: &str = "ua-";
-/// The namespace of vmlauncher's `<metadata>` element.
-pub const METADATA_NAMESPACE: &str = "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum VirtType {
-    /// Hardware virtualisation.
-    Kvm,
-    /// Software emulation (TCG): slow, but runs anywhere.
-    #[default]
-    Qemu,
-}
-
-impl VirtType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VirtType::Kvm => "kvm",
-            VirtType::Qemu => "qemu",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DomainDef {
-    pub name: String,
-    pub uuid: Option<String>,
-    pub virt_type: VirtType,
-    pub memory_kib: u64,
-    /// Hugepage size backing the guest memory.
-    pub hugepage_kib: Option<u64>,
-    pub topology: CpuTopology,
-    pub cpu: CpuDef,
-    pub iothreads: u32,
-    pub machine: String,
-    pub firmware: FirmwareDef,
-    /// SMBIOS system serial number.
-    pub sysinfo_serial: Option<String>,
-    pub kernel_boot: Option<KernelBootDef>,
-    pub features: FeaturesDef,
-    pub clock: ClockDef,
-    pub disks: Vec<DiskDef>,
-    pub interfaces: Vec<InterfaceDef>,
-    pub inputs: Vec<InputDef>,
-    pub watchdog: Option<WatchdogDef>,
-    pub rng: bool,
-    /// The virtio-scsi controller that hot-plugged disks go to.
-    pub scsi_controller: bool,
-    /// Where QEMU writes the guest's serial console; `None` without a serial console.
-    pub console_log: Option<PathBuf>,
-    /// The unix socket of the VNC display; `None` without graphics.
-    pub vnc_socket: Option<PathBuf>,
-    pub memballoon: bool,
-    pub instance: InstanceMetadata,
-}
-
-/// Who this domain belongs to, written into `<metadata>` so that a launcher can recognise its own.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct InstanceMetadata {
-    pub namespace: String,
-    pub name: String,
-    pub uid: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuTopology {
-    pub sockets: u32,
-    pub cores: u32,
-    pub threads: u32,
-}
-
-impl Default for CpuTopology {
-    fn default() -> Self {
-        CpuTopology {
-            sockets: 1,
-            cores: 1,
-            threads: 1,
-        }
-    }
-}
-
-impl CpuTopology {
-    pub fn vcpus(&self) -> u32 {
-        self.sockets * self.cores * self.threads
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum CpuMode {
-    /// libvirt's default for the domain type.
-    #[default]
-    Default,
-    HostModel,
-    HostPassthrough,
-    /// A named libvirt CPU model.
-    Custom(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CpuDef {
-    pub mode: CpuMode,
-    /// `(policy, name)`.
-    pub features: Vec<(String, String)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum FirmwareDef {
-    /// SeaBIOS.
-    #[default]
-    Bios,
-    BiosUseSerial,
-    Efi(EfiDef),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EfiDef {
-    pub code: PathBuf,
-    pub vars_template: PathBuf,
-    pub nvram: PathBuf,
-    pub secure: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct KernelBootDef {
-    pub kernel: PathBuf,
-    pub initrd: Option<PathBuf>,
-    pub cmdline: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct FeaturesDef {
-    pub acpi: bool,
-    pub apic: bool,
-    /// `<apic eoi=...>`.
-    pub apic_eoi: Option<bool>,
-    pub smm: Option<bool>,
-    /// `(element, state, extra attribute)`, in libvirt's names (`stimer`, `vendor_id`).
-    pub hyperv: Vec<HypervFeature>,
-    pub kvm_hidden: Option<bool>,
-    pub pvspinlock: Option<bool>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HypervFeature {
-    pub name: &'static str,
-    pub on: bool,
-    /// An extra attribute: `retries` for spinlocks, `value` for vendor_id.
-    pub attribute: Option<(&'static str, String)>,
-    /// `<stimer><direct state=.../></stimer>`.
-    pub direct: Option<bool>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ClockOffset {
-    #[default]
-    Utc,
-    /// UTC plus seconds.
-    UtcAdjusted(i64),
-    Timezone(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ClockDef {
-    pub offset: ClockOffset,
-    pub timers: Vec<TimerDef>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimerDef {
-    /// libvirt's name: `hpet`, `pit`, `rtc`, `kvmclock`, `hypervclock`.
-    pub name: &'static str,
-    pub present: Option<bool>,
-    pub tickpolicy: Option<String>,
-    pub track: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub enum Bus {
-    #[default]
-    Scsi,
-    Virtio,
-    Sata,
-}
-
-impl Bus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Bus::Scsi => "scsi",
-            Bus::Virtio => "virtio",
-            Bus::Sata => "sata",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DiskDevice {
-    #[default]
-    Disk,
-    Cdrom,
-    Lun,
-}
-
-impl DiskDevice {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DiskDevice::Disk => "disk",
-            DiskDevice::Cdrom => "cdrom",
-            DiskDevice::Lun => "lun",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DiskSource {
-    File(PathBuf),
-    Block(PathBuf),
-}
-
-impl Default for DiskSource {
-    fn default() -> Self {
-        DiskSource::File(PathBuf::new())
-    }
-}
-
-impl DiskSource {
-    pub fn path(&self) -> &std::path::Path {
-        match self {
-            DiskSource::File(p) | DiskSource::Block(p) => p,
-        }
-    }
-}
-
-/// `<address type='drive' controller='0' bus='0' target='0' unit='N'/>`: explicit, because
-/// libvirt's own allocation adds a controller every 7 disks and runs out of PCI slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DriveAddress {
-    pub controller: u32,
-    pub unit: u32,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DiskDef {
-    /// The spec's volume name; the device alias is `ua-<volume>`.
-    pub volume: String,
-    pub device: DiskDevice,
-    pub source: DiskSource,
-    /// `raw` or `qcow2`; raw when empty.
-    pub format: &'static str,
-    pub bus: Bus,
-    /// Guest target name (`sda`, `vdb`).
-    pub target: String,
-    pub serial: Option<String>,
-    /// Drive address, for scsi disks.
-    pub address: Option<DriveAddress>,
-    pub cache: Option<String>,
-    pub io: Option<String>,
-    pub error_policy: Option<String>,
-    pub iothread: Option<u32>,
-    pub boot_order: Option<u32>,
-    pub readonly: bool,
-    pub shareable: bool,
-}
-
-impl DiskDef {
-    pub fn alias(&self) -> String {
-        format!("{USER_ALIAS_PREFIX}{}", self.volume)
-    }
-
-    /// The `<disk>` element alone, as sent to libvirt's attach call.
-    pub fn to_xml(&self) -> String {
-        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-        write_disk(&mut w, self).expect("writing to a Vec cannot fail");
-        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InterfaceBackend {
-    /// QEMU's user-mode network: a local run, no privileges, no host configuration.
-    User,
-    /// A tap device the pod network prepared (`managed='no'`: libvirt neither creates nor
-    /// removes it).
-    Tap(String),
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterfaceDef {
-    pub name: String,
-    pub backend: InterfaceBackend,
-    pub model: String,
-    pub mac: Option<String>,
-    pub boot_order: Option<u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InputDef {
-    pub name: String,
-    pub input_type: String,
-    pub bus: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchdogDef {
-    pub name: String,
-    pub action: String,
-}
+use super::*;
 
 /// The guest target name for an index: `prefix` + a, b, ..., z, aa, ab, ... (Linux's scheme).
 pub fn target_name(prefix: &str, index: u32) -> String {
@@ -454,6 +142,20 @@ fn write_interface(w: &mut XmlWriter, iface: &InterfaceDef) -> io::Result<()> {
             if let Some(order) = iface.boot_order {
                 empty(w, "boot", &[("order", &order.to_string())])?;
             }
+            for fwd in &iface.port_forwards {
+                w.create_element("portForward")
+                    .with_attributes([("proto", fwd.protocol.as_str()), ("address", &fwd.address)])
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "range",
+                            &[
+                                ("start", &fwd.host_port.to_string()),
+                                ("to", &fwd.port.to_string()),
+                            ],
+                        )
+                    })?;
+            }
             alias(w, &iface.name)
         })?;
     Ok(())
@@ -504,6 +206,21 @@ impl DomainDef {
                     .write_text_content(BytesText::new(&self.topology.vcpus().to_string()))?;
                 if self.iothreads > 0 {
                     text_element(w, "iothreads", &self.iothreads.to_string())?;
+                }
+                if let Some(tune) = &self.cputune {
+                    w.create_element("cputune").write_inner_content(|w| {
+                        for (vcpu, cpu) in tune.vcpu_pins.iter().enumerate() {
+                            empty(
+                                w,
+                                "vcpupin",
+                                &[("vcpu", &vcpu.to_string()), ("cpuset", &cpu.to_string())],
+                            )?;
+                        }
+                        if let Some(cpu) = tune.emulator_pin {
+                            empty(w, "emulatorpin", &[("cpuset", &cpu.to_string())])?;
+                        }
+                        Ok(())
+                    })?;
                 }
                 self.write_cpu(w)?;
                 if let Some(serial) = &self.sysinfo_serial {
@@ -725,6 +442,21 @@ impl DomainDef {
                     .with_attributes([("type", input.input_type.as_str()), ("bus", &input.bus)])
                     .write_inner_content(|w| alias(w, &input.name))?;
             }
+            if let Some(tpm) = &self.tpm {
+                w.create_element("tpm")
+                    .with_attribute(("model", "tpm-tis"))
+                    .write_inner_content(|w| {
+                        empty(
+                            w,
+                            "backend",
+                            &[
+                                ("type", "emulator"),
+                                ("version", "2.0"),
+                                ("persistent_state", yes_no(tpm.persistent)),
+                            ],
+                        )
+                    })?;
+            }
             if let Some(socket) = &self.vnc_socket {
                 let socket = socket.to_string_lossy();
                 w.create_element("graphics")
@@ -772,129 +504,17 @@ impl DomainDef {
     }
 }
 
-/// The canonical machine type of each alias in libvirt's capabilities XML, for x86_64 guests:
-/// `<machine canonical='pc-q35-7.2'>q35</machine>` gives `q35 → pc-q35-7.2`.
-pub fn canonical_machines(capabilities: &str) -> Result<BTreeMap<String, String>, LiveXmlError> {
-    let doc = roxmltree::Document::parse(capabilities).map_err(LiveXmlError::Malformed)?;
-    Ok(doc
-        .descendants()
-        .filter(|n| n.has_tag_name("arch") && n.attribute("name") == Some("x86_64"))
-        .flat_map(|arch| arch.children().filter(|n| n.has_tag_name("machine")))
-        .filter_map(|m| {
-            Some((
-                m.text()?.trim().to_string(),
-                m.attribute("canonical")?.to_string(),
-            ))
-        })
-        .collect())
-}
-
-/// The `<machine>` of a domain capabilities document (the canonical, versioned name).
-pub fn domain_capabilities_machine(xml: &str) -> Option<String> {
-    let doc = roxmltree::Document::parse(xml).ok()?;
-    let machine = doc
-        .root_element()
-        .children()
-        .find(|n| n.has_tag_name("machine"))?;
-    Some(machine.text()?.trim().to_string())
-}
-
-/// A `<disk>` of libvirt's live XML: the facts the hotplug diff needs, and the element's own bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveDisk {
-    pub alias: Option<String>,
-    pub target: String,
-    pub bus: String,
-    pub serial: Option<String>,
-    /// The file or device path, when the disk has a source.
-    pub source: Option<String>,
-    /// The drive address, when the disk has one.
-    pub address: Option<DriveAddress>,
-    /// The element exactly as libvirt wrote it: what a detach sends back.
-    pub xml: String,
-}
-
-impl LiveDisk {
-    /// The spec volume this disk was made from, if it carries vmlauncher's user alias.
-    pub fn volume(&self) -> Option<&str> {
-        self.alias.as_deref()?.strip_prefix(USER_ALIAS_PREFIX)
+impl DiskDef {
+    pub fn alias(&self) -> String {
+        format!("{USER_ALIAS_PREFIX}{}", self.volume)
     }
-}
 
-#[derive(Debug, thiserror::Error)]
-pub enum LiveXmlError {
-    #[error("libvirt returned XML that does not parse")]
-    Malformed(#[source] roxmltree::Error),
-    #[error("live domain XML: <disk> #{index} has no <target dev=...>")]
-    DiskWithoutTarget { index: usize },
-    #[error("live domain XML: <disk> #{index} has a drive address with a bad {attribute}")]
-    BadAddress {
-        index: usize,
-        attribute: &'static str,
-    },
-}
-
-fn child<'a, 'input>(
-    node: roxmltree::Node<'a, 'input>,
-    tag: &str,
-) -> Option<roxmltree::Node<'a, 'input>> {
-    node.children().find(|n| n.has_tag_name(tag))
-}
-
-/// The `<disk>` elements of a live domain XML, in document order.
-pub fn live_disks(xml: &str) -> Result<Vec<LiveDisk>, LiveXmlError> {
-    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
-    let Some(devices) = doc
-        .root_element()
-        .children()
-        .find(|n| n.has_tag_name("devices"))
-    else {
-        return Ok(Vec::new());
-    };
-    devices
-        .children()
-        .filter(|n| n.has_tag_name("disk"))
-        .enumerate()
-        .map(|(index, disk)| {
-            let target = child(disk, "target").ok_or(LiveXmlError::DiskWithoutTarget { index })?;
-            let dev = target
-                .attribute("dev")
-                .ok_or(LiveXmlError::DiskWithoutTarget { index })?;
-            let address = match child(disk, "address") {
-                Some(a) if a.attribute("type") == Some("drive") => {
-                    let num = |attribute: &'static str| {
-                        a.attribute(attribute)
-                            .unwrap_or("0")
-                            .parse::<u32>()
-                            .map_err(|_| LiveXmlError::BadAddress { index, attribute })
-                    };
-                    Some(DriveAddress {
-                        controller: num("controller")?,
-                        unit: num("unit")?,
-                    })
-                }
-                _ => None,
-            };
-            let source = child(disk, "source").and_then(|s| {
-                s.attribute("file")
-                    .or_else(|| s.attribute("dev"))
-                    .map(str::to_string)
-            });
-            Ok(LiveDisk {
-                alias: child(disk, "alias")
-                    .and_then(|a| a.attribute("name"))
-                    .map(str::to_string),
-                target: dev.to_string(),
-                bus: target.attribute("bus").unwrap_or("").to_string(),
-                serial: child(disk, "serial")
-                    .and_then(|s| s.text())
-                    .map(str::to_string),
-                source,
-                address,
-                xml: xml[disk.range()].to_string(),
-            })
-        })
-        .collect()
+    /// The `<disk>` element alone, as sent to libvirt's attach call.
+    pub fn to_xml(&self) -> String {
+        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+        write_disk(&mut w, self).expect("writing to a Vec cannot fail");
+        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
+    }
 }
 
 #[cfg(test)]
@@ -936,95 +556,5 @@ mod tests {
   <address type="drive" controller="0" bus="0" target="0" unit="1"/>
 </disk>"#
         );
-    }
-
-    const LIVE: &str = r#"<domain type='qemu' id='1'>
-  <name>default_vm</name>
-  <devices>
-    <emulator>/usr/bin/qemu-system-x86_64</emulator>
-    <disk type='file' device='disk'>
-      <driver name='qemu' type='raw'/>
-      <source file='/data/a.img' index='2'/>
-      <backingStore/>
-      <target dev='sda' bus='scsi'/>
-      <serial>SerA</serial>
-      <alias name='ua-a'/>
-      <address type='drive' controller='0' bus='0' target='0' unit='3'/>
-    </disk>
-    <disk type='block' device='disk'>
-      <source dev='/dev/loop0'/>
-      <target dev='vda' bus='virtio'/>
-      <alias name='virtio-disk0'/>
-      <address type='pci' domain='0x0000' bus='0x04' slot='0x00' function='0x0'/>
-    </disk>
-  </devices>
-</domain>"#;
-
-    #[test]
-    fn reads_live_disks_and_keeps_their_bytes() {
-        let disks = live_disks(LIVE).unwrap();
-        assert_eq!(disks.len(), 2);
-        let a = &disks[0];
-        assert_eq!(a.volume(), Some("a"));
-        assert_eq!(a.target, "sda");
-        assert_eq!(a.bus, "scsi");
-        assert_eq!(a.serial.as_deref(), Some("SerA"));
-        assert_eq!(a.source.as_deref(), Some("/data/a.img"));
-        assert_eq!(
-            a.address,
-            Some(DriveAddress {
-                controller: 0,
-                unit: 3
-            })
-        );
-        assert!(a.xml.starts_with("<disk type='file' device='disk'>"));
-        assert!(a.xml.ends_with("</disk>"));
-        assert!(
-            a.xml.contains("<backingStore/>"),
-            "live bytes kept as libvirt wrote them"
-        );
-        let b = &disks[1];
-        assert_eq!(b.volume(), None);
-        assert_eq!(b.source.as_deref(), Some("/dev/loop0"));
-        assert_eq!(b.address, None);
-    }
-
-    #[test]
-    fn reads_the_machine_of_domain_capabilities() {
-        let xml = "<domainCapabilities>\n  <path>/usr/bin/qemu-system-x86_64</path>\n  <domain>qemu</domain>\n  <machine>pc-q35-7.2</machine>\n  <arch>x86_64</arch>\n</domainCapabilities>";
-        assert_eq!(
-            domain_capabilities_machine(xml).as_deref(),
-            Some("pc-q35-7.2")
-        );
-        assert_eq!(domain_capabilities_machine("<domainCapabilities/>"), None);
-    }
-
-    #[test]
-    fn reads_canonical_machines_from_capabilities() {
-        let caps = r#"<capabilities><guest><arch name='x86_64'>
-            <machine maxCpus='255'>pc-i440fx-7.2</machine>
-            <machine canonical='pc-i440fx-7.2' maxCpus='255'>pc</machine>
-            <machine canonical='pc-q35-7.2' maxCpus='288'>q35</machine>
-            </arch></guest><guest><arch name='i686'>
-            <machine canonical='pc-q35-7.1'>q35</machine></arch></guest></capabilities>"#;
-        let machines = canonical_machines(caps).unwrap();
-        assert_eq!(machines.get("q35").map(String::as_str), Some("pc-q35-7.2"));
-        assert_eq!(
-            machines.get("pc").map(String::as_str),
-            Some("pc-i440fx-7.2")
-        );
-        assert_eq!(machines.len(), 2);
-    }
-
-    #[test]
-    fn malformed_live_xml_is_an_error() {
-        assert!(matches!(
-            live_disks("<domain><devices>"),
-            Err(LiveXmlError::Malformed(_))
-        ));
-        assert!(matches!(
-            live_disks("<domain><devices><disk/></devices></domain>"),
-            Err(LiveXmlError::DiskWithoutTarget { index: 0 })
-        ));
     }
 }

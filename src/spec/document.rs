@@ -30,6 +30,12 @@ impl DocumentProblem {
     }
 }
 
+impl From<DocumentProblem> for super::SpecErrors {
+    fn from(p: DocumentProblem) -> Self {
+        super::SpecErrors::one(p.path, super::Problem::Syntax { message: p.message })
+    }
+}
+
 /// The document's text: at most [`MAX_DOCUMENT_BYTES`], UTF-8.
 pub fn text_of(bytes: &[u8]) -> Result<&str, DocumentProblem> {
     check_size(bytes.len())?;
@@ -41,7 +47,8 @@ pub fn text_of(bytes: &[u8]) -> Result<&str, DocumentProblem> {
     })
 }
 
-fn check_size(len: usize) -> Result<(), DocumentProblem> {
+/// A document of `len` bytes is within [`MAX_DOCUMENT_BYTES`]: checked before reading a file.
+pub fn check_size(len: usize) -> Result<(), DocumentProblem> {
     if len > MAX_DOCUMENT_BYTES {
         return Err(DocumentProblem::whole(format!(
             "{len} bytes, at most {MAX_DOCUMENT_BYTES}"
@@ -184,13 +191,19 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
             .ok_or_else(|| self.fail(format!("{v} is not a finite number")))
     }
 
-    fn visit_str<E: de::Error>(mut self, v: &str) -> Result<Value, E> {
-        self.spend()?;
-        Ok(Value::String(v.to_owned()))
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        self.visit_string(v.to_owned())
     }
 
     fn visit_string<E: de::Error>(mut self, v: String) -> Result<Value, E> {
         self.spend()?;
+        // XML 1.0 cannot carry these, and every string may end up in the domain XML.
+        if let Some(ch) = v
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+        {
+            return Err(self.fail(format!("control character U+{:04X}", u32::from(ch))));
+        }
         Ok(Value::String(v))
     }
 

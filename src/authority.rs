@@ -1,0 +1,658 @@
+//! Makes every stock gRPC client's `:authority` acceptable to the server's HTTP/2 layer.
+//!
+//! Over a unix socket, gRPC's C core (Python `grpcio`, C++, Ruby), grpc-java and grpc-swift send
+//! the percent-encoded socket path as `:authority` (`%2Frun%2Fvm%2Flauncher.sock`). That is no
+//! valid authority, and hyper's `h2` under tonic answers every such request with
+//! `RST_STREAM PROTOCOL_ERROR`, with no setting to relax it (hyperium/h2#487, grpc/grpc#38142).
+//! On a unix socket the authority carries nothing — the socket already names the peer — so this
+//! module sits between the socket and the server and rewrites an authority `http` cannot parse to
+//! `localhost`, what Go clients send.
+//!
+//! It works on the client-to-server byte stream, one connection at a time: the connection preface
+//! and every frame but HEADERS/CONTINUATION pass through untouched; a header block (HEADERS plus
+//! its CONTINUATIONs) is decoded with the client's HPACK state, the authority replaced if it is
+//! invalid, and re-encoded with an HPACK state of our own toward the server (the server's side of
+//! the table only ever sees our encoder), as one HEADERS frame followed by CONTINUATIONs of at most
+//! 16 KiB, the frame size every HTTP/2 peer accepts. Padding is dropped, priority kept. What the
+//! server writes back passes through unchanged.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// What every HTTP/2 client sends first.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const FRAME_HEADER_LEN: usize = 9;
+const TYPE_HEADERS: u8 = 0x1;
+const TYPE_CONTINUATION: u8 = 0x9;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
+const FLAG_PADDED: u8 = 0x8;
+const FLAG_PRIORITY: u8 = 0x20;
+/// The largest frame payload every peer accepts (SETTINGS_MAX_FRAME_SIZE's minimum).
+const MAX_FRAME: usize = 16_384;
+/// A header block larger than this ends the connection (the server's own limit is 16 KiB).
+const MAX_BLOCK: usize = 1 << 20;
+/// What Go clients send, and what replaces an authority that does not parse.
+pub const REPLACEMENT: &[u8] = b"localhost";
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthorityError {
+    #[error("the client's HTTP/2 preface is wrong")]
+    Preface,
+    #[error("a CONTINUATION frame on stream {stream} without a header block open")]
+    StrayContinuation { stream: u32 },
+    #[error("a frame of type {frame_type:#x} inside the header block of stream {stream}")]
+    Interleaved { frame_type: u8, stream: u32 },
+    #[error("a HEADERS frame of {len} bytes is shorter than its padding and priority")]
+    ShortHeaders { len: usize },
+    #[error("a header block over {MAX_BLOCK} bytes")]
+    BlockTooLarge,
+    #[error("cannot decode a header block: {0}")]
+    Hpack(String),
+}
+
+impl From<AuthorityError> for io::Error {
+    fn from(e: AuthorityError) -> Self {
+        io::Error::new(io::ErrorKind::InvalidData, e)
+    }
+}
+
+/// An `:authority` the server's HTTP/2 layer accepts as it is.
+fn is_valid_authority(value: &[u8]) -> bool {
+    http::uri::Authority::try_from(value).is_ok()
+}
+
+/// A header block being gathered from HEADERS and CONTINUATION frames.
+#[derive(Debug)]
+struct OpenBlock {
+    stream: u32,
+    /// END_STREAM, kept for the HEADERS frame we write.
+    end_stream: bool,
+    priority: Option<[u8; 5]>,
+    fragment: Vec<u8>,
+}
+
+/// Where the byte stream is.
+#[derive(Debug)]
+enum Position {
+    /// Inside the preface: how many bytes of it were seen.
+    Preface(usize),
+    /// Gathering the 9-byte header of the next frame.
+    FrameHeader,
+    /// Inside the payload of a frame passed through: bytes left.
+    PassThrough(usize),
+    /// Inside the payload of a HEADERS or CONTINUATION frame: its type, flags, stream, and the
+    /// payload length.
+    HeaderPayload {
+        frame_type: u8,
+        flags: u8,
+        stream: u32,
+        len: usize,
+    },
+}
+
+/// The pure state machine: bytes from the client in, bytes for the server out.
+pub struct Rewriter {
+    position: Position,
+    /// Bytes of the current frame header or header payload gathered so far.
+    pending: Vec<u8>,
+    open: Option<OpenBlock>,
+    decoder: loona_hpack::Decoder<'static>,
+    encoder: loona_hpack::Encoder<'static>,
+    rewritten: u64,
+}
+
+impl std::fmt::Debug for Rewriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rewriter")
+            .field("position", &self.position)
+            .field("open", &self.open)
+            .field("rewritten", &self.rewritten)
+            .finish()
+    }
+}
+
+impl Default for Rewriter {
+    fn default() -> Self {
+        Rewriter {
+            position: Position::Preface(0),
+            pending: Vec::new(),
+            open: None,
+            decoder: loona_hpack::Decoder::new(),
+            encoder: loona_hpack::Encoder::new(),
+            rewritten: 0,
+        }
+    }
+}
+
+impl Rewriter {
+    /// How many authorities this connection had rewritten.
+    pub fn rewritten(&self) -> u64 {
+        self.rewritten
+    }
+
+    /// Consumes `input`, appending what the server should read to `out`.
+    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), AuthorityError> {
+        while !input.is_empty() {
+            match self.position {
+                Position::Preface(seen) => {
+                    let take = (PREFACE.len() - seen).min(input.len());
+                    if input[..take] != PREFACE[seen..seen + take] {
+                        return Err(AuthorityError::Preface);
+                    }
+                    out.extend_from_slice(&input[..take]);
+                    input = &input[take..];
+                    self.position = if seen + take == PREFACE.len() {
+                        Position::FrameHeader
+                    } else {
+                        Position::Preface(seen + take)
+                    };
+                }
+                Position::PassThrough(left) => {
+                    let take = left.min(input.len());
+                    out.extend_from_slice(&input[..take]);
+                    input = &input[take..];
+                    self.position = if take == left {
+                        Position::FrameHeader
+                    } else {
+                        Position::PassThrough(left - take)
+                    };
+                }
+                Position::FrameHeader => {
+                    let take = (FRAME_HEADER_LEN - self.pending.len()).min(input.len());
+                    self.pending.extend_from_slice(&input[..take]);
+                    input = &input[take..];
+                    if self.pending.len() == FRAME_HEADER_LEN {
+                        let header: [u8; FRAME_HEADER_LEN] = std::mem::take(&mut self.pending)
+                            .try_into()
+                            .expect("9 bytes");
+                        self.start_frame(header, out)?;
+                    }
+                }
+                Position::HeaderPayload {
+                    frame_type,
+                    flags,
+                    stream,
+                    len,
+                } => {
+                    let take = (len - self.pending.len()).min(input.len());
+                    self.pending.extend_from_slice(&input[..take]);
+                    input = &input[take..];
+                    if self.pending.len() == len {
+                        let payload = std::mem::take(&mut self.pending);
+                        self.position = Position::FrameHeader;
+                        self.header_frame(frame_type, flags, stream, &payload, out)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_frame(
+        &mut self,
+        header: [u8; FRAME_HEADER_LEN],
+        out: &mut Vec<u8>,
+    ) -> Result<(), AuthorityError> {
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let (frame_type, flags) = (header[3], header[4]);
+        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        match frame_type {
+            TYPE_HEADERS | TYPE_CONTINUATION => {
+                self.position = Position::HeaderPayload {
+                    frame_type,
+                    flags,
+                    stream,
+                    len,
+                };
+                if len == 0 {
+                    self.position = Position::FrameHeader;
+                    self.header_frame(frame_type, flags, stream, &[], out)?;
+                }
+            }
+            _ => {
+                if let Some(open) = &self.open {
+                    return Err(AuthorityError::Interleaved {
+                        frame_type,
+                        stream: open.stream,
+                    });
+                }
+                out.extend_from_slice(&header);
+                self.position = if len == 0 {
+                    Position::FrameHeader
+                } else {
+                    Position::PassThrough(len)
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn header_frame(
+        &mut self,
+        frame_type: u8,
+        flags: u8,
+        stream: u32,
+        payload: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), AuthorityError> {
+        if frame_type == TYPE_HEADERS {
+            if let Some(open) = &self.open {
+                return Err(AuthorityError::Interleaved {
+                    frame_type,
+                    stream: open.stream,
+                });
+            }
+            let short = || AuthorityError::ShortHeaders { len: payload.len() };
+            let mut body = payload;
+            let mut padding = 0;
+            if flags & FLAG_PADDED != 0 {
+                let (&pad, rest) = body.split_first().ok_or_else(short)?;
+                padding = pad as usize;
+                body = rest;
+            }
+            let mut priority = None;
+            if flags & FLAG_PRIORITY != 0 {
+                let (fields, rest) = body.split_at_checked(5).ok_or_else(short)?;
+                priority = Some(fields.try_into().expect("5 bytes"));
+                body = rest;
+            }
+            let fragment = body
+                .get(..body.len().checked_sub(padding).ok_or_else(short)?)
+                .ok_or_else(short)?;
+            self.open = Some(OpenBlock {
+                stream,
+                end_stream: flags & FLAG_END_STREAM != 0,
+                priority,
+                fragment: fragment.to_vec(),
+            });
+        } else {
+            let open = self
+                .open
+                .as_mut()
+                .filter(|o| o.stream == stream)
+                .ok_or(AuthorityError::StrayContinuation { stream })?;
+            open.fragment.extend_from_slice(payload);
+        }
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|o| o.fragment.len() > MAX_BLOCK)
+        {
+            return Err(AuthorityError::BlockTooLarge);
+        }
+        if flags & FLAG_END_HEADERS != 0 {
+            let block = self.open.take().expect("a block is open");
+            self.emit(block, out)?;
+        }
+        Ok(())
+    }
+
+    /// Decodes a whole header block, fixes its authority, and writes it as frames.
+    fn emit(&mut self, block: OpenBlock, out: &mut Vec<u8>) -> Result<(), AuthorityError> {
+        let mut headers = self
+            .decoder
+            .decode(&block.fragment)
+            .map_err(|e| AuthorityError::Hpack(format!("{e:?}")))?;
+        for (name, value) in &mut headers {
+            if name == b":authority" && !is_valid_authority(value) {
+                tracing::debug!(
+                    authority = %String::from_utf8_lossy(value),
+                    "rewriting an :authority the HTTP/2 layer would refuse"
+                );
+                *value = REPLACEMENT.to_vec();
+                self.rewritten += 1;
+            }
+        }
+        let mut encoded = Vec::with_capacity(block.fragment.len());
+        if let Some(priority) = block.priority {
+            encoded.extend_from_slice(&priority);
+        }
+        self.encoder
+            .encode_into(
+                headers.iter().map(|(n, v)| (n.as_slice(), v.as_slice())),
+                &mut encoded,
+            )
+            .expect("writing to a Vec cannot fail");
+        let mut chunks = encoded.chunks(MAX_FRAME).peekable();
+        let mut first = true;
+        // An empty block still needs its HEADERS frame.
+        let empty: &[u8] = &[];
+        let mut next = chunks.next().or(Some(empty));
+        while let Some(chunk) = next {
+            next = chunks.next();
+            let mut flags = 0;
+            let frame_type = if first {
+                if block.end_stream {
+                    flags |= FLAG_END_STREAM;
+                }
+                if block.priority.is_some() {
+                    flags |= FLAG_PRIORITY;
+                }
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            if next.is_none() {
+                flags |= FLAG_END_HEADERS;
+            }
+            write_frame_header(out, chunk.len(), frame_type, flags, block.stream);
+            out.extend_from_slice(chunk);
+            first = false;
+        }
+        Ok(())
+    }
+}
+
+fn write_frame_header(out: &mut Vec<u8>, len: usize, frame_type: u8, flags: u8, stream: u32) {
+    let len = (len as u32).to_be_bytes();
+    out.extend_from_slice(&len[1..]);
+    out.push(frame_type);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+}
+
+/// A server-side connection whose incoming bytes go through a [`Rewriter`].
+#[derive(Debug)]
+pub struct FixAuthority<S> {
+    inner: S,
+    rewriter: Rewriter,
+    /// Rewritten bytes not yet read by the server.
+    ready: Vec<u8>,
+    ready_from: usize,
+    eof: bool,
+}
+
+impl<S> FixAuthority<S> {
+    pub fn new(inner: S) -> Self {
+        FixAuthority {
+            inner,
+            rewriter: Rewriter::default(),
+            ready: Vec::new(),
+            ready_from: 0,
+            eof: false,
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if this.ready_from < this.ready.len() {
+                let n = (this.ready.len() - this.ready_from).min(buf.remaining());
+                buf.put_slice(&this.ready[this.ready_from..this.ready_from + n]);
+                this.ready_from += n;
+                if this.ready_from == this.ready.len() {
+                    this.ready.clear();
+                    this.ready_from = 0;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if this.eof {
+                return Poll::Ready(Ok(()));
+            }
+            let mut raw = [0u8; 16 * 1024];
+            let mut raw_buf = ReadBuf::new(&mut raw);
+            match Pin::new(&mut this.inner).poll_read(cx, &mut raw_buf) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {
+                    let filled = raw_buf.filled();
+                    if filled.is_empty() {
+                        this.eof = true;
+                    } else {
+                        this.rewriter.feed(filled, &mut this.ready)?;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FixAuthority<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: tonic::transport::server::Connected> tonic::transport::server::Connected
+    for FixAuthority<S>
+{
+    type ConnectInfo = S::ConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.inner.connect_info()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client's header block, encoded by an HPACK encoder of the client's own.
+    fn client_block(encoder: &mut loona_hpack::Encoder<'static>, authority: &[u8]) -> Vec<u8> {
+        encoder.encode([
+            (&b":method"[..], &b"POST"[..]),
+            (b":scheme", b"http"),
+            (b":path", b"/grpc.health.v1.Health/Check"),
+            (b":authority", authority),
+            (b"te", b"trailers"),
+            (b"content-type", b"application/grpc"),
+        ])
+    }
+
+    fn frame(frame_type: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_frame_header(&mut out, payload.len(), frame_type, flags, stream);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    /// Splits what the server reads into frames, and decodes its header blocks with a decoder of
+    /// the server's own: (type, flags, stream, headers or payload).
+    type Headers = Vec<(Vec<u8>, Vec<u8>)>;
+
+    fn server_view(bytes: &[u8]) -> Vec<(u8, u8, u32, Headers, Vec<u8>)> {
+        assert!(bytes.starts_with(PREFACE));
+        let mut rest = &bytes[PREFACE.len()..];
+        let mut decoder = loona_hpack::Decoder::new();
+        let mut frames = Vec::new();
+        let mut block = Vec::new();
+        while !rest.is_empty() {
+            let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+            let (t, f) = (rest[3], rest[4]);
+            let s = u32::from_be_bytes([rest[5], rest[6], rest[7], rest[8]]);
+            let payload = rest[9..9 + len].to_vec();
+            rest = &rest[9 + len..];
+            let mut headers = Vec::new();
+            if t == TYPE_HEADERS || t == TYPE_CONTINUATION {
+                let skip = if t == TYPE_HEADERS && f & FLAG_PRIORITY != 0 {
+                    5
+                } else {
+                    0
+                };
+                block.extend_from_slice(&payload[skip..]);
+                if f & FLAG_END_HEADERS != 0 {
+                    headers = decoder.decode(&block).unwrap();
+                    block.clear();
+                }
+            }
+            frames.push((t, f, s, headers, payload));
+        }
+        frames
+    }
+
+    fn authority_of(headers: &[(Vec<u8>, Vec<u8>)]) -> &[u8] {
+        &headers.iter().find(|(n, _)| n == b":authority").unwrap().1
+    }
+
+    #[test]
+    fn only_an_authority_http_refuses_is_replaced() {
+        assert!(!is_valid_authority(b"%2Frun%2Fvm%2Flauncher.sock"));
+        assert!(!is_valid_authority(b"/run/vm/launcher.sock"));
+        assert!(is_valid_authority(b"localhost"));
+        assert!(is_valid_authority(b"[::1]:50051"));
+
+        let mut client = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        // SETTINGS, then three requests on the same HPACK state, then DATA.
+        input.extend(frame(0x4, 0, 0, &[0, 3, 0, 0, 0, 100]));
+        for (stream, authority) in [
+            (1, &b"%2Frun%2Fvm%2Flauncher.sock"[..]),
+            (3, b"localhost"),
+            (5, b"%2Frun%2Fvm%2Flauncher.sock"),
+        ] {
+            let block = client_block(&mut client, authority);
+            input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, stream, &block));
+        }
+        input.extend(frame(0x0, FLAG_END_STREAM, 5, b"\0\0\0\0\0"));
+
+        // Fed one byte at a time: frame boundaries never line up with reads.
+        let mut rewriter = Rewriter::default();
+        let mut out = Vec::new();
+        for byte in &input {
+            rewriter.feed(std::slice::from_ref(byte), &mut out).unwrap();
+        }
+        assert_eq!(rewriter.rewritten(), 2);
+        let frames = server_view(&out);
+        assert_eq!(frames.len(), 5);
+        assert_eq!(frames[0].4, [0, 3, 0, 0, 0, 100], "SETTINGS unchanged");
+        let authorities: Vec<&[u8]> = frames[1..4].iter().map(|f| authority_of(&f.3)).collect();
+        assert_eq!(authorities, [b"localhost"; 3]);
+        assert_eq!(
+            frames[1].3[2],
+            (b":path".to_vec(), b"/grpc.health.v1.Health/Check".to_vec()),
+            "the other headers survive"
+        );
+        assert_eq!(
+            (frames[4].0, frames[4].2, &frames[4].4[..]),
+            (0x0, 5, &b"\0\0\0\0\0"[..])
+        );
+    }
+
+    #[test]
+    fn continuations_padding_and_priority_become_one_clean_block() {
+        let mut client = loona_hpack::Encoder::new();
+        let block = client_block(&mut client, b"%2Ftmp%2Fs.sock");
+        let (a, b) = block.split_at(10);
+        let mut headers = vec![3]; // pad length
+        headers.extend_from_slice(&[0, 0, 0, 0, 15]); // priority: depends on 0, weight 16
+        headers.extend_from_slice(a);
+        headers.extend_from_slice(&[0, 0, 0]);
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_PRIORITY | FLAG_END_STREAM,
+            7,
+            &headers,
+        ));
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 7, b));
+        let mut out = Vec::new();
+        Rewriter::default().feed(&input, &mut out).unwrap();
+        let frames = server_view(&out);
+        assert_eq!(frames.len(), 1);
+        let (t, f, s, h, p) = &frames[0];
+        assert_eq!((*t, *s), (TYPE_HEADERS, 7));
+        assert_eq!(*f, FLAG_PRIORITY | FLAG_END_STREAM | FLAG_END_HEADERS);
+        assert_eq!(p[..5], [0, 0, 0, 0, 15]);
+        assert_eq!(authority_of(h), b"localhost");
+    }
+
+    #[test]
+    fn a_large_block_is_split_into_continuations() {
+        let mut client = loona_hpack::Encoder::new();
+        let big = vec![b'x'; 40_000];
+        let block = client.encode([
+            (&b":authority"[..], &b"%2Fs"[..]),
+            (b"x-big", big.as_slice()),
+        ]);
+        let mut input = PREFACE.to_vec();
+        for (i, chunk) in block.chunks(MAX_FRAME).enumerate() {
+            let last = (i + 1) * MAX_FRAME >= block.len();
+            let t = if i == 0 {
+                TYPE_HEADERS
+            } else {
+                TYPE_CONTINUATION
+            };
+            input.extend(frame(t, if last { FLAG_END_HEADERS } else { 0 }, 1, chunk));
+        }
+        let mut out = Vec::new();
+        Rewriter::default().feed(&input, &mut out).unwrap();
+        let frames = server_view(&out);
+        assert!(frames.iter().all(|f| f.4.len() <= MAX_FRAME));
+        assert_eq!(frames[0].0, TYPE_HEADERS);
+        assert!(frames[1..].iter().all(|f| f.0 == TYPE_CONTINUATION));
+        let last = frames.last().unwrap();
+        assert_eq!(authority_of(&last.3), b"localhost");
+        assert_eq!(last.3[1].1, big);
+    }
+
+    #[test]
+    fn broken_streams_are_refused() {
+        let mut out = Vec::new();
+        assert!(matches!(
+            Rewriter::default().feed(b"GET / HTTP/1.1\r\n", &mut out),
+            Err(AuthorityError::Preface)
+        ));
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_CONTINUATION, FLAG_END_HEADERS, 1, b"\x82"));
+        assert!(matches!(
+            Rewriter::default().feed(&input, &mut out),
+            Err(AuthorityError::StrayContinuation { stream: 1 })
+        ));
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, 0, 1, b"\x82"));
+        input.extend(frame(0x0, 0, 1, b"x"));
+        assert!(matches!(
+            Rewriter::default().feed(&input, &mut out),
+            Err(AuthorityError::Interleaved { .. })
+        ));
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(
+            TYPE_HEADERS,
+            FLAG_PADDED | FLAG_END_HEADERS,
+            1,
+            &[9, 1],
+        ));
+        assert!(matches!(
+            Rewriter::default().feed(&input, &mut out),
+            Err(AuthorityError::ShortHeaders { .. })
+        ));
+    }
+}

@@ -1,0 +1,199 @@
+//! The command line: verbs, their arguments and their help.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use vmlauncher::lifecycle::RunStrategy;
+use vmlauncher::run::Emulation;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vmlauncher",
+    version,
+    about = "Runs one virtual machine and keeps it in the state its owner asks for"
+)]
+pub(crate) struct Cli {
+    /// Log format on standard error.
+    #[arg(long, global = true, value_enum, default_value = "human")]
+    pub(crate) log_format: LogFormat,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Boot the VM of SPEC and keep it running until it ends or the launcher is stopped.
+    Run {
+        spec: PathBuf,
+        /// Use this libvirt instead of starting a private libvirtd.
+        #[arg(long)]
+        connect: Option<String>,
+        /// Where the launcher keeps its socket, console log and private libvirtd.
+        #[arg(long, default_value = "/var/run/vmlauncher")]
+        runtime_dir: PathBuf,
+        /// The gRPC socket (default: RUNTIME_DIR/launcher.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "auto")]
+        emulation: Emulation,
+        /// What happens when the VM stops (KubeVirt's runStrategy). Default: a VirtualMachine
+        /// manifest's `spec.runStrategy`; a bare VMI runs Once.
+        #[arg(long, value_enum)]
+        run_strategy: Option<RunStrategy>,
+        /// Seconds between safety-net re-reads of the real state (events do the real work).
+        #[arg(long, default_value_t = 30)]
+        resync_interval: u64,
+        /// Mirror the guest's serial console to standard output.
+        #[arg(long)]
+        console: bool,
+        /// Where hot-plugged volumes live: block nodes the launcher makes, and image files
+        /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
+        #[arg(long)]
+        hotplug_dir: Option<PathBuf>,
+        /// local: QEMU's user-mode network. pod: masquerade interfaces too (ports published on
+        /// the pod's addresses), bridge interfaces the pod's tap devices (`tap0`, `tap1`, ...).
+        #[arg(long, value_enum, default_value = "local")]
+        network: vmlauncher::convert::NetworkMode,
+        /// The host address masquerade interfaces' `ports` are published on (default:
+        /// 127.0.0.1 for a local run, 0.0.0.0 in a pod).
+        #[arg(long)]
+        publish_address: Option<std::net::Ipv4Addr>,
+        /// Publish guest port PORT on host port HOSTPORT instead of its own number
+        /// (HOSTPORT:PORT, repeatable), e.g. `--publish 2222:22`.
+        #[arg(long = "publish", value_name = "HOSTPORT:PORT", value_parser = parse_publish)]
+        publish: Vec<(u16, u16)>,
+        /// Seconds to keep reconnecting to a lost libvirt before giving up (phase Unknown, exit
+        /// 3); 0 never gives up.
+        #[arg(long, default_value_t = 300)]
+        reconnect_timeout: u64,
+        /// QEMU's capability cache shared by every launcher of the host; "" shares none.
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
+    },
+    /// Probe QEMU once and fill the shared capability cache (an image build runs this).
+    WarmCache {
+        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+        qemu_cache_dir: PathBuf,
+    },
+    /// Print the libvirt domain XML for SPEC; touches nothing.
+    Convert {
+        spec: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        emulation: Emulation,
+        /// Console log path written into the XML.
+        #[arg(long, default_value = "/var/run/vmlauncher/console.log")]
+        console_log: PathBuf,
+    },
+    /// Check SPEC: exit 0, or print every problem with its field path and exit 2.
+    Validate { spec: PathBuf },
+    /// Send the whole new SPEC to a running launcher; prints the plan and volume statuses.
+    Sync {
+        spec: PathBuf,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Hot-plug a block device as volume NAME (a hot-pluggable claim on the scsi bus): reads the
+    /// launcher's current spec, adds the disk and volume, and syncs.
+    Addvolume {
+        name: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// A host path to the block device.
+        #[arg(long, conflicts_with_all = ["major", "minor"], required_unless_present = "major")]
+        path: Option<PathBuf>,
+        /// The device number, when the device is not visible where the launcher runs.
+        #[arg(long, requires = "minor")]
+        major: Option<u32>,
+        #[arg(long, requires = "major")]
+        minor: Option<u32>,
+        /// The serial the guest sees (default: the volume name).
+        #[arg(long)]
+        serial: Option<String>,
+        /// Also write the disk to the persistent definition.
+        #[arg(long)]
+        persist: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Unplug volume NAME: reads the launcher's current spec, removes the disk and volume, and
+    /// syncs.
+    Removevolume {
+        name: String,
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Show a running launcher's status.
+    Status {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Follow the launcher's event stream (lifecycle, status and volume changes).
+    Events {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Start a stopped VM (run strategy Manual or Halted, or after a stop).
+    Start(Target),
+    /// Pause the VM.
+    Pause(Target),
+    /// Resume a paused VM.
+    Unpause(Target),
+    /// Ask the guest to reboot (ACPI).
+    Reboot(Target),
+    /// Hard-reset the VM.
+    Reset(Target),
+    /// Stop the guest gracefully: ACPI, then destroy when the grace period ends.
+    Stop {
+        #[command(flatten)]
+        target: Target,
+        /// Seconds to wait for the guest before destroying it (default: the spec's).
+        #[arg(long)]
+        grace_period: Option<u32>,
+    },
+    /// Destroy the VM now.
+    Kill(Target),
+}
+
+pub(crate) const DEFAULT_SOCKET: &str = "/var/run/vmlauncher/launcher.sock";
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct Target {
+    #[arg(long, default_value = DEFAULT_SOCKET)]
+    pub(crate) socket: PathBuf,
+    #[arg(long, value_enum, default_value = "text")]
+    pub(crate) output: Output,
+}
+
+/// `HOSTPORT:PORT` of `run --publish`.
+fn parse_publish(arg: &str) -> Result<(u16, u16), String> {
+    let (host, guest) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?}: expected HOSTPORT:PORT, e.g. 2222:22"))?;
+    let port = |p: &str| match p.parse::<u16>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{p:?} is not a port (1-65535)")),
+    };
+    Ok((port(host)?, port(guest)?))
+}

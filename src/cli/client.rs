@@ -1,0 +1,312 @@
+//! The client verbs: each talks to a running launcher over its socket and turns the answer into
+//! output and an exit code.
+
+use std::path::Path;
+
+use vmlauncher::api::{self, proto};
+use vmlauncher::exit::ExitCode;
+use vmlauncher::run;
+
+use super::args::{Output, Target};
+use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
+use super::spec_edit::SpecValue;
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Verb {
+    Start,
+    Pause,
+    Unpause,
+    Reboot,
+    Reset,
+    Stop(Option<u32>),
+    Kill,
+}
+
+pub(crate) async fn send_command(target: &Target, verb: Verb) -> ExitCode {
+    let mut client = match api::connect(&target.socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let req = proto::CommandRequest {};
+    let reply = match verb {
+        Verb::Start => client.start(req).await,
+        Verb::Pause => client.pause(req).await,
+        Verb::Unpause => client.unpause(req).await,
+        Verb::Reboot => client.soft_reboot(req).await,
+        Verb::Reset => client.reset(req).await,
+        Verb::Stop(grace_period_seconds) => {
+            client
+                .shutdown(proto::ShutdownRequest {
+                    grace_period_seconds,
+                })
+                .await
+        }
+        Verb::Kill => client.kill(req).await,
+    };
+    let reply = match reply {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    let status = reply.status.unwrap_or_default();
+    match target.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::json!({"taskId": reply.task_id, "status": status_json(&status)})
+        ),
+        Output::Text => println!(
+            "task {} done: phase {} ({}), vm state {}",
+            reply.task_id, status.phase, status.printable_status, status.vm_state
+        ),
+    }
+    ExitCode::Succeeded
+}
+
+pub(crate) async fn events(socket: &Path, output: Output) -> ExitCode {
+    use proto::event::Kind;
+    let mut client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let mut stream = match client.watch_events(proto::WatchEventsRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    loop {
+        let event = match stream.message().await {
+            Ok(Some(e)) => e,
+            // The launcher went away: the stream is over.
+            Ok(None) => return ExitCode::Succeeded,
+            Err(status) => return rpc_failed(status),
+        };
+        let (kind, body, text) = match event.kind {
+            Some(Kind::Resync(s)) => (
+                "resync",
+                status_json(&s),
+                format!("{} ({})", s.phase, s.printable_status),
+            ),
+            Some(Kind::Status(s)) => (
+                "status",
+                status_json(&s),
+                format!(
+                    "{} ({}) vm={} task={}",
+                    s.phase, s.printable_status, s.vm_state, s.task_state
+                ),
+            ),
+            Some(Kind::Volume(v)) => (
+                "volume",
+                volume_json(&v),
+                format!("{} {}", v.name, volume_phase(&v)),
+            ),
+            Some(Kind::VolumeRemoved(name)) => {
+                ("volumeRemoved", serde_json::json!({"name": name}), name)
+            }
+            Some(Kind::Hypervisor(h)) => (
+                "hypervisor",
+                serde_json::json!({"event": h.event, "detail": h.detail}),
+                format!("{} {}", h.event, h.detail),
+            ),
+            Some(Kind::Task(t)) => (
+                "task",
+                serde_json::json!({"id": t.id, "command": t.command, "outcome": t.outcome, "message": t.message}),
+                format!("{} #{} {} {}", t.command, t.id, t.outcome, t.message),
+            ),
+            None => continue,
+        };
+        let line = match output {
+            Output::Json => {
+                serde_json::json!({"seq": event.seq, "type": kind, kind: body}).to_string()
+            }
+            Output::Text => format!("{:>6} {kind:<13} {text}", event.seq),
+        };
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return ExitCode::Succeeded;
+        }
+    }
+}
+
+pub(crate) fn request_failed(e: &(dyn std::error::Error + 'static)) -> ExitCode {
+    eprintln!("vmlauncher: {}", vmlauncher::error_chain(e));
+    ExitCode::RequestFailed
+}
+
+pub(crate) fn rpc_failed(status: tonic::Status) -> ExitCode {
+    eprintln!("vmlauncher: {:?}: {}", status.code(), status.message());
+    ExitCode::from_rpc_code(status.code())
+}
+
+/// `addvolume` / `removevolume`: the launcher's current spec, edited, synced back.
+pub(crate) async fn edit_volumes(
+    socket: &Path,
+    output: Output,
+    edit: impl FnOnce(&mut SpecValue, &mut proto::SyncRequest) -> Result<(), String>,
+) -> ExitCode {
+    let mut client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let current = match client.get_spec(proto::GetSpecRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    let mut spec: SpecValue = match serde_yaml_ng::from_str(&current.spec) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("vmlauncher: the launcher's spec does not parse: {e}");
+            return ExitCode::RequestFailed;
+        }
+    };
+    let mut req = proto::SyncRequest {
+        spec: String::new(),
+        dry_run: false,
+        block_devices: current.block_devices,
+        persist: current.persist,
+    };
+    if let Err(why) = edit(&mut spec, &mut req) {
+        eprintln!("vmlauncher: {why}");
+        return ExitCode::RequestFailed;
+    }
+    req.spec = match serde_yaml_ng::to_string(&spec) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("vmlauncher: cannot write the edited spec: {e}");
+            return ExitCode::Internal;
+        }
+    };
+    sync_request(client, req, output).await
+}
+
+pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> ExitCode {
+    // The launcher validates; the client only needs text it can send.
+    let text = match run::read_spec(spec).map(String::from_utf8) {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            eprintln!(
+                "{}: (document): not UTF-8 (invalid byte at offset {})",
+                spec.display(),
+                e.utf8_error().valid_up_to()
+            );
+            return ExitCode::BadSpec;
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", spec.display());
+            return ExitCode::BadSpec;
+        }
+    };
+    let client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    // Block volumes the launcher holds keep their device without being named again.
+    let req = proto::SyncRequest {
+        spec: text,
+        dry_run,
+        ..Default::default()
+    };
+    sync_request(client, req, output).await
+}
+
+pub(crate) async fn sync_request(
+    mut client: proto::launcher_client::LauncherClient<tonic::transport::Channel>,
+    req: proto::SyncRequest,
+    output: Output,
+) -> ExitCode {
+    let dry_run = req.dry_run;
+    let response = match client.sync(req).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    let action = |c: &proto::PlannedChange| {
+        proto::planned_change::Action::try_from(c.action)
+            .map(|a| {
+                a.as_str_name()
+                    .trim_start_matches("ACTION_")
+                    .to_ascii_lowercase()
+            })
+            .unwrap_or_default()
+    };
+    match output {
+        Output::Json => {
+            let plan: Vec<_> = response
+                .plan
+                .iter()
+                .map(|c| serde_json::json!({"action": action(c), "volume": c.volume, "target": c.target}))
+                .collect();
+            let volumes: Vec<_> = response.volumes.iter().map(volume_json).collect();
+            println!(
+                "{}",
+                serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes})
+            );
+        }
+        Output::Text => {
+            if response.plan.is_empty() {
+                println!("nothing to change");
+            }
+            for c in &response.plan {
+                println!(
+                    "{}{} {} ({})",
+                    if dry_run { "would " } else { "" },
+                    action(c),
+                    c.volume,
+                    c.target
+                );
+            }
+            print_volumes(&response.volumes);
+        }
+    }
+    let failed = response
+        .volumes
+        .iter()
+        .any(|v| v.phase == proto::volume_status::Phase::Failed as i32);
+    if failed {
+        ExitCode::RequestFailed
+    } else {
+        ExitCode::Succeeded
+    }
+}
+
+pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
+    let mut client = match api::connect(socket).await {
+        Ok(c) => c,
+        Err(e) => return request_failed(&e),
+    };
+    let s = match client.get_status(proto::GetStatusRequest {}).await {
+        Ok(r) => r.into_inner(),
+        Err(status) => return rpc_failed(status),
+    };
+    match output {
+        Output::Json => println!("{}", status_json(&s)),
+        Output::Text => {
+            println!("domain:      {}", s.domain_name);
+            println!("libvirt:     {}", s.libvirt_uri);
+            println!(
+                "phase:       {} ({}) {}",
+                s.phase, s.printable_status, s.phase_reason
+            );
+            println!(
+                "strategy:    {} (restarts {}, next in {} ms)",
+                s.run_strategy, s.restart_count, s.next_restart_in_ms
+            );
+            println!("power state: {}", s.power_state);
+            println!("vm state:    {}", s.vm_state);
+            println!(
+                "task:        {}",
+                if s.task_state.is_empty() {
+                    "-"
+                } else {
+                    &s.task_state
+                }
+            );
+            for c in &s.conditions {
+                println!(
+                    "condition:   {}={} {} {}",
+                    c.r#type, c.status, c.reason, c.message
+                );
+            }
+            print_interfaces(&s.interfaces);
+            print_volumes(&s.volumes);
+        }
+    }
+    ExitCode::Succeeded
+}

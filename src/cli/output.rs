@@ -1,0 +1,106 @@
+//! What the client verbs print: volumes and status, as text or JSON.
+
+use vmlauncher::api::proto;
+
+pub(crate) fn volume_phase(v: &proto::VolumeStatus) -> &'static str {
+    proto::volume_status::Phase::try_from(v.phase)
+        .map(|p| p.as_str_name().trim_start_matches("PHASE_"))
+        .unwrap_or("UNKNOWN")
+}
+
+pub(crate) fn volume_json(v: &proto::VolumeStatus) -> serde_json::Value {
+    let title = |s: &str| {
+        let lower = s.to_ascii_lowercase();
+        let mut c = lower.chars();
+        c.next()
+            .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+            .unwrap_or_default()
+    };
+    serde_json::json!({
+        "name": v.name, "target": v.target, "serial": v.serial, "bus": v.bus,
+        "phase": title(volume_phase(v)), "reason": v.reason, "message": v.message, "boot": v.boot,
+    })
+}
+
+pub(crate) fn print_volumes(volumes: &[proto::VolumeStatus]) {
+    println!(
+        "{:<20} {:<8} {:<8} {:<10} {:<36} reason",
+        "VOLUME", "TARGET", "BUS", "PHASE", "SERIAL"
+    );
+    for v in volumes {
+        let why = if v.message.is_empty() {
+            v.reason.clone()
+        } else {
+            format!("{}: {}", v.reason, v.message)
+        };
+        println!(
+            "{:<20} {:<8} {:<8} {:<10} {:<36} {why}",
+            v.name,
+            v.target,
+            v.bus,
+            volume_phase(v),
+            v.serial
+        );
+    }
+}
+
+pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
+    let conditions: Vec<_> = s
+        .conditions
+        .iter()
+        .map(|c| serde_json::json!({"type": c.r#type, "status": c.status, "reason": c.reason, "message": c.message}))
+        .collect();
+    let volumes: Vec<_> = s.volumes.iter().map(volume_json).collect();
+    let interfaces: Vec<_> = s
+        .interfaces
+        .iter()
+        .map(|i| {
+            let ports: Vec<_> = i
+                .ports
+                .iter()
+                .map(|p| serde_json::json!({"protocol": p.protocol, "port": p.port, "hostAddress": p.host_address, "hostPort": p.host_port}))
+                .collect();
+            serde_json::json!({"name": i.name, "mac": i.mac, "ipAddress": i.ip_address, "ports": ports})
+        })
+        .collect();
+    serde_json::json!({
+        "phase": s.phase, "phaseReason": s.phase_reason, "printableStatus": s.printable_status,
+        "powerState": s.power_state, "vmState": s.vm_state, "taskState": s.task_state,
+        "taskId": s.task_id, "conditions": conditions, "volumes": volumes,
+        "interfaces": interfaces,
+        "domainName": s.domain_name, "libvirtUri": s.libvirt_uri, "runStrategy": s.run_strategy,
+        "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
+        "finished": s.finished,
+    })
+}
+
+/// One line per interface: name, MAC, address (`-` when unknown), published ports.
+pub(crate) fn print_interfaces(interfaces: &[proto::InterfaceStatus]) {
+    for i in interfaces {
+        let ports: Vec<String> = i
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}:{}->{}/{}",
+                    p.host_address, p.host_port, p.port, p.protocol
+                )
+            })
+            .collect();
+        println!(
+            "interface:   {} {} {} {}",
+            i.name,
+            i.mac,
+            if i.ip_address.is_empty() {
+                "-"
+            } else {
+                &i.ip_address
+            },
+            if ports.is_empty() {
+                "-".to_string()
+            } else {
+                ports.join(",")
+            }
+        );
+    }
+}

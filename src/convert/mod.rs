@@ -1,0 +1,616 @@
+//! Spec → domain model. A pure, deterministic function: the same spec and options give the same
+//! domain, byte for byte once serialised. No I/O: whatever depends on the host (is KVM usable,
+//! which versioned machine `q35` is, where volumes live, which volumes are block devices) comes in
+//! through [`ConvertOptions`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use crate::domain::{
+    target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, CpuTune, DiskDef,
+    DiskDevice, DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef,
+    HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
+    PortForward, TimerDef, TpmDef, VirtType, WatchdogDef,
+};
+use crate::spec::{
+    self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
+    VirtualMachineInstance, VolumeSource,
+};
+use crate::volumes::{self, HostPaths};
+
+/// The machine type when the spec names none.
+pub const DEFAULT_MACHINE: &str = "q35";
+/// The namespace a VMI without one is taken to be in (Kubernetes' own default).
+pub const DEFAULT_NAMESPACE: &str = "default";
+/// The interface KubeVirt adds when a spec names neither interfaces nor networks.
+pub const DEFAULT_INTERFACE: &str = "default";
+
+/// How interfaces reach a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum NetworkMode {
+    /// QEMU user-mode networking: a run on a machine, no host configuration.
+    #[default]
+    Local,
+    /// In a pod: a `bridge` interface takes the tap device the pod's network set-up prepared
+    /// (`tap0`, `tap1`, ...); a `masquerade` one QEMU's user-mode network, which needs no
+    /// privileges in the pod, with its ports published on the pod's addresses.
+    Pod,
+}
+
+/// Where a masquerade interface's `ports` are published on the host (user-mode networking).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publish {
+    /// The host address they listen on: 127.0.0.1 by default, so only this machine reaches the
+    /// guest unless asked otherwise.
+    pub address: Ipv4Addr,
+    /// Ports the command line moved, guest port → host port (`--publish 2222:22`); any other
+    /// port is published on its own number.
+    pub host_ports: BTreeMap<u16, u16>,
+}
+
+impl Default for Publish {
+    fn default() -> Self {
+        Publish::default_for(NetworkMode::Local)
+    }
+}
+
+/// The guest ports masquerade interfaces publish (what `--publish` may move).
+pub fn published_ports(vmi: &VirtualMachineInstance) -> BTreeSet<u16> {
+    vmi.spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .filter(|i| i.masquerade.is_some())
+        .flat_map(|i| &i.ports)
+        .filter_map(|p| u16::try_from(p.port).ok())
+        .collect()
+}
+
+impl Publish {
+    /// A local run publishes on 127.0.0.1 (only this machine); a pod on all its addresses
+    /// (0.0.0.0 in the pod's own network namespace: the pod IP is how Kubernetes reaches it).
+    pub fn default_for(mode: NetworkMode) -> Publish {
+        Publish {
+            address: match mode {
+                NetworkMode::Local => Ipv4Addr::LOCALHOST,
+                NetworkMode::Pod => Ipv4Addr::UNSPECIFIED,
+            },
+            host_ports: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvertOptions {
+    pub virt_type: VirtType,
+    /// Where the guest's serial console is written.
+    pub console_log: PathBuf,
+    /// Machine aliases and what they stand for on this host (`q35` → `pc-q35-7.2`), read once
+    /// from libvirt so that the guest ABI does not drift; a name not in here is kept as written.
+    pub machines: BTreeMap<String, String>,
+    pub paths: HostPaths,
+    pub network: NetworkMode,
+    pub publish: Publish,
+    /// The host CPUs the launcher may run on (its affinity: in a pod, the pod's cpuset), in
+    /// order; dedicated vCPUs are pinned to the first ones.
+    pub cpus: Vec<u32>,
+    /// Volumes whose source the host found to be a block device.
+    pub block_volumes: BTreeSet<String>,
+}
+
+impl ConvertOptions {
+    /// A local run whose files live in the directory of `console_log`, with no machine
+    /// resolution and no block volumes.
+    pub fn new(virt_type: VirtType, console_log: PathBuf) -> ConvertOptions {
+        let runtime_dir = console_log
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("/"));
+        ConvertOptions {
+            virt_type,
+            paths: HostPaths::local(&runtime_dir),
+            console_log,
+            machines: BTreeMap::new(),
+            network: NetworkMode::Local,
+            publish: Publish::default(),
+            cpus: Vec::new(),
+            block_volumes: BTreeSet::new(),
+        }
+    }
+}
+
+/// The libvirt domain name for an instance: `<namespace>_<name>`, as KubeVirt names them.
+pub fn domain_name(vmi: &VirtualMachineInstance) -> String {
+    let ns = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(DEFAULT_NAMESPACE);
+    format!("{ns}_{}", vmi.metadata.name)
+}
+
+/// The domain for a validated instance. The only refusal left is one the spec alone cannot
+/// show: a lun whose volume the host did not find to be a block device.
+pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, SpecErrors> {
+    let name = domain_name(vmi);
+    let domain = &vmi.spec.domain;
+    let devices = &domain.devices;
+    let (topology, cpu) = cpu(vmi);
+    let firmware = domain.firmware.clone().unwrap_or_default();
+    let (disks, iothreads) = disks(vmi, opts, topology.vcpus())?;
+    let cputune = cputune(domain, topology.vcpus(), &opts.cpus)?;
+    let uuid = firmware.uuid.clone().or_else(|| {
+        vmi.metadata
+            .uid
+            .clone()
+            .filter(|u| spec::looks_like_uuid(u))
+    });
+    Ok(DomainDef {
+        uuid,
+        virt_type: opts.virt_type,
+        memory_kib: vmi.guest_memory().div_ceil(1024),
+        hugepage_kib: domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.hugepages.as_ref())
+            .and_then(|h| h.page_size.to_bytes().ok())
+            .map(|b| b / 1024),
+        topology,
+        cpu,
+        iothreads,
+        cputune,
+        tpm: devices
+            .tpm
+            .filter(|t| t.enabled != Some(false))
+            .map(|t| TpmDef {
+                persistent: t.persistent == Some(true),
+            }),
+        machine: machine(domain, opts),
+        firmware: firmware_def(&firmware, opts, &name),
+        sysinfo_serial: firmware.serial.clone(),
+        kernel_boot: kernel_boot(&firmware),
+        features: features(domain),
+        clock: clock(domain),
+        disks,
+        interfaces: interfaces(vmi, opts.network, &opts.publish),
+        inputs: devices
+            .inputs
+            .iter()
+            .map(|i| InputDef {
+                name: i.name.clone(),
+                input_type: i.input_type.clone(),
+                bus: i.bus.clone().unwrap_or_else(|| "usb".into()),
+            })
+            .collect(),
+        watchdog: devices.watchdog.as_ref().map(|w| WatchdogDef {
+            name: w.name.clone(),
+            action: w
+                .i6300esb
+                .as_ref()
+                .and_then(|m| m.action.clone())
+                .unwrap_or_else(|| "reset".into()),
+        }),
+        rng: devices.rng.is_some(),
+        // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
+        scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
+        console_log: devices.serial_console().then(|| opts.console_log.clone()),
+        vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
+        memballoon: devices.mem_balloon(),
+        instance: InstanceMetadata {
+            namespace: vmi
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
+            name: vmi.metadata.name.clone(),
+            uid: vmi.metadata.uid.clone(),
+        },
+        name,
+    })
+}
+
+/// The vCPU topology (from the spec's, else from `resources`) and the CPU model.
+fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, CpuDef) {
+    let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
+    let topology = if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
+        CpuTopology {
+            sockets: cpu.sockets.unwrap_or(1),
+            cores: cpu.cores.unwrap_or(1),
+            threads: cpu.threads.unwrap_or(1),
+        }
+    } else {
+        CpuTopology {
+            sockets: spec::resource_cpus(vmi).unwrap_or(1),
+            cores: 1,
+            threads: 1,
+        }
+    };
+    let def = CpuDef {
+        mode: match cpu.model.as_deref() {
+            None => CpuMode::Default,
+            Some("host-model") => CpuMode::HostModel,
+            Some("host-passthrough") => CpuMode::HostPassthrough,
+            Some(model) => CpuMode::Custom(model.to_string()),
+        },
+        features: cpu
+            .features
+            .iter()
+            .map(|f| {
+                (
+                    f.policy.clone().unwrap_or_else(|| "require".into()),
+                    f.name.clone(),
+                )
+            })
+            .collect(),
+    };
+    (topology, def)
+}
+
+/// The machine type, with a host alias (`q35`) resolved through the options.
+fn machine(domain: &DomainSpec, opts: &ConvertOptions) -> String {
+    let machine = domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.machine_type.as_deref())
+        .unwrap_or(DEFAULT_MACHINE);
+    opts.machines
+        .get(machine)
+        .cloned()
+        .unwrap_or_else(|| machine.to_string())
+}
+
+fn firmware_def(firmware: &Firmware, opts: &ConvertOptions, name: &str) -> FirmwareDef {
+    let bootloader = firmware.bootloader.clone().unwrap_or_default();
+    match (&bootloader.bios, bootloader.efi.as_ref()) {
+        (_, Some(efi)) => {
+            let secure = efi.secure();
+            let dir = &opts.paths.firmware_dir;
+            FirmwareDef::Efi(EfiDef {
+                code: dir.join(if secure {
+                    "OVMF_CODE_4M.secboot.fd"
+                } else {
+                    "OVMF_CODE_4M.fd"
+                }),
+                vars_template: dir.join(if secure {
+                    "OVMF_VARS_4M.ms.fd"
+                } else {
+                    "OVMF_VARS_4M.fd"
+                }),
+                nvram: opts.paths.nvram(name),
+                secure,
+            })
+        }
+        (Some(bios), None) if bios.use_serial == Some(true) => FirmwareDef::BiosUseSerial,
+        _ => FirmwareDef::Bios,
+    }
+}
+
+fn kernel_boot(firmware: &Firmware) -> Option<KernelBootDef> {
+    let kb = firmware.kernel_boot.as_ref()?;
+    let container = kb.container.as_ref()?;
+    Some(KernelBootDef {
+        kernel: container.kernel_path.clone()?.into(),
+        initrd: container.initrd_path.clone().map(PathBuf::from),
+        cmdline: kb.kernel_args.clone(),
+    })
+}
+
+fn features(domain: &DomainSpec) -> FeaturesDef {
+    let features = domain.features.clone().unwrap_or_default();
+    let secure_boot = domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.efi.as_ref())
+        .is_some_and(|e| e.secure());
+    FeaturesDef {
+        acpi: features.acpi.is_none_or(|f| f.on()),
+        apic: features.apic.is_none_or(|a| a.enabled.unwrap_or(true)),
+        apic_eoi: features.apic.and_then(|a| a.end_of_interrupt),
+        // Secure boot needs SMM; validation refused an explicit "off".
+        smm: features.smm.map(|s| s.on()).or(secure_boot.then_some(true)),
+        hyperv: hyperv_features(features.hyperv.as_ref()),
+        kvm_hidden: features.kvm.and_then(|k| k.hidden),
+        pvspinlock: features.pvspinlock.map(|p| p.on()),
+    }
+}
+
+fn clock(domain: &DomainSpec) -> ClockDef {
+    let clock = domain.clock.clone().unwrap_or_default();
+    ClockDef {
+        offset: match (&clock.timezone, clock.utc.and_then(|u| u.offset_seconds)) {
+            (Some(tz), _) => ClockOffset::Timezone(tz.clone()),
+            (None, Some(seconds)) => ClockOffset::UtcAdjusted(seconds),
+            (None, None) => ClockOffset::Utc,
+        },
+        timers: clock
+            .timer
+            .iter()
+            .flat_map(|t| {
+                [
+                    ("hpet", &t.hpet),
+                    ("pit", &t.pit),
+                    ("rtc", &t.rtc),
+                    ("kvmclock", &t.kvm),
+                    ("hypervclock", &t.hyperv),
+                ]
+            })
+            .filter_map(|(name, timer)| {
+                let timer = timer.as_ref()?;
+                Some(TimerDef {
+                    name,
+                    // A timer listed at all is wanted, unless it says otherwise.
+                    present: Some(timer.present.unwrap_or(true)),
+                    tickpolicy: timer.tick_policy.clone(),
+                    track: timer.track.clone(),
+                })
+            })
+            .collect(),
+    }
+}
+
+/// The disks, and how many iothreads they use.
+fn disks(
+    vmi: &Validated,
+    opts: &ConvertOptions,
+    vcpus: u32,
+) -> Result<(Vec<DiskDef>, u32), SpecErrors> {
+    let domain = &vmi.spec.domain;
+    let devices = &domain.devices;
+    // IOThreads: a shared pool for virtio disks (one with `shared`, one per disk up to 2 × vCPUs
+    // with `auto`), then one of its own for each disk that asks for it.
+    let pooled = devices
+        .disks
+        .iter()
+        .filter(|d| d.bus() == "virtio" && d.dedicated_io_thread != Some(true))
+        .count() as u32;
+    let pool = match domain.io_threads_policy.as_deref() {
+        Some("shared") => 1,
+        Some("auto") => pooled.min(2 * vcpus).max(1),
+        _ => 0,
+    };
+    let mut next_pooled = 0u32;
+    let mut next_dedicated = pool;
+
+    // Targets follow disk order: vdX for virtio, sdX shared by scsi and sata (one namespace in
+    // libvirt), and scsi units count scsi disks only.
+    let mut sd_index = 0u32;
+    let mut scsi_unit = 0u32;
+    let mut virtio_index = 0u32;
+    let mut problems = Vec::new();
+    let mut disks = Vec::with_capacity(devices.disks.len());
+    for (i, disk, volume, source) in vmi.disks() {
+        let resolved =
+            volumes::resolve_source(vmi, volume, source, &opts.paths, &opts.block_volumes);
+        let kind = disk.kind();
+        if kind == DiskKind::Lun && !resolved.block {
+            problems.push(FieldError::new(
+                format!("spec.domain.devices.disks[{i}].lun"),
+                Problem::NotABlockDevice {
+                    volume: volume.name.clone(),
+                    path: resolved.path.display().to_string(),
+                },
+            ));
+            continue;
+        }
+        let (bus, target, address) = match disk.bus() {
+            "scsi" => {
+                let unit = scsi_unit;
+                scsi_unit += 1;
+                sd_index += 1;
+                (
+                    Bus::Scsi,
+                    target_name("sd", sd_index - 1),
+                    Some(DriveAddress {
+                        controller: 0,
+                        unit,
+                    }),
+                )
+            }
+            "sata" => {
+                sd_index += 1;
+                (Bus::Sata, target_name("sd", sd_index - 1), None)
+            }
+            _ => {
+                virtio_index += 1;
+                (Bus::Virtio, target_name("vd", virtio_index - 1), None)
+            }
+        };
+        let iothread = if bus != Bus::Virtio {
+            None
+        } else if disk.dedicated_io_thread == Some(true) {
+            next_dedicated += 1;
+            Some(next_dedicated)
+        } else if pool > 0 {
+            next_pooled += 1;
+            Some((next_pooled - 1) % pool + 1)
+        } else {
+            None
+        };
+        let (claim_readonly, shared) = match source {
+            VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false),
+            VolumeSource::HostDisk(h) => (false, h.shared == Some(true)),
+            _ => (false, false),
+        };
+        disks.push(DiskDef {
+            volume: disk.name.clone(),
+            device: match kind {
+                DiskKind::Disk => DiskDevice::Disk,
+                DiskKind::Cdrom => DiskDevice::Cdrom,
+                DiskKind::Lun => DiskDevice::Lun,
+            },
+            source: if resolved.block {
+                DiskSource::Block(resolved.path)
+            } else {
+                DiskSource::File(resolved.path)
+            },
+            format: resolved.format.as_str(),
+            bus,
+            target,
+            serial: disk.serial.clone(),
+            address,
+            cache: disk.cache.clone(),
+            io: disk.io.clone(),
+            // KubeVirt's default: pause the guest on an I/O error rather than let it see one.
+            error_policy: Some(disk.error_policy.clone().unwrap_or_else(|| "stop".into())),
+            iothread,
+            boot_order: disk.boot_order,
+            readonly: disk.readonly() || claim_readonly,
+            shareable: disk.shareable == Some(true) || shared,
+        });
+    }
+    if !problems.is_empty() {
+        return Err(SpecErrors(problems));
+    }
+    Ok((disks, next_dedicated))
+}
+
+/// `dedicatedCpuPlacement`: vCPU `i` on the `i`-th CPU of the launcher's own set, and with
+/// `isolateEmulatorThread` the emulator on the next one — what KubeVirt does with the CPUs the
+/// node's CPU manager gave the pod. Too few CPUs is refused, never shared silently.
+fn cputune(domain: &DomainSpec, vcpus: u32, cpus: &[u32]) -> Result<Option<CpuTune>, SpecErrors> {
+    let Some(cpu) = domain
+        .cpu
+        .as_ref()
+        .filter(|c| c.dedicated_cpu_placement == Some(true))
+    else {
+        return Ok(None);
+    };
+    let isolate = cpu.isolate_emulator_thread == Some(true);
+    let needed = vcpus as usize + usize::from(isolate);
+    if cpus.len() < needed {
+        return Err(SpecErrors(vec![FieldError::new(
+            "spec.domain.cpu.dedicatedCpuPlacement",
+            Problem::NotEnoughCpus {
+                needed,
+                available: cpus.len(),
+                cpus: cpus
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            },
+        )]));
+    }
+    Ok(Some(CpuTune {
+        vcpu_pins: cpus[..vcpus as usize].to_vec(),
+        emulator_pin: isolate.then(|| cpus[vcpus as usize]),
+    }))
+}
+
+fn interfaces(
+    vmi: &VirtualMachineInstance,
+    mode: NetworkMode,
+    publish: &Publish,
+) -> Vec<InterfaceDef> {
+    let devices = &vmi.spec.domain.devices;
+    let mut interfaces: Vec<InterfaceDef> = devices
+        .interfaces
+        .iter()
+        .enumerate()
+        .map(|(index, i)| {
+            let backend = backend(mode, index, i.bridge.is_some());
+            // A pod's tap is reached at the pod's address: nothing to publish there.
+            let port_forwards = match backend {
+                InterfaceBackend::User => i
+                    .ports
+                    .iter()
+                    .filter_map(|p| {
+                        let port = u16::try_from(p.port).ok()?;
+                        Some(PortForward {
+                            protocol: p.protocol_lower(),
+                            address: publish.address.to_string(),
+                            host_port: publish.host_ports.get(&port).copied().unwrap_or(port),
+                            port,
+                        })
+                    })
+                    .collect(),
+                InterfaceBackend::Tap(_) => Vec::new(),
+            };
+            InterfaceDef {
+                name: i.name.clone(),
+                backend,
+                model: i.model.clone().unwrap_or_else(|| "virtio".into()),
+                mac: i.mac_address.clone(),
+                boot_order: i.boot_order,
+                port_forwards,
+            }
+        })
+        .collect();
+    if devices.interfaces.is_empty() && vmi.spec.networks.is_empty() && devices.pod_interface() {
+        interfaces.push(InterfaceDef {
+            name: DEFAULT_INTERFACE.into(),
+            backend: backend(mode, 0, false),
+            model: "virtio".into(),
+            mac: None,
+            boot_order: None,
+            port_forwards: Vec::new(),
+        });
+    }
+    interfaces
+}
+
+fn backend(mode: NetworkMode, index: usize, bridge: bool) -> InterfaceBackend {
+    match mode {
+        NetworkMode::Pod if bridge => InterfaceBackend::Tap(format!("tap{index}")),
+        _ => InterfaceBackend::User,
+    }
+}
+
+/// KubeVirt's Hyper-V fields in libvirt's names and order.
+fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
+    let Some(hv) = hv else { return Vec::new() };
+    let plain = |name: &'static str, state: Option<FeatureState>| {
+        state.map(|s| HypervFeature {
+            name,
+            on: s.on(),
+            attribute: None,
+            direct: None,
+        })
+    };
+    [
+        plain("relaxed", hv.relaxed),
+        plain("vapic", hv.vapic),
+        hv.spinlocks.map(|s| {
+            let on = s.enabled.unwrap_or(true);
+            HypervFeature {
+                name: "spinlocks",
+                on,
+                attribute: on.then(|| ("retries", s.spinlocks.unwrap_or(4096).to_string())),
+                direct: None,
+            }
+        }),
+        plain("vpindex", hv.vpindex),
+        plain("runtime", hv.runtime),
+        plain("synic", hv.synic),
+        hv.synictimer.map(|t| HypervFeature {
+            name: "stimer",
+            on: t.enabled.unwrap_or(true),
+            attribute: None,
+            direct: t.direct.map(|d| d.on()),
+        }),
+        plain("reset", hv.reset),
+        hv.vendorid.as_ref().map(|v| {
+            let on = v.enabled.unwrap_or(true);
+            HypervFeature {
+                name: "vendor_id",
+                on,
+                attribute: on.then(|| ("value", v.vendorid.clone().unwrap_or_default())),
+                direct: None,
+            }
+        }),
+        plain("frequencies", hv.frequencies),
+        plain("reenlightenment", hv.reenlightenment),
+        plain("tlbflush", hv.tlbflush),
+        plain("ipi", hv.ipi),
+        plain("evmcs", hv.evmcs),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,358 @@
+//! The libvirt domain XML model: what vmlauncher writes (serialised with quick-xml), and the few
+//! facts it reads back from libvirt's XML (parsed losslessly with roxmltree): live disks, and the
+//! canonical machine names of the capabilities.
+//!
+//! The live reader never rebuilds an element from the model: to detach a disk it hands back the
+//! exact bytes libvirt gave, so nothing libvirt added (addresses, backing chains) is lost.
+
+mod live;
+mod write;
+
+use std::path::PathBuf;
+
+pub use live::{
+    canonical_machines, domain_capabilities_machine, live_disks, live_interfaces, LiveDisk,
+    LiveInterface, LiveXmlError,
+};
+pub use write::target_name;
+
+/// The prefix libvirt requires for user-chosen device aliases.
+pub const USER_ALIAS_PREFIX: &str = "ua-";
+/// The namespace of vmlauncher's `<metadata>` element.
+pub const METADATA_NAMESPACE: &str = "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VirtType {
+    /// Hardware virtualisation.
+    Kvm,
+    /// Software emulation (TCG): slow, but runs anywhere.
+    #[default]
+    Qemu,
+}
+
+impl VirtType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VirtType::Kvm => "kvm",
+            VirtType::Qemu => "qemu",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DomainDef {
+    pub name: String,
+    pub uuid: Option<String>,
+    pub virt_type: VirtType,
+    pub memory_kib: u64,
+    /// Hugepage size backing the guest memory.
+    pub hugepage_kib: Option<u64>,
+    pub topology: CpuTopology,
+    pub cpu: CpuDef,
+    pub iothreads: u32,
+    /// Host CPUs the vCPUs and the emulator are pinned to (`<cputune>`).
+    pub cputune: Option<CpuTune>,
+    pub tpm: Option<TpmDef>,
+    pub machine: String,
+    pub firmware: FirmwareDef,
+    /// SMBIOS system serial number.
+    pub sysinfo_serial: Option<String>,
+    pub kernel_boot: Option<KernelBootDef>,
+    pub features: FeaturesDef,
+    pub clock: ClockDef,
+    pub disks: Vec<DiskDef>,
+    pub interfaces: Vec<InterfaceDef>,
+    pub inputs: Vec<InputDef>,
+    pub watchdog: Option<WatchdogDef>,
+    pub rng: bool,
+    /// The virtio-scsi controller that hot-plugged disks go to.
+    pub scsi_controller: bool,
+    /// Where QEMU writes the guest's serial console; `None` without a serial console.
+    pub console_log: Option<PathBuf>,
+    /// The unix socket of the VNC display; `None` without graphics.
+    pub vnc_socket: Option<PathBuf>,
+    pub memballoon: bool,
+    pub instance: InstanceMetadata,
+}
+
+/// CPU pinning: vCPU `i` runs on host CPU `vcpu_pins[i]`; QEMU's emulator threads on
+/// `emulator_pin` when isolated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuTune {
+    pub vcpu_pins: Vec<u32>,
+    pub emulator_pin: Option<u32>,
+}
+
+/// A TPM 2.0 (`tpm-tis`) emulated by swtpm, which libvirt starts and stops with QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TpmDef {
+    /// Keep the state when the domain stops (libvirt's `persistent_state`).
+    pub persistent: bool,
+}
+
+/// Who this domain belongs to, written into `<metadata>` so that a launcher can recognise its own.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstanceMetadata {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuTopology {
+    pub sockets: u32,
+    pub cores: u32,
+    pub threads: u32,
+}
+
+impl Default for CpuTopology {
+    fn default() -> Self {
+        CpuTopology {
+            sockets: 1,
+            cores: 1,
+            threads: 1,
+        }
+    }
+}
+
+impl CpuTopology {
+    pub fn vcpus(&self) -> u32 {
+        self.sockets * self.cores * self.threads
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CpuMode {
+    /// libvirt's default for the domain type.
+    #[default]
+    Default,
+    HostModel,
+    HostPassthrough,
+    /// A named libvirt CPU model.
+    Custom(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuDef {
+    pub mode: CpuMode,
+    /// `(policy, name)`.
+    pub features: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FirmwareDef {
+    /// SeaBIOS.
+    #[default]
+    Bios,
+    BiosUseSerial,
+    Efi(EfiDef),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EfiDef {
+    pub code: PathBuf,
+    pub vars_template: PathBuf,
+    pub nvram: PathBuf,
+    pub secure: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelBootDef {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FeaturesDef {
+    pub acpi: bool,
+    pub apic: bool,
+    /// `<apic eoi=...>`.
+    pub apic_eoi: Option<bool>,
+    pub smm: Option<bool>,
+    /// `(element, state, extra attribute)`, in libvirt's names (`stimer`, `vendor_id`).
+    pub hyperv: Vec<HypervFeature>,
+    pub kvm_hidden: Option<bool>,
+    pub pvspinlock: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HypervFeature {
+    pub name: &'static str,
+    pub on: bool,
+    /// An extra attribute: `retries` for spinlocks, `value` for vendor_id.
+    pub attribute: Option<(&'static str, String)>,
+    /// `<stimer><direct state=.../></stimer>`.
+    pub direct: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ClockOffset {
+    #[default]
+    Utc,
+    /// UTC plus seconds.
+    UtcAdjusted(i64),
+    Timezone(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClockDef {
+    pub offset: ClockOffset,
+    pub timers: Vec<TimerDef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerDef {
+    /// libvirt's name: `hpet`, `pit`, `rtc`, `kvmclock`, `hypervclock`.
+    pub name: &'static str,
+    pub present: Option<bool>,
+    pub tickpolicy: Option<String>,
+    pub track: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Bus {
+    #[default]
+    Scsi,
+    Virtio,
+    Sata,
+}
+
+impl Bus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Bus::Scsi => "scsi",
+            Bus::Virtio => "virtio",
+            Bus::Sata => "sata",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DiskDevice {
+    #[default]
+    Disk,
+    Cdrom,
+    Lun,
+}
+
+impl DiskDevice {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskDevice::Disk => "disk",
+            DiskDevice::Cdrom => "cdrom",
+            DiskDevice::Lun => "lun",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskSource {
+    File(PathBuf),
+    Block(PathBuf),
+}
+
+impl Default for DiskSource {
+    fn default() -> Self {
+        DiskSource::File(PathBuf::new())
+    }
+}
+
+impl DiskSource {
+    pub fn path(&self) -> &std::path::Path {
+        match self {
+            DiskSource::File(p) | DiskSource::Block(p) => p,
+        }
+    }
+}
+
+/// `<address type='drive' controller='0' bus='0' target='0' unit='N'/>`: explicit, because
+/// libvirt's own allocation adds a controller every 7 disks and runs out of PCI slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriveAddress {
+    pub controller: u32,
+    pub unit: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DiskDef {
+    /// The spec's volume name; the device alias is `ua-<volume>`.
+    pub volume: String,
+    pub device: DiskDevice,
+    pub source: DiskSource,
+    /// `raw` or `qcow2`; raw when empty.
+    pub format: &'static str,
+    pub bus: Bus,
+    /// Guest target name (`sda`, `vdb`).
+    pub target: String,
+    pub serial: Option<String>,
+    /// Drive address, for scsi disks.
+    pub address: Option<DriveAddress>,
+    pub cache: Option<String>,
+    pub io: Option<String>,
+    pub error_policy: Option<String>,
+    pub iothread: Option<u32>,
+    pub boot_order: Option<u32>,
+    pub readonly: bool,
+    pub shareable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InterfaceBackend {
+    /// QEMU's user-mode network: a local run, no privileges, no host configuration.
+    User,
+    /// A tap device the pod network prepared (`managed='no'`: libvirt neither creates nor
+    /// removes it).
+    Tap(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceDef {
+    pub name: String,
+    pub backend: InterfaceBackend,
+    pub model: String,
+    pub mac: Option<String>,
+    pub boot_order: Option<u32>,
+    /// Guest ports published on the host (user-mode interfaces only).
+    pub port_forwards: Vec<PortForward>,
+}
+
+/// A guest port published on the host: libvirt's `<portForward proto address><range start to/>`.
+/// libvirt 9.0 keeps this element on a user-mode (slirp) interface but does not apply it (only
+/// its passt backend would, and 9.0 refuses that backend): the launcher applies it itself through
+/// QEMU's monitor once the domain runs (`libvirt::Hypervisor::publish_ports`). Writing it in the
+/// XML keeps the domain self-describing, so the live XML is the one record of what is published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortForward {
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// The host address the port listens on.
+    pub address: String,
+    pub host_port: u16,
+    /// The guest's port.
+    pub port: u16,
+}
+
+impl PortForward {
+    /// The rule QEMU's `hostfwd_add` takes: `tcp:127.0.0.1:2222-:22` (the guest address left
+    /// empty: QEMU's default, the guest's DHCP address).
+    pub fn hostfwd_rule(&self) -> String {
+        format!(
+            "{}:{}:{}-:{}",
+            self.protocol, self.address, self.host_port, self.port
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputDef {
+    pub name: String,
+    pub input_type: String,
+    pub bus: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchdogDef {
+    pub name: String,
+    pub action: String,
+}

@@ -1,0 +1,511 @@
+//! The host side of hot-plugged block volumes, owned by one [`BlockDevices`]: the node in the
+//! hotplug dir, the device rule in every cgroup QEMU is in (v1 `devices.allow`/`deny`, a v2 eBPF
+//! program), and the records a restarted launcher reads to know what is its own.
+//!
+//! Every root comes in through [`BlockRoots`] (hotplug dir, cgroup mounts, `/proc`, QEMU's pid
+//! file, the records file), so the unit tests below run this same code on a temp dir. It knows
+//! nothing of libvirt: the launcher decides *when* (after planning, around the attach), this
+//! module does the host steps and their undo.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use super::cgroup::{self, CgroupRoots, DeviceCgroup};
+use super::devnode::{self, DevNumber, NodeGuard, NodeOwner};
+use super::records::{self, NodeRecord, Records};
+
+/// A host step of a block-device hotplug that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockHostError {
+    #[error("cannot read QEMU's pid from {path}")]
+    QemuPid {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot read QEMU's cgroups from {path}")]
+    QemuCgroups {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Node(#[from] devnode::DevNodeError),
+    #[error(transparent)]
+    Cgroup(#[from] cgroup::CgroupError),
+    #[error(transparent)]
+    Records(#[from] records::RecordsError),
+}
+
+impl BlockHostError {
+    /// A CamelCase reason for volume status.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            BlockHostError::Node(_) => "NodeFailed",
+            BlockHostError::QemuPid { .. }
+            | BlockHostError::QemuCgroups { .. }
+            | BlockHostError::Cgroup(_) => "CgroupFailed",
+            BlockHostError::Records(_) => "RecordsFailed",
+        }
+    }
+}
+
+/// The device cgroups of the QEMU whose pid is in `pid_file`.
+pub fn qemu_device_cgroups(
+    pid_file: &Path,
+    proc_root: &Path,
+    roots: &CgroupRoots,
+) -> Result<Vec<DeviceCgroup>, BlockHostError> {
+    let pid = fs::read_to_string(pid_file)
+        .and_then(|t| {
+            t.trim()
+                .parse::<u32>()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        })
+        .map_err(|source| BlockHostError::QemuPid {
+            path: pid_file.into(),
+            source,
+        })?;
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    let text =
+        fs::read_to_string(&path).map_err(|source| BlockHostError::QemuCgroups { path, source })?;
+    Ok(roots.device_cgroups_of(&text)?)
+}
+
+/// Where the host steps happen.
+#[derive(Debug, Clone)]
+pub struct BlockRoots {
+    /// Where the nodes are made (`<hotplug_dir>/<volume>`).
+    pub hotplug_dir: PathBuf,
+    /// Owner of the nodes: the user and group QEMU runs as.
+    pub node_owner: NodeOwner,
+    pub cgroup_roots: CgroupRoots,
+    /// `/proc`, to read QEMU's cgroups.
+    pub proc_root: PathBuf,
+    /// Where libvirt writes QEMU's pid (`<qemu_pid_dir>/<domain>.pid`).
+    pub qemu_pid_file: PathBuf,
+    /// The state file of what the launcher made (`host::records`).
+    pub records: PathBuf,
+}
+
+/// What the launcher made on the host for block volumes (saved as `host::records`).
+#[derive(Debug, Default)]
+struct HostState {
+    /// Hot-plugged block volumes with a node of ours.
+    nodes: BTreeMap<String, NodeRecord>,
+    /// Block devices of the boot disks.
+    boot: BTreeSet<DevNumber>,
+    /// What each cgroup allows now.
+    applied: BTreeMap<DeviceCgroup, BTreeSet<DevNumber>>,
+    /// The device program attached per cgroup v2 directory.
+    programs: BTreeMap<PathBuf, u32>,
+}
+
+impl HostState {
+    /// The complete allow-list: boot disks and every hot-plugged one.
+    fn wanted(&self) -> BTreeSet<DevNumber> {
+        let mut all = self.boot.clone();
+        all.extend(self.nodes.values().map(|n| n.dev));
+        all
+    }
+
+    fn records(&self) -> Records {
+        Records {
+            nodes: self.nodes.clone(),
+            cgroups: self
+                .applied
+                .iter()
+                .map(|(c, d)| (c.clone(), d.clone()))
+                .collect(),
+            programs: self.programs.clone(),
+        }
+    }
+}
+
+/// The owner of the host side of block volumes. Its one lock is taken last: nothing else is
+/// locked while a method runs, and no method calls out while holding it.
+#[derive(Debug)]
+pub struct BlockDevices {
+    roots: BlockRoots,
+    state: Mutex<HostState>,
+}
+
+/// The node and the rule of a volume being attached: both undone when dropped (the rule first,
+/// then the node), both kept by [`Plugged::keep`] once the attach worked.
+#[derive(Debug)]
+#[must_use = "dropping it revokes the rule and removes the node"]
+pub struct Plugged<'a> {
+    // Field order is drop order: revoke the rule before the node goes.
+    rule: RuleGuard<'a>,
+    node: NodeGuard,
+}
+
+impl Plugged<'_> {
+    pub fn keep(self) {
+        let Plugged { rule, node } = self;
+        rule.keep();
+        node.keep();
+    }
+}
+
+/// Undoes the cgroup rule of a volume whose attach failed (re-applies the list without it).
+#[derive(Debug)]
+struct RuleGuard<'a> {
+    devices: &'a BlockDevices,
+    volume: String,
+    armed: bool,
+}
+
+impl RuleGuard<'_> {
+    fn keep(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for RuleGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.devices.forget(&self.volume) {
+                tracing::warn!(volume = %self.volume, error = %crate::error_chain(&e), "undo: cannot revoke the device rule");
+            }
+        }
+    }
+}
+
+impl BlockDevices {
+    pub fn new(roots: BlockRoots) -> BlockDevices {
+        BlockDevices {
+            roots,
+            state: Mutex::new(HostState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HostState> {
+        self.state.lock().expect("block devices lock")
+    }
+
+    /// The devices of the boot disks: always allowed, whatever is hot-plugged.
+    pub fn set_boot(&self, boot: BTreeSet<DevNumber>) {
+        self.lock().boot = boot;
+    }
+
+    /// The hot-plugged volumes with a node of ours, and their devices.
+    pub fn nodes(&self) -> BTreeMap<String, DevNumber> {
+        self.lock()
+            .nodes
+            .iter()
+            .map(|(name, node)| (name.clone(), node.dev))
+            .collect()
+    }
+
+    /// Makes the node of `volume` for `dev`, then allows `dev` in every cgroup QEMU is in. A
+    /// failure undoes what was done; so does dropping the result.
+    pub fn plug(&self, volume: &str, dev: DevNumber) -> Result<Plugged<'_>, BlockHostError> {
+        let node = devnode::make_node(&self.roots.hotplug_dir, volume, dev, self.roots.node_owner)?;
+        let record = NodeRecord {
+            path: node.path(),
+            dev,
+        };
+        let rule = self.allow(volume, record)?;
+        Ok(Plugged { rule, node })
+    }
+
+    fn allow(&self, volume: &str, record: NodeRecord) -> Result<RuleGuard<'_>, BlockHostError> {
+        let mut host = self.lock();
+        host.nodes.insert(volume.into(), record);
+        if let Err(e) = self.apply_device_rules(&mut host) {
+            host.nodes.remove(volume);
+            if let Err(undo) = self.apply_device_rules(&mut host) {
+                tracing::warn!(error = %crate::error_chain(&undo), "undo: cannot restore the device rules");
+            }
+            return Err(e);
+        }
+        Ok(RuleGuard {
+            devices: self,
+            volume: volume.into(),
+            armed: true,
+        })
+    }
+
+    /// Takes `volume` out of the allow-list (its device stays allowed while another volume or a
+    /// boot disk uses it).
+    pub fn forget(&self, volume: &str) -> Result<(), BlockHostError> {
+        let mut host = self.lock();
+        if host.nodes.remove(volume).is_none() {
+            return Ok(());
+        }
+        self.apply_device_rules(&mut host)
+    }
+
+    /// After a detach: unlinks the node and revokes the rule of a block volume.
+    pub fn release(&self, volume: &str) -> Result<(), BlockHostError> {
+        let Some(node) = self.lock().nodes.get(volume).cloned() else {
+            return Ok(());
+        };
+        let dir = node.path.parent().unwrap_or(Path::new("/"));
+        devnode::remove_node(dir, volume, node.dev)?;
+        self.forget(volume)
+    }
+
+    /// Makes every cgroup QEMU is in (and every one written to before) allow exactly the
+    /// complete list, then saves the records.
+    fn apply_device_rules(&self, host: &mut HostState) -> Result<(), BlockHostError> {
+        let wanted = host.wanted();
+        let mut cgroups: BTreeSet<DeviceCgroup> = host.applied.keys().cloned().collect();
+        match qemu_device_cgroups(
+            &self.roots.qemu_pid_file,
+            &self.roots.proc_root,
+            &self.roots.cgroup_roots,
+        ) {
+            Ok(found) => cgroups.extend(found),
+            // No QEMU (stopped): only the cgroups already written to are updated.
+            Err(e) if cgroups.is_empty() && !wanted.is_empty() => return Err(e),
+            Err(e) => tracing::debug!(error = %crate::error_chain(&e), "QEMU's cgroups unknown"),
+        }
+        for cgroup in cgroups {
+            let previous = host.applied.get(&cgroup).cloned().unwrap_or_default();
+            let attached = host.programs.contains_key(cgroup.path());
+            if previous == wanted && (matches!(cgroup, DeviceCgroup::V1(_)) || attached) {
+                continue;
+            }
+            if let Some(id) = cgroup.apply(&previous, &wanted)? {
+                host.programs.insert(cgroup.path().into(), id);
+            }
+            host.applied.insert(cgroup, wanted.clone());
+        }
+        host.records().save(&self.roots.records)?;
+        Ok(())
+    }
+
+    /// At start: takes over the records a previous launcher of this runtime dir left, keeps the
+    /// nodes of the volumes in `live` (what the domain still uses), and cleans the rest.
+    pub fn adopt(&self, live: &BTreeSet<String>) {
+        let records = match Records::load(&self.roots.records) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "ignoring unreadable hotplug records");
+                return;
+            }
+        };
+        if records == Records::default() {
+            return;
+        }
+        let mut host = self.lock();
+        host.applied = records.cgroups.into_iter().collect();
+        host.programs = records.programs;
+        for (volume, node) in records.nodes {
+            if live.contains(&volume) {
+                host.nodes.insert(volume, node);
+            } else {
+                let dir = node.path.parent().unwrap_or(Path::new("/"));
+                match devnode::remove_node(dir, &volume, node.dev) {
+                    Ok(()) => {
+                        tracing::info!(%volume, path = %node.path.display(), "removed a stale node")
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error_chain(&e), "cannot remove a stale node")
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.apply_device_rules(&mut host) {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot restore the device rules");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A cgroup v1 `devices` hierarchy, `/proc/<pid>/cgroup`, QEMU's pid file and the hotplug
+    //! dir, all in a temp dir: the real code on real files (nodes need root, as the launcher).
+    use super::*;
+
+    const QEMU_PID: u32 = 4242;
+    const LOOP1: DevNumber = DevNumber { major: 7, minor: 1 };
+    const LOOP2: DevNumber = DevNumber { major: 7, minor: 2 };
+    const BOOT: DevNumber = DevNumber { major: 8, minor: 0 };
+
+    struct Host {
+        dir: tempfile::TempDir,
+    }
+
+    impl Host {
+        /// QEMU in cgroup `/pod/qemu` of the v1 devices hierarchy.
+        fn new() -> Host {
+            let host = Host {
+                dir: tempfile::tempdir().unwrap(),
+            };
+            let cg = host.cgroup();
+            fs::create_dir_all(&cg).unwrap();
+            for f in ["devices.allow", "devices.deny"] {
+                fs::write(cg.join(f), "").unwrap();
+            }
+            let proc = host.path("proc").join(QEMU_PID.to_string());
+            fs::create_dir_all(&proc).unwrap();
+            fs::write(proc.join("cgroup"), "5:devices:/pod/qemu\n0::/\n").unwrap();
+            fs::write(host.path("qemu.pid"), format!("{QEMU_PID}\n")).unwrap();
+            host
+        }
+
+        fn path(&self, name: &str) -> PathBuf {
+            self.dir.path().join(name)
+        }
+
+        fn cgroup(&self) -> PathBuf {
+            self.path("devices/pod/qemu")
+        }
+
+        fn roots(&self) -> BlockRoots {
+            BlockRoots {
+                hotplug_dir: self.path("hotplug"),
+                node_owner: NodeOwner { uid: 0, gid: 0 },
+                cgroup_roots: CgroupRoots {
+                    v1_devices: Some(cgroup::CgroupMount::whole(self.path("devices"))),
+                    unified: None,
+                },
+                proc_root: self.path("proc"),
+                qemu_pid_file: self.path("qemu.pid"),
+                records: self.path("records.json"),
+            }
+        }
+
+        /// The rules written to the cgroup, one per line as the kernel takes them.
+        fn written(&self, file: &str) -> String {
+            fs::read_to_string(self.cgroup().join(file)).unwrap()
+        }
+
+        fn records(&self) -> Records {
+            Records::load(&self.path("records.json")).unwrap()
+        }
+    }
+
+    #[test]
+    fn plug_makes_the_node_allows_the_device_and_records_both() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.plug("vol-a", LOOP1).unwrap().keep();
+        assert_eq!(
+            devnode::device_of(&host.path("hotplug/vol-a")).unwrap(),
+            LOOP1
+        );
+        assert_eq!(host.written("devices.allow"), "b 7:1 rwm");
+        assert_eq!(host.written("devices.deny"), "");
+        let records = host.records();
+        assert_eq!(
+            records.nodes["vol-a"],
+            NodeRecord {
+                path: host.path("hotplug/vol-a"),
+                dev: LOOP1
+            }
+        );
+        assert_eq!(
+            records.cgroups,
+            vec![(DeviceCgroup::V1(host.cgroup()), [LOOP1].into())]
+        );
+        assert_eq!(devices.nodes(), [("vol-a".to_string(), LOOP1)].into());
+    }
+
+    #[test]
+    fn a_dropped_plug_revokes_the_rule_and_removes_the_node() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        drop(devices.plug("vol-a", LOOP1).unwrap());
+        assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
+        assert_eq!(host.written("devices.allow"), "b 7:1 rwm");
+        assert_eq!(host.written("devices.deny"), "b 7:1 rwm");
+        assert!(devices.nodes().is_empty());
+        assert!(host.records().nodes.is_empty());
+    }
+
+    #[test]
+    fn release_removes_the_node_and_the_rule_but_keeps_boot_devices() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.set_boot([BOOT].into());
+        devices.plug("vol-a", LOOP1).unwrap().keep();
+        devices.plug("vol-b", LOOP2).unwrap().keep();
+        devices.release("vol-a").unwrap();
+        assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
+        assert!(host.path("hotplug/vol-b").exists());
+        assert_eq!(host.written("devices.deny"), "b 7:1 rwm");
+        assert_eq!(
+            host.records().cgroups,
+            vec![(DeviceCgroup::V1(host.cgroup()), [BOOT, LOOP2].into())]
+        );
+        // Releasing what is not ours is nothing.
+        devices.release("vol-a").unwrap();
+        devices.forget("never-plugged").unwrap();
+    }
+
+    #[test]
+    fn without_qemu_a_plug_fails_and_leaves_nothing() {
+        let host = Host::new();
+        fs::remove_file(host.path("qemu.pid")).unwrap();
+        let devices = BlockDevices::new(host.roots());
+        let err = devices.plug("vol-a", LOOP1).unwrap_err();
+        assert!(matches!(err, BlockHostError::QemuPid { .. }), "{err}");
+        assert_eq!(err.reason(), "CgroupFailed");
+        assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
+        assert!(devices.nodes().is_empty());
+    }
+
+    #[test]
+    fn a_bad_volume_name_makes_no_node() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        let err = devices.plug("../escape", LOOP1).unwrap_err();
+        assert_eq!(err.reason(), "NodeFailed");
+        assert_eq!(host.written("devices.allow"), "");
+    }
+
+    #[test]
+    fn adopting_keeps_live_volumes_and_cleans_stale_ones() {
+        let host = Host::new();
+        let before = BlockDevices::new(host.roots());
+        before.plug("live", LOOP1).unwrap().keep();
+        before.plug("stale", LOOP2).unwrap().keep();
+        drop(before);
+
+        // A new launcher of the same runtime dir; the domain still has "live" only.
+        let after = BlockDevices::new(host.roots());
+        after.adopt(&["live".to_string()].into());
+        assert_eq!(after.nodes(), [("live".to_string(), LOOP1)].into());
+        assert!(host.path("hotplug/live").exists());
+        assert!(fs::symlink_metadata(host.path("hotplug/stale")).is_err());
+        assert_eq!(host.written("devices.deny"), "b 7:2 rwm");
+        assert_eq!(
+            host.records().cgroups,
+            vec![(DeviceCgroup::V1(host.cgroup()), [LOOP1].into())]
+        );
+    }
+
+    #[test]
+    fn adopting_without_records_does_nothing() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.adopt(&BTreeSet::new());
+        assert!(!host.path("records.json").exists());
+        fs::write(host.path("records.json"), "{").unwrap();
+        devices.adopt(&BTreeSet::new());
+        assert!(devices.nodes().is_empty());
+    }
+
+    #[test]
+    fn qemu_cgroups_come_from_its_proc_entry() {
+        let host = Host::new();
+        let roots = host.roots();
+        assert_eq!(
+            qemu_device_cgroups(&roots.qemu_pid_file, &roots.proc_root, &roots.cgroup_roots)
+                .unwrap(),
+            vec![DeviceCgroup::V1(host.cgroup())]
+        );
+        fs::write(host.path("qemu.pid"), "not a pid").unwrap();
+        assert!(matches!(
+            qemu_device_cgroups(&roots.qemu_pid_file, &roots.proc_root, &roots.cgroup_roots),
+            Err(BlockHostError::QemuPid { .. })
+        ));
+    }
+}

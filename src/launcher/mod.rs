@@ -1,0 +1,497 @@
+//! The core: one launcher, one domain. It creates (or adopts) the domain, keeps the observed state
+//! true by re-reading libvirt after every event and on a periodic resync, reconciles it with what
+//! the owner asked for (run strategy, vm_state), runs the owner's commands as tasks, applies `Sync`
+//! (hotplug), and reconnects when libvirt goes away. Front ends (gRPC, the `run` entrypoint) only
+//! call into it.
+//!
+//! libvirt calls block, so they run on the blocking pool. One task at a time holds `task_slot`;
+//! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
+//! rules live in `lifecycle`; this module executes them.
+//!
+//! By job: `status` (what `GetStatus` and `WatchEvents` report), `tasks` (the owner's commands
+//! and Sync, one at a time), `reconciler` (libvirt's events, the run strategy, reconnecting),
+//! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
+//! [`crate::host::block::BlockDevices`].
+
+mod reconciler;
+mod status;
+mod sync;
+mod tasks;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
+
+use crate::convert::{self, ConvertOptions};
+use crate::domain;
+use crate::host::block::{BlockDevices, BlockRoots};
+use crate::host::cgroup::CgroupRoots;
+use crate::host::devnode::{self, DevNodeError, DevNumber, NodeOwner};
+use crate::host::HostError;
+use crate::hotplug::PlanError;
+use crate::libvirt::events::HypervisorEvent;
+use crate::libvirt::{ConnectError, Connector, Hypervisor, LibvirtError};
+use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
+use crate::spec::{SpecErrors, Validated};
+
+use reconciler::reconciler;
+use status::{placeholder_status, EventLog};
+pub use status::{
+    EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
+    VolumePhase, VolumeStatus,
+};
+use sync::pending_watcher;
+pub use sync::{BlockSource, PlannedAction, SyncInput};
+
+/// How long a detach may take before the volume is reported stuck in `Detaching`.
+pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
+/// KubeVirt's default grace period.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+/// How long libvirt may take to report a destroyed domain as stopped.
+const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Events kept for slow `WatchEvents` subscribers before they get a resync instead.
+const EVENT_BUFFER: usize = 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    #[error("invalid spec:\n{0}")]
+    InvalidSpec(#[from] SpecErrors),
+    #[error("the spec is for {requested}, this launcher runs {running}")]
+    WrongInstance { running: String, requested: String },
+    #[error("cannot change {} while the VM runs; only disks can be hot-plugged", .fields.join(", "))]
+    FrozenFieldsChanged { fields: Vec<&'static str> },
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("block device of volume {volume:?}")]
+    BlockDevice {
+        volume: String,
+        #[source]
+        source: DevNodeError,
+    },
+    #[error("block_devices names volume {volume:?}, which is not a hot-pluggable claim (persistentVolumeClaim or dataVolume with hotpluggable: true) of the spec")]
+    NotAHotplugVolume { volume: String },
+    #[error("volume {volume:?}")]
+    HostDisk {
+        volume: String,
+        #[source]
+        source: HostError,
+    },
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("the hypervisor is unreachable")]
+    Unreachable,
+    #[error("cannot {command}: the launcher is shutting down")]
+    Terminating { command: &'static str },
+    #[error("the graceful stop gave way to a Kill")]
+    Preempted,
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Libvirt(#[from] LibvirtError),
+    #[error(transparent)]
+    LiveXml(#[from] domain::LiveXmlError),
+    #[error("a libvirt call panicked")]
+    Join(#[source] tokio::task::JoinError),
+}
+
+impl LauncherError {
+    /// The failure is about reaching libvirt, not about the request.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            LauncherError::Unreachable
+            | LauncherError::Connect(_)
+            | LauncherError::Refused(Refusal::Unreachable { .. }) => true,
+            LauncherError::Libvirt(l) => l.is_unavailable(),
+            _ => false,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    pub strategy: RunStrategy,
+    pub convert: ConvertOptions,
+    /// The periodic safety-net re-read of the real state.
+    pub resync_interval: Duration,
+    pub hotplug: HotplugOptions,
+    /// The spec text the VM was started from (what `GetSpec` returns before the first Sync).
+    pub spec_text: String,
+    /// How long to keep trying to reach a lost libvirt before giving up (phase Unknown, the
+    /// launcher exits); `None` tries for ever.
+    pub reconnect_timeout: Option<Duration>,
+}
+
+/// Where the host side of block-device hotplug happens. The hotplug dir itself is
+/// `convert.paths.hotplug_dir`.
+#[derive(Debug, Clone)]
+pub struct HotplugOptions {
+    /// Owner of the nodes: the user and group QEMU runs as.
+    pub node_owner: NodeOwner,
+    pub cgroup_roots: CgroupRoots,
+    /// `/sys/dev/block`: which device numbers exist.
+    pub sys_dev_block: PathBuf,
+    /// `/proc`.
+    pub proc_root: PathBuf,
+    /// Where libvirt writes `<domain>.pid` for QEMU.
+    pub qemu_pid_dir: PathBuf,
+    /// The state file of what the launcher made (`host::records`).
+    pub records: PathBuf,
+}
+
+#[derive(Debug)]
+struct State {
+    observation: Observation,
+    vm_state: VmState,
+    task: Option<TaskInfo>,
+    destroyed_after_grace: bool,
+    terminating: bool,
+    finished: bool,
+    /// When the domain was first seen stopped without a task (reboot window).
+    stop_seen: Option<Instant>,
+    restart_at: Option<Instant>,
+    restarts: u32,
+    last_started: Option<Instant>,
+    volumes: BTreeMap<String, VolumeStatus>,
+    interfaces: Vec<InterfaceStatus>,
+    /// The last Sync's failure, shown as condition `Synchronized=false`.
+    sync_failure: Option<String>,
+    /// The launcher undefined the domain itself (to start it afresh) and has not defined it
+    /// again: a missing domain is then not a lost one.
+    undefined_by_us: bool,
+    /// The last I/O error libvirt reported, shown with the `Paused` condition.
+    io_error: Option<String>,
+    /// The spec the domain was made from or last synced to.
+    spec: Validated,
+}
+
+impl State {
+    /// The part of the state the restart rules of `lifecycle` read and write.
+    fn restarts(&self) -> lifecycle::Restarts {
+        lifecycle::Restarts {
+            vm_state: self.vm_state,
+            stop_seen: self.stop_seen,
+            restart_at: self.restart_at,
+            restarts: self.restarts,
+            last_started: self.last_started,
+            finished: self.finished,
+        }
+    }
+
+    fn set_restarts(&mut self, r: lifecycle::Restarts) {
+        self.vm_state = r.vm_state;
+        self.stop_seen = r.stop_seen;
+        self.restart_at = r.restart_at;
+        self.restarts = r.restarts;
+        self.last_started = r.last_started;
+        self.finished = r.finished;
+    }
+
+    /// When the reconciler must look again without an event.
+    fn timer(&self) -> Option<Instant> {
+        let window = self.stop_seen.map(|t| t + lifecycle::REBOOT_WINDOW);
+        match (window, self.restart_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// What `start` did with the domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartKind {
+    Created,
+    Adopted,
+    /// The run strategy (Manual, Halted) waits for a Start call.
+    NotStarted,
+}
+
+/// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
+/// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
+/// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
+/// `last_input` and the lock inside `block` are leaves: taken alone, never while
+/// calling out, and never with `state` held.
+#[derive(Debug)]
+pub struct Launcher {
+    connector: Arc<Connector>,
+    hv: RwLock<Option<Arc<Hypervisor>>>,
+    domain_name: String,
+    options: LaunchOptions,
+    state: Mutex<State>,
+    changes: watch::Sender<Status>,
+    events: EventLog,
+    task_slot: tokio::sync::Mutex<()>,
+    next_task_id: AtomicU64,
+    /// Bumped by Kill so that a graceful stop in flight gives way.
+    preempt: watch::Sender<u64>,
+    /// Asks the reconciler to re-read and reconcile now.
+    wake: Notify,
+    removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Nodes and device rules of block volumes (`host::records` on disk).
+    block: BlockDevices,
+    /// The last Sync request (or the start spec), for `GetSpec`.
+    last_input: Mutex<SyncInput>,
+    /// Volumes waiting for their source, and the path each waits for: watched, so that they are
+    /// attached as soon as it appears.
+    pending: watch::Sender<BTreeMap<String, PathBuf>>,
+    /// Set when the launcher is going away: event streams end, so the API can stop.
+    closing: watch::Sender<bool>,
+}
+
+impl Launcher {
+    /// Connects, then creates the domain from `vmi` (or adopts a running one of the same name,
+    /// rebuilding the volume statuses from its live XML), unless the run strategy waits for a
+    /// Start call. `events` must be the receiving end of the connector's channel.
+    pub async fn start(
+        connector: Arc<Connector>,
+        vmi: Validated,
+        mut options: LaunchOptions,
+        events: mpsc::UnboundedReceiver<HypervisorEvent>,
+    ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
+        let def = convert::convert(&vmi, &options.convert)?;
+        let name = def.name.clone();
+        let c = connector.clone();
+        let hv = tokio::task::spawn_blocking(move || c.connect())
+            .await
+            .map_err(LauncherError::Join)??;
+        // Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start,
+        // so the guest keeps the machine ABI it started with.
+        // Only the one alias the spec uses is asked about: the host-wide capabilities would probe
+        // every QEMU binary (seconds on a fresh daemon), domain capabilities probe just ours.
+        let alias = vmi
+            .spec
+            .domain
+            .machine
+            .as_ref()
+            .and_then(|m| m.machine_type.clone())
+            .unwrap_or_else(|| convert::DEFAULT_MACHINE.to_string());
+        if !options.convert.machines.contains_key(&alias) {
+            match hv.canonical_machine(&alias, options.convert.virt_type) {
+                Ok(Some(canonical)) => {
+                    options.convert.machines.insert(alias, canonical);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written")
+                }
+            }
+        }
+        let state = State {
+            observation: Observation::NotCreated,
+            vm_state: VmState::Building,
+            task: None,
+            destroyed_after_grace: false,
+            terminating: false,
+            finished: false,
+            stop_seen: None,
+            restart_at: None,
+            restarts: 0,
+            last_started: None,
+            volumes: BTreeMap::new(),
+            interfaces: Vec::new(),
+            sync_failure: None,
+            io_error: None,
+            undefined_by_us: false,
+            spec: vmi,
+        };
+        let uri = connector.uri();
+        let boot_devices: BTreeSet<DevNumber> = def
+            .disks
+            .iter()
+            .filter_map(|d| match &d.source {
+                domain::DiskSource::Block(p) => devnode::device_of(p).ok(),
+                _ => None,
+            })
+            .collect();
+        let spec_text = options.spec_text.clone();
+        let block = BlockDevices::new(BlockRoots {
+            hotplug_dir: options.convert.paths.hotplug_dir.clone(),
+            node_owner: options.hotplug.node_owner,
+            cgroup_roots: options.hotplug.cgroup_roots.clone(),
+            proc_root: options.hotplug.proc_root.clone(),
+            qemu_pid_file: options.hotplug.qemu_pid_dir.join(format!("{name}.pid")),
+            records: options.hotplug.records.clone(),
+        });
+        let launcher = Arc::new(Launcher {
+            connector,
+            hv: RwLock::new(Some(Arc::new(hv))),
+            domain_name: name.clone(),
+            changes: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
+            options,
+            state: Mutex::new(state),
+            events: EventLog {
+                tx: broadcast::channel(EVENT_BUFFER).0,
+                seq: Mutex::new(0),
+            },
+            task_slot: tokio::sync::Mutex::new(()),
+            next_task_id: AtomicU64::new(1),
+            preempt: watch::channel(0).0,
+            wake: Notify::new(),
+            removal_waiters: Mutex::new(HashMap::new()),
+            block,
+            last_input: Mutex::new(SyncInput {
+                spec: spec_text,
+                ..SyncInput::default()
+            }),
+            closing: watch::channel(false).0,
+            pending: watch::channel(BTreeMap::new()).0,
+        });
+        launcher.update(|_| {});
+        let n = name.clone();
+        let exists = launcher.call(move |hv| hv.exists(&n)).await?;
+        launcher.refresh().await;
+        let active =
+            matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
+        let kind = if exists && active {
+            let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
+            launcher.update(|s| {
+                s.vm_state = if paused {
+                    VmState::Paused
+                } else {
+                    VmState::Active
+                };
+                s.last_started = Some(Instant::now());
+            });
+            launcher.rebuild_volumes().await?;
+            StartKind::Adopted
+        } else if launcher.options.strategy.starts_at_launch() {
+            launcher.command(Command::Start, None).await?;
+            StartKind::Created
+        } else {
+            launcher.update(|s| s.vm_state = VmState::Stopped);
+            StartKind::NotStarted
+        };
+        launcher.block.set_boot(boot_devices);
+        let live: BTreeSet<String> = launcher
+            .status()
+            .volumes
+            .into_iter()
+            .map(|v| v.name)
+            .collect();
+        launcher.block.adopt(&live);
+        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
+        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
+        Ok((launcher, kind))
+    }
+
+    pub fn domain_name(&self) -> &str {
+        &self.domain_name
+    }
+
+    /// A receiver that sees every status change (the latest one, at least).
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.changes.subscribe()
+    }
+
+    pub fn status(&self) -> Status {
+        self.changes.borrow().clone()
+    }
+
+    /// The event stream: a resync with the current status first, then every event after it.
+    pub fn watch_events(&self) -> (LauncherEvent, broadcast::Receiver<LauncherEvent>) {
+        // Under the sequence lock, so no event falls between the snapshot and the subscription.
+        let seq = self.events.seq.lock().expect("seq lock");
+        let rx = self.events.tx.subscribe();
+        let first = LauncherEvent {
+            seq: *seq,
+            kind: EventKind::Resync(Box::new(self.status())),
+        };
+        (first, rx)
+    }
+
+    /// Resolves when the launcher is going away (event streams end then).
+    pub fn closing(&self) -> watch::Receiver<bool> {
+        self.closing.subscribe()
+    }
+
+    /// A resync for a subscriber that fell behind.
+    pub fn resync_event(&self) -> LauncherEvent {
+        let seq = self.events.seq.lock().expect("seq lock");
+        LauncherEvent {
+            seq: *seq,
+            kind: EventKind::Resync(Box::new(self.status())),
+        }
+    }
+
+    fn observation(&self) -> Observation {
+        self.state.lock().expect("state lock").observation.clone()
+    }
+
+    fn hypervisor(&self) -> Result<Arc<Hypervisor>, LauncherError> {
+        self.hv
+            .read()
+            .expect("hv lock")
+            .clone()
+            .ok_or(LauncherError::Unreachable)
+    }
+
+    /// Runs a blocking libvirt call on the blocking pool.
+    async fn call<T, F>(&self, f: F) -> Result<T, LauncherError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Hypervisor) -> Result<T, LibvirtError> + Send + 'static,
+    {
+        let hv = self.hypervisor()?;
+        tokio::task::spawn_blocking(move || f(&hv))
+            .await
+            .map_err(LauncherError::Join)?
+            .map_err(LauncherError::from)
+    }
+
+    /// Changes the state, publishes the new status, and tells the stream what changed.
+    fn update(&self, change: impl FnOnce(&mut State)) {
+        // Published while the state lock is held, so that the stream's order is the order of
+        // the updates (lock order: state, then the event sequence; nothing takes them reversed).
+        let mut state = self.state.lock().expect("state lock");
+        change(&mut state);
+        let new = self.status_of(&state);
+        let old = self.changes.send_replace(new.clone());
+        if new.summary_differs(&old) {
+            self.events
+                .publish(EventKind::Status(Box::new(new.clone())));
+        }
+        let old_volumes: BTreeMap<&str, &VolumeStatus> =
+            old.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
+        for v in &new.volumes {
+            if old_volumes.get(v.name.as_str()) != Some(&v) {
+                self.events.publish(EventKind::Volume(v.clone()));
+            }
+        }
+        for v in &old.volumes {
+            if !new.volumes.iter().any(|n| n.name == v.name) {
+                self.events
+                    .publish(EventKind::VolumeRemoved(v.name.clone()));
+            }
+        }
+        drop(state);
+    }
+
+    fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        self.removal_waiters
+            .lock()
+            .expect("waiters lock")
+            .entry(alias.to_string())
+            .or_default()
+            .push(tx);
+        rx
+    }
+
+    /// The converter's options with the block volumes the launcher holds.
+    fn convert_options(&self) -> ConvertOptions {
+        let mut opts = self.options.convert.clone();
+        opts.block_volumes.extend(self.block.nodes().into_keys());
+        opts
+    }
+}
+
+/// libvirt's own words for a failed call, for a one-line status.
+fn libvirt_message(e: &LauncherError) -> String {
+    match e {
+        LauncherError::Libvirt(l) => l.libvirt_message(),
+        other => crate::error_chain(other),
+    }
+}

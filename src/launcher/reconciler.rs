@@ -1,0 +1,419 @@
+//! Keeping the observed state true and acting on it: libvirt's events, the periodic resync,
+//! reconnecting to a lost libvirt, and the run strategy when the VM stopped by itself.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::{
+    EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
+};
+use crate::domain;
+use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
+use crate::libvirt::LibvirtError;
+use crate::lifecycle::{self, Command, Observation, Reaction, VmState};
+
+impl Launcher {
+    /// Re-reads the real state from libvirt (never trusting an event's payload alone).
+    pub(super) async fn refresh(&self) {
+        if *self.closing.borrow() {
+            // Shutting down: the domain is being removed on purpose; nothing to learn.
+            return;
+        }
+        let n = self.domain_name.clone();
+        let read = self.call(move |hv| hv.power_state(&n)).await;
+        if *self.closing.borrow() {
+            // The launcher removed the domain meanwhile, on purpose.
+            return;
+        }
+        let observation = match read {
+            Ok(power) => Observation::Domain(power),
+            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
+                let ours = self.state.lock().expect("state lock").undefined_by_us;
+                match self.observation() {
+                    // Never created (Manual before its first Start), or removed by the launcher
+                    // itself for a (re)start that has not defined it again: not lost.
+                    Observation::NotCreated => Observation::NotCreated,
+                    _ if ours => Observation::NotCreated,
+                    _ => Observation::Vanished,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot read the domain's state");
+                Observation::Unreachable
+            }
+        };
+        self.update(|s| {
+            if matches!(&observation, Observation::Domain(p) if p.state.is_active()) {
+                s.stop_seen = None;
+            }
+            s.observation = observation;
+        });
+    }
+
+    /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
+    pub(super) async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
+        let n = self.domain_name.clone();
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let live = domain::live_disks(&xml)?;
+        let interfaces = interface_statuses(&domain::live_interfaces(&xml)?);
+        self.update(|s| s.interfaces = interfaces);
+        self.update(|s| {
+            let boot: Vec<&str> = s
+                .spec
+                .spec
+                .domain
+                .devices
+                .disks
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect();
+            let mut volumes: BTreeMap<String, VolumeStatus> = live
+                .iter()
+                .filter_map(|d| {
+                    let name = d.volume()?.to_string();
+                    // A disk still being detached stays so: its DEVICE_REMOVED finishes it.
+                    let detaching = s
+                        .volumes
+                        .get(&name)
+                        .filter(|v| v.phase == VolumePhase::Detaching)
+                        .cloned();
+                    Some((
+                        name.clone(),
+                        detaching.unwrap_or(VolumeStatus {
+                            boot: boot.contains(&name.as_str()),
+                            name,
+                            target: d.target.clone(),
+                            serial: d.serial.clone().unwrap_or_default(),
+                            bus: d.bus.clone(),
+                            phase: VolumePhase::Ready,
+                            reason: String::new(),
+                            message: String::new(),
+                        }),
+                    ))
+                })
+                .collect();
+            // Volumes libvirt does not have but that wait (Pending) or failed keep their status.
+            for (name, v) in &s.volumes {
+                if matches!(v.phase, VolumePhase::Pending | VolumePhase::Failed) {
+                    volumes.entry(name.clone()).or_insert_with(|| v.clone());
+                }
+            }
+            s.volumes = volumes;
+        });
+        Ok(())
+    }
+
+    /// Handles one libvirt event; true if the state must be re-read.
+    pub(super) async fn on_event(&self, event: HypervisorEvent) -> bool {
+        let ours = |domain: &str| domain == self.domain_name;
+        match event {
+            HypervisorEvent::DeviceRemoved { domain, alias } if ours(&domain) => {
+                let waiters = self
+                    .removal_waiters
+                    .lock()
+                    .expect("waiters lock")
+                    .remove(&alias)
+                    .unwrap_or_default();
+                // A waiter whose detach timed out is gone: its removal is finished here.
+                let waiters: Vec<_> = waiters.into_iter().filter(|w| !w.is_closed()).collect();
+                if waiters.is_empty() {
+                    // A removal that arrived after its detach timed out: finish it now.
+                    if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
+                        let detaching = self
+                            .status()
+                            .volumes
+                            .iter()
+                            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+                        if detaching {
+                            self.finish_detach(volume);
+                        }
+                    }
+                }
+                for w in waiters {
+                    let _ = w.send(());
+                }
+                false
+            }
+            HypervisorEvent::Lifecycle {
+                domain,
+                event,
+                detail,
+            } if ours(&domain) => {
+                let (name, detail) = lifecycle_names(event, detail);
+                self.events.publish(EventKind::Hypervisor {
+                    event: name.into(),
+                    detail: detail.into(),
+                });
+                // Definitions coming and going (ours, at exit) do not change the power state.
+                !matches!(event, lifecycle_event::DEFINED | lifecycle_event::UNDEFINED)
+            }
+            HypervisorEvent::Reboot { domain } if ours(&domain) => {
+                self.events.publish(EventKind::Hypervisor {
+                    event: "Reboot".into(),
+                    detail: String::new(),
+                });
+                true
+            }
+            HypervisorEvent::IoError {
+                domain,
+                alias,
+                path,
+                action,
+                reason,
+            } if ours(&domain) => {
+                let message = format!("I/O error on {alias} ({path}): {reason}; action {action}");
+                tracing::warn!(%message);
+                self.events.publish(EventKind::Hypervisor {
+                    event: "IOError".into(),
+                    detail: message.clone(),
+                });
+                self.update(|s| s.io_error = Some(message));
+                true
+            }
+            HypervisorEvent::ControlError { domain } if ours(&domain) => {
+                self.events.publish(EventKind::Hypervisor {
+                    event: "ControlError".into(),
+                    detail: String::new(),
+                });
+                true
+            }
+            _ if *self.closing.borrow() => false,
+            HypervisorEvent::ConnectionClosed { reason } => {
+                // A close of a connection already replaced (after a daemon restart) is old news.
+                let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
+                if !current_alive {
+                    tracing::error!(reason, "the libvirt connection closed");
+                    self.reconnect().await;
+                }
+                true
+            }
+            HypervisorEvent::DaemonExited { daemon } => {
+                tracing::error!(daemon, "a private daemon exited");
+                self.events.publish(EventKind::Hypervisor {
+                    event: "DaemonExited".into(),
+                    detail: daemon.into(),
+                });
+                if daemon == "libvirtd" {
+                    // The close of its connection may have been handled first, by a reconnect
+                    // that already started a new daemon: then there is nothing left to do.
+                    if !self.hypervisor().is_ok_and(|hv| hv.is_alive()) {
+                        self.reconnect().await;
+                    }
+                } else {
+                    let c = self.connector.clone();
+                    match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(daemon, "restarted");
+                            self.events.publish(EventKind::Hypervisor {
+                                event: "DaemonRestarted".into(),
+                                detail: daemon.into(),
+                            });
+                        }
+                        Ok(Err(e)) => {
+                            tracing::error!(daemon, error = %crate::error_chain(&e), "cannot restart")
+                        }
+                        Err(e) => tracing::error!(daemon, error = %e, "restart panicked"),
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Marks the state Unknown and reconnects with back-off (restarting a private libvirtd that
+    /// died), then rebuilds what it knows from libvirt.
+    pub(super) async fn reconnect(&self) {
+        let old = self.hv.write().expect("hv lock").take();
+        self.update(|s| s.observation = Observation::Unreachable);
+        // Dropping the old connection deregisters its callbacks; off the async threads.
+        if let Some(old) = old {
+            let _ = tokio::task::spawn_blocking(move || drop(old)).await;
+        }
+        let mut delay = Duration::from_millis(100);
+        let started = Instant::now();
+        loop {
+            if *self.closing.borrow() || self.status().finished {
+                return;
+            }
+            if self
+                .options
+                .reconnect_timeout
+                .is_some_and(|limit| started.elapsed() >= limit)
+            {
+                tracing::error!(
+                    after = ?started.elapsed(),
+                    "libvirt stayed unreachable; giving up (the VM's state is unknown)"
+                );
+                self.update(|s| s.finished = true);
+                return;
+            }
+            let c = self.connector.clone();
+            match tokio::task::spawn_blocking(move || c.connect()).await {
+                Ok(Ok(hv)) => {
+                    *self.hv.write().expect("hv lock") = Some(Arc::new(hv));
+                    break;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %crate::error_chain(&e), ?delay, "reconnecting to libvirt")
+                }
+                Err(e) => tracing::error!(error = %e, "reconnect panicked"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+        tracing::info!("reconnected to libvirt");
+        if let Err(e) = self.rebuild_volumes().await {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot rebuild volumes after reconnecting");
+        }
+    }
+
+    /// Applies `lifecycle::reconcile` when no task runs (a running task wakes the reconciler
+    /// when it ends, so nothing is missed).
+    pub(super) async fn reconcile(&self) {
+        if *self.closing.borrow() {
+            return;
+        }
+        let Ok(slot) = self.task_slot.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        let (vm_state, observation, restart_due) = {
+            let s = self.state.lock().expect("state lock");
+            (
+                s.vm_state,
+                s.observation.clone(),
+                s.restart_at.is_some_and(|t| t <= now),
+            )
+        };
+        if restart_due && matches!(&observation, Observation::Domain(p) if p.state.is_active()) {
+            // Started meanwhile (by a Start call): the pending restart has nothing left to do.
+            self.update(|s| s.restart_at = None);
+            return;
+        }
+        if restart_due {
+            drop(slot);
+            tracing::info!(
+                "restarting the VM (run strategy {})",
+                self.options.strategy.as_str()
+            );
+            // A successful start clears the pending restart; a failed one backs off further.
+            match self.command(Command::Start, None).await {
+                Ok(_) | Err(LauncherError::Terminating { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "restart failed");
+                    let strategy = self.options.strategy;
+                    self.update(|s| {
+                        if let Some((restarts, at)) =
+                            lifecycle::after_failed_restart(strategy, s.restarts, Instant::now())
+                        {
+                            s.restarts = restarts;
+                            s.restart_at = Some(at);
+                        }
+                    });
+                }
+            }
+            return;
+        }
+        match lifecycle::reconcile(vm_state, &observation) {
+            Reaction::Nothing | Reaction::KeepPaused { .. } => {}
+            Reaction::Stopped { failed } => self.stopped_by_itself(failed, now),
+            Reaction::ForceStop => {
+                tracing::warn!("the VM runs although it was stopped; stopping it");
+                let n = self.domain_name.clone();
+                if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+                    tracing::warn!(error = %crate::error_chain(&e), "force stop failed");
+                }
+            }
+            Reaction::MarkStopped => self.update(|s| s.vm_state = VmState::Stopped),
+            Reaction::Lost => {
+                tracing::error!("the domain vanished");
+                self.update(|s| {
+                    s.vm_state = VmState::Error;
+                    s.finished = true;
+                });
+            }
+        }
+        drop(slot);
+    }
+
+    /// The VM stopped without a task: `lifecycle::after_unasked_stop` decides (reboot window,
+    /// back-off, run strategy).
+    pub(super) fn stopped_by_itself(&self, failed: bool, now: Instant) {
+        let strategy = self.options.strategy;
+        self.update(|s| {
+            let after = lifecycle::after_unasked_stop(strategy, failed, s.restarts(), now);
+            s.set_restarts(after);
+        });
+    }
+}
+
+/// Follows libvirt's events for as long as the launcher lives: after every event (and on the
+/// periodic resync, and when a timer falls due) it re-reads the real state and reconciles.
+pub(super) async fn reconciler(
+    launcher: std::sync::Weak<Launcher>,
+    mut events: mpsc::UnboundedReceiver<HypervisorEvent>,
+) {
+    let interval = match launcher.upgrade() {
+        Some(l) => l.options.resync_interval,
+        None => return,
+    };
+    let mut resync = tokio::time::interval(interval);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let Some(l) = launcher.upgrade() else {
+            return;
+        };
+        let timer = l.state.lock().expect("state lock").timer();
+        let sleep_until = timer.unwrap_or_else(Instant::now);
+        let look = tokio::select! {
+            event = events.recv() => match event {
+                Some(event) => {
+                    tracing::debug!(?event, "libvirt event");
+                    l.on_event(event).await
+                }
+                None => return,
+            },
+            _ = resync.tick() => true,
+            _ = l.wake.notified() => true,
+            _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => true,
+        };
+        if look {
+            l.refresh().await;
+            if matches!(l.observation(), Observation::Unreachable) {
+                l.reconnect().await;
+                l.refresh().await;
+            }
+            l.reconcile().await;
+        }
+    }
+}
+
+/// What status shows of each live interface: its spec name (libvirt's alias when it has none),
+/// MAC and published ports.
+fn interface_statuses(live: &[domain::LiveInterface]) -> Vec<InterfaceStatus> {
+    live.iter()
+        .map(|i| InterfaceStatus {
+            name: i
+                .name()
+                .or(i.alias.as_deref())
+                .unwrap_or_default()
+                .to_string(),
+            mac: i.mac.clone().unwrap_or_default(),
+            ip_address: String::new(),
+            ports: i
+                .port_forwards
+                .iter()
+                .map(|f| PublishedPort {
+                    protocol: f.protocol.to_ascii_uppercase(),
+                    port: f.port,
+                    host_address: f.address.clone(),
+                    host_port: f.host_port,
+                })
+                .collect(),
+        })
+        .collect()
+}

@@ -1,0 +1,343 @@
+//! What the launcher reports: the status `GetStatus` returns, the `WatchEvents` stream, and how
+//! both are derived from the state (`status_of`), KubeVirt's conditions included.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use tokio::sync::broadcast;
+
+use super::{Launcher, State};
+use crate::lifecycle::{
+    self, Command, Observation, Phase, PowerState, Progress, RunStrategy, VmState,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum VolumePhase {
+    Pending,
+    Attaching,
+    Ready,
+    Detaching,
+    Failed,
+}
+
+impl VolumePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumePhase::Pending => "Pending",
+            VolumePhase::Attaching => "Attaching",
+            VolumePhase::Ready => "Ready",
+            VolumePhase::Detaching => "Detaching",
+            VolumePhase::Failed => "Failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeStatus {
+    pub name: String,
+    pub target: String,
+    pub serial: String,
+    pub bus: String,
+    pub phase: VolumePhase,
+    pub reason: String,
+    pub message: String,
+    /// Came with the VM at boot.
+    pub boot: bool,
+}
+
+/// A network interface as libvirt runs it (read from the live XML at every start and adoption).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceStatus {
+    pub name: String,
+    pub mac: String,
+    /// Empty when unknown (QEMU's user-mode network does not report its DHCP leases).
+    pub ip_address: String,
+    pub ports: Vec<PublishedPort>,
+}
+
+/// A guest port published on the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPort {
+    /// `TCP` or `UDP`, as KubeVirt spells them.
+    pub protocol: String,
+    pub port: u16,
+    pub host_address: String,
+    pub host_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskInfo {
+    pub id: u64,
+    pub command: Command,
+}
+
+/// A condition, KubeVirt style.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub kind: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Everything `GetStatus` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub phase: Phase,
+    pub phase_reason: Option<&'static str>,
+    pub printable_status: &'static str,
+    pub power_state: Option<PowerState>,
+    pub vm_state: VmState,
+    pub task: Option<TaskInfo>,
+    pub conditions: Vec<Condition>,
+    pub volumes: Vec<VolumeStatus>,
+    pub interfaces: Vec<InterfaceStatus>,
+    pub domain_name: String,
+    pub libvirt_uri: String,
+    pub run_strategy: RunStrategy,
+    /// Restarts by the run strategy since the VM last ran stably.
+    pub restart_count: u32,
+    /// When the pending restart happens (CrashLoopBackOff).
+    pub next_restart: Option<Instant>,
+    /// The VM will not run again under this launcher; a pod's launcher exits.
+    pub finished: bool,
+}
+
+impl Status {
+    /// What the stream reports as a status change: everything but the volumes (they have their
+    /// own events).
+    pub(super) fn summary_differs(&self, other: &Status) -> bool {
+        (
+            self.phase,
+            self.printable_status,
+            &self.power_state,
+            self.vm_state,
+            self.task,
+            &self.conditions,
+            self.restart_count,
+            self.finished,
+        ) != (
+            other.phase,
+            other.printable_status,
+            &other.power_state,
+            other.vm_state,
+            other.task,
+            &other.conditions,
+            other.restart_count,
+            other.finished,
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskOutcome {
+    Started,
+    Succeeded,
+    Failed(String),
+}
+
+/// One entry of the `WatchEvents` stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// The whole current status: first on every stream, and instead of anything a slow
+    /// subscriber missed.
+    Resync(Box<Status>),
+    /// The status (phase, printable status, power/vm/task state, conditions) changed.
+    Status(Box<Status>),
+    Volume(VolumeStatus),
+    VolumeRemoved(String),
+    /// A libvirt event about the domain, in libvirt's words.
+    Hypervisor {
+        event: String,
+        detail: String,
+    },
+    Task {
+        id: u64,
+        command: Command,
+        outcome: TaskOutcome,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherEvent {
+    /// Strictly increasing, without gaps on a stream that was not resynced.
+    pub seq: u64,
+    pub kind: EventKind,
+}
+
+#[derive(Debug)]
+pub(super) struct EventLog {
+    pub(super) tx: broadcast::Sender<LauncherEvent>,
+    pub(super) seq: Mutex<u64>,
+}
+
+impl EventLog {
+    pub(super) fn publish(&self, kind: EventKind) {
+        let mut seq = self.seq.lock().expect("seq lock");
+        *seq += 1;
+        // No subscriber is fine: the stream is for whoever listens.
+        let _ = self.tx.send(LauncherEvent { seq: *seq, kind });
+    }
+}
+
+impl Launcher {
+    pub(super) fn status_of(&self, s: &State) -> Status {
+        let phase = lifecycle::phase(&s.observation, s.destroyed_after_grace);
+        let power_state = match &s.observation {
+            Observation::Domain(p) => Some(p.clone()),
+            _ => None,
+        };
+        let mut conditions = Vec::new();
+        if let Some(p) = power_state
+            .as_ref()
+            .filter(|p| p.state == lifecycle::DomainState::Paused)
+        {
+            conditions.push(Condition {
+                kind: "Paused",
+                status: true,
+                reason: lifecycle::pause_reason(&p.reason).into(),
+                message: match (&s.io_error, p.reason.as_str()) {
+                    (Some(e), "ioerror") => e.clone(),
+                    _ => format!("libvirt reports paused ({})", p.reason),
+                },
+            });
+        }
+        conditions.push(match &s.sync_failure {
+            None => Condition {
+                kind: "Synchronized",
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            },
+            Some(msg) => Condition {
+                kind: "Synchronized",
+                status: false,
+                reason: "SyncFailed".into(),
+                message: msg.clone(),
+            },
+        });
+        let progress = Progress {
+            vm_state: s.vm_state,
+            task: s.task.map(|t| t.command.task()),
+            terminating: s.terminating,
+            restart_pending: s.restart_at.is_some(),
+            finished: s.finished,
+        };
+        Status {
+            phase,
+            phase_reason: lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
+            printable_status: lifecycle::printable_status(&s.observation, phase, progress),
+            power_state,
+            vm_state: s.vm_state,
+            task: s.task,
+            conditions,
+            volumes: s.volumes.values().cloned().collect(),
+            interfaces: s.interfaces.clone(),
+            domain_name: self.domain_name.clone(),
+            libvirt_uri: self.connector.uri(),
+            run_strategy: self.options.strategy,
+            restart_count: s.restarts,
+            next_restart: s.restart_at,
+            finished: s.finished,
+        }
+    }
+}
+
+pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStrategy) -> Status {
+    Status {
+        phase: Phase::Scheduled,
+        phase_reason: None,
+        printable_status: "Starting",
+        power_state: None,
+        vm_state: VmState::Building,
+        task: None,
+        conditions: Vec::new(),
+        volumes: Vec::new(),
+        interfaces: Vec::new(),
+        domain_name: domain_name.into(),
+        libvirt_uri: uri.into(),
+        run_strategy: strategy,
+        restart_count: 0,
+        next_restart: None,
+        finished: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn volume(name: &str, phase: VolumePhase) -> VolumeStatus {
+        VolumeStatus {
+            name: name.into(),
+            target: "sda".into(),
+            serial: String::new(),
+            bus: "scsi".into(),
+            phase,
+            reason: String::new(),
+            message: String::new(),
+            boot: false,
+        }
+    }
+
+    #[test]
+    fn a_new_launcher_reports_scheduled_and_starting() {
+        let s = placeholder_status("ns_vm", "qemu:///system", RunStrategy::Always);
+        assert_eq!(
+            (s.phase, s.printable_status, s.vm_state, s.finished),
+            (Phase::Scheduled, "Starting", VmState::Building, false)
+        );
+        assert_eq!(
+            (
+                s.domain_name.as_str(),
+                s.libvirt_uri.as_str(),
+                s.run_strategy
+            ),
+            ("ns_vm", "qemu:///system", RunStrategy::Always)
+        );
+    }
+
+    #[test]
+    fn a_status_event_is_about_everything_but_the_volumes() {
+        let base = placeholder_status("ns_vm", "qemu:///system", RunStrategy::Once);
+        let volumes_only = Status {
+            volumes: vec![volume("a", VolumePhase::Ready)],
+            ..base.clone()
+        };
+        assert!(!base.summary_differs(&volumes_only));
+        let changes = [
+            Status {
+                phase: Phase::Running,
+                ..base.clone()
+            },
+            Status {
+                printable_status: "Running",
+                ..base.clone()
+            },
+            Status {
+                vm_state: VmState::Active,
+                ..base.clone()
+            },
+            Status {
+                restart_count: 1,
+                ..base.clone()
+            },
+            Status {
+                finished: true,
+                ..base.clone()
+            },
+            Status {
+                conditions: vec![Condition {
+                    kind: "Synchronized",
+                    status: true,
+                    reason: String::new(),
+                    message: String::new(),
+                }],
+                ..base.clone()
+            },
+        ];
+        for changed in changes {
+            assert!(base.summary_differs(&changed), "{changed:?}");
+        }
+    }
+}

@@ -1,0 +1,550 @@
+//! Sync (hotplug): validate and plan the whole request before the first host step, then attach
+//! and detach scsi disks one by one; a volume whose source is not there yet waits (Pending) and
+//! is retried when its path appears.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::{libvirt_message, Launcher, LauncherError, VolumePhase, VolumeStatus, DETACH_TIMEOUT};
+use crate::convert;
+use crate::domain::{self, DiskDef, DomainDef};
+use crate::host::block::BlockHostError;
+use crate::host::devnode::{self, DevNodeError, DevNumber};
+use crate::host::HostError;
+use crate::hotplug::{self, Plan};
+use crate::lifecycle::Command;
+use crate::spec::{self, Validated, VirtualMachineInstance};
+
+use super::tasks::{prepare_disks, DiskNotReady, Work};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlannedAction {
+    Attach,
+    Detach,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedChange {
+    pub action: PlannedAction,
+    pub volume: String,
+    pub target: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncOutcome {
+    pub plan: Vec<PlannedChange>,
+    pub volumes: Vec<VolumeStatus>,
+}
+
+/// The block device behind a hot-plugged volume, as a Sync names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlockSource {
+    Path(PathBuf),
+    Number(DevNumber),
+}
+
+/// One Sync request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncInput {
+    pub spec: String,
+    pub dry_run: bool,
+    pub block_devices: BTreeMap<String, BlockSource>,
+    /// Volumes whose attach also goes to the persistent definition.
+    pub persist: BTreeSet<String>,
+}
+
+/// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
+/// A hot-plugged block volume's device, or the path it waits for (named by path, not there yet).
+type BlockResolution = Result<DevNumber, PathBuf>;
+
+/// A Sync request checked, converted and resolved: what its task applies.
+#[derive(Debug)]
+pub(super) struct PreparedSync {
+    vmi: Validated,
+    desired: DomainDef,
+    input: SyncInput,
+    devices: BTreeMap<String, BlockResolution>,
+}
+
+impl Work for PreparedSync {
+    type Output = SyncOutcome;
+
+    fn command(&self) -> Command {
+        Command::Sync
+    }
+
+    /// Applies the plan; a real (not dry) run is remembered: its failure as the
+    /// `Synchronized` condition, its request for `GetSpec`.
+    async fn perform(self, launcher: &Launcher) -> Result<SyncOutcome, LauncherError> {
+        let result = launcher.sync_locked(&self).await;
+        if !self.input.dry_run {
+            let failure = result.as_ref().err().map(|e| crate::error_chain(e));
+            let ok = failure.is_none();
+            launcher.update(|s| s.sync_failure = failure);
+            if ok {
+                *launcher.last_input.lock().expect("input lock") = self.input;
+            }
+        }
+        result
+    }
+}
+
+impl Launcher {
+    /// The spec, block devices and persisted volumes of the last Sync (or the start spec).
+    pub fn last_input(&self) -> SyncInput {
+        let mut input = self.last_input.lock().expect("input lock").clone();
+        // Block volumes the launcher holds, also when the last Sync did not repeat them.
+        for (name, dev) in self.block.nodes() {
+            input
+                .block_devices
+                .entry(name)
+                .or_insert(BlockSource::Number(dev));
+        }
+        input
+    }
+
+    /// Applies a whole new spec: validate, plan, then attach and detach scsi disks. Invalid
+    /// input, and every block device, is checked before anything is touched (and before the
+    /// task slot is taken); a failure of one volume does not stop the others.
+    pub async fn sync(&self, input: SyncInput) -> Result<SyncOutcome, LauncherError> {
+        let prepared = self.prepare_sync(input)?;
+        self.run(prepared).await.map(|(_, outcome)| outcome)
+    }
+
+    /// Everything about a Sync that needs no task: parse and validate, check the block
+    /// devices, convert, and make sure it is this launcher's instance.
+    pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
+        let vmi = spec::parse_bytes(input.spec.as_bytes())?;
+        let devices = self.resolve_block_devices(&vmi, &input)?;
+        let mut opts = self.convert_options();
+        opts.block_volumes.extend(devices.keys().cloned());
+        let desired = convert::convert(&vmi, &opts)?;
+        if desired.name != self.domain_name {
+            return Err(LauncherError::WrongInstance {
+                running: self.domain_name.clone(),
+                requested: desired.name,
+            });
+        }
+        Ok(PreparedSync {
+            vmi,
+            desired,
+            input,
+            devices,
+        })
+    }
+
+    /// Checks every block device of a Sync: names, sources, device numbers. A path that is not
+    /// there yet is not an error: that volume will be Pending.
+    pub(super) fn resolve_block_devices(
+        &self,
+        vmi: &VirtualMachineInstance,
+        input: &SyncInput,
+    ) -> Result<BTreeMap<String, BlockResolution>, LauncherError> {
+        let hotpluggable: BTreeSet<&str> = vmi
+            .spec
+            .volumes
+            .iter()
+            .filter(|v| crate::volumes::is_hotpluggable(v))
+            .map(|v| v.name.as_str())
+            .collect();
+        let mut devices = BTreeMap::new();
+        for (volume, source) in &input.block_devices {
+            let refuse = |source| LauncherError::BlockDevice {
+                volume: volume.clone(),
+                source,
+            };
+            devnode::check_name(volume).map_err(refuse)?;
+            if !hotpluggable.contains(volume.as_str()) {
+                return Err(LauncherError::NotAHotplugVolume {
+                    volume: volume.clone(),
+                });
+            }
+            let resolved = match source {
+                BlockSource::Path(path) => match devnode::device_of(path) {
+                    Ok(dev) => Ok(dev),
+                    Err(DevNodeError::Missing { path }) => Err(path),
+                    Err(e) => return Err(refuse(e)),
+                },
+                BlockSource::Number(dev) => {
+                    devnode::check_exists(&self.options.hotplug.sys_dev_block, *dev)
+                        .map_err(refuse)?;
+                    Ok(*dev)
+                }
+            };
+            devices.insert(volume.clone(), resolved);
+        }
+        // A live block volume the request does not repeat keeps its device.
+        for (name, dev) in self.block.nodes() {
+            if hotpluggable.contains(name.as_str()) && !devices.contains_key(&name) {
+                devices.insert(name, Ok(dev));
+            }
+        }
+        Ok(devices)
+    }
+
+    async fn sync_locked(
+        &self,
+        PreparedSync {
+            vmi,
+            desired,
+            input,
+            devices,
+        }: &PreparedSync,
+    ) -> Result<SyncOutcome, LauncherError> {
+        let dry_run = input.dry_run;
+        let current = {
+            let s = self.state.lock().expect("state lock");
+            convert::convert(&s.spec, &self.convert_options())?
+        };
+        let frozen = hotplug::frozen_fields_changed(&current, desired);
+        if !frozen.is_empty() {
+            return Err(LauncherError::FrozenFieldsChanged { fields: frozen });
+        }
+        let n = self.domain_name.clone();
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let live = domain::live_disks(&xml)?;
+        let plan = hotplug::plan(&live, desired)?;
+        let planned = planned_changes(&plan);
+        if dry_run {
+            return Ok(SyncOutcome {
+                plan: planned,
+                volumes: self.status().volumes,
+            });
+        }
+        // A volume the spec no longer names and libvirt does not have (one that was pending or
+        // failed) has nothing left to report.
+        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
+        let live_names: BTreeSet<String> = live
+            .iter()
+            .filter_map(|d| d.volume().map(str::to_string))
+            .collect();
+        self.update(|s| {
+            s.volumes
+                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
+        });
+        self.pending.send_if_modified(|p| {
+            let before = p.len();
+            p.retain(|name, _| wanted.contains(name));
+            p.len() != before
+        });
+        for disk in &plan.attach {
+            let persist = input.persist.contains(&disk.volume);
+            match devices.get(&disk.volume) {
+                Some(resolution) => self.attach_block(disk, resolution, persist).await,
+                None => self.attach(vmi, disk, persist).await,
+            }
+        }
+        for live_disk in &plan.detach {
+            self.detach(live_disk).await;
+        }
+        let vmi = vmi.clone();
+        self.update(|s| s.spec = vmi);
+        Ok(SyncOutcome {
+            plan: planned,
+            volumes: self.status().volumes,
+        })
+    }
+
+    /// The volume waits for `path` to appear; the pending watcher retries it then.
+    pub(super) fn mark_pending(
+        &self,
+        disk: &DiskDef,
+        reason: &str,
+        message: String,
+        path: PathBuf,
+    ) {
+        self.set_volume(disk, VolumePhase::Pending, reason, message);
+        self.pending.send_modify(|p| {
+            p.insert(disk.volume.clone(), path);
+        });
+    }
+
+    /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
+    /// only what is missing is done).
+    pub(super) async fn retry_pending(&self) {
+        if *self.closing.borrow() {
+            return;
+        }
+        let input = SyncInput {
+            dry_run: false,
+            ..self.last_input()
+        };
+        tracing::info!("a pending volume's source appeared; syncing again");
+        if let Err(e) = self.sync(input).await {
+            tracing::warn!(error = %crate::error_chain(&e), "retrying pending volumes failed");
+        }
+    }
+
+    pub(super) fn set_volume(
+        &self,
+        disk: &DiskDef,
+        phase: VolumePhase,
+        reason: &str,
+        message: String,
+    ) {
+        if phase != VolumePhase::Pending {
+            self.pending
+                .send_if_modified(|p| p.remove(&disk.volume).is_some());
+        }
+        let status = VolumeStatus {
+            name: disk.volume.clone(),
+            target: disk.target.clone(),
+            serial: disk.serial.clone().unwrap_or_default(),
+            bus: disk.bus.as_str().into(),
+            phase,
+            reason: reason.into(),
+            message,
+            boot: false,
+        };
+        self.update(|s| {
+            s.volumes.insert(disk.volume.clone(), status);
+        });
+    }
+
+    pub(super) async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
+        if let Err(DiskNotReady { source, .. }) =
+            prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert)
+        {
+            match &source {
+                HostError::Missing { path } => {
+                    self.mark_pending(disk, source.reason(), source.to_string(), path.clone())
+                }
+                _ => self.set_volume(
+                    disk,
+                    VolumePhase::Failed,
+                    source.reason(),
+                    source.to_string(),
+                ),
+            }
+            return;
+        }
+        self.attach_live(disk, persist).await;
+    }
+
+    /// The libvirt step of an attach; true if it worked.
+    pub(super) async fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
+        self.set_volume(disk, VolumePhase::Attaching, "", String::new());
+        let (n, xml) = (self.domain_name.clone(), disk.to_xml());
+        match self.call(move |hv| hv.attach(&n, &xml, persist)).await {
+            Ok(()) => {
+                self.set_volume(disk, VolumePhase::Ready, "", String::new());
+                true
+            }
+            Err(e) => {
+                let message = libvirt_message(&e);
+                tracing::warn!(volume = %disk.volume, %message, "attach failed");
+                self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
+                false
+            }
+        }
+    }
+
+    pub(super) fn fail_block_volume(&self, disk: &DiskDef, e: &BlockHostError) {
+        self.set_volume(disk, VolumePhase::Failed, e.reason(), crate::error_chain(e));
+    }
+
+    /// A hot-plugged block volume: node, then rule, then attach; each host step undone if a
+    /// later one fails.
+    pub(super) async fn attach_block(
+        &self,
+        disk: &DiskDef,
+        resolution: &BlockResolution,
+        persist: bool,
+    ) {
+        let dev = match resolution {
+            Ok(dev) => *dev,
+            Err(path) => {
+                let why = format!("{} does not exist yet", path.display());
+                return self.mark_pending(disk, "SourceNotFound", why, path.clone());
+            }
+        };
+        let started = Instant::now();
+        let plugged = match self.block.plug(&disk.volume, dev) {
+            Ok(plugged) => plugged,
+            Err(e) => return self.fail_block_volume(disk, &e),
+        };
+        if self.attach_live(disk, persist).await {
+            plugged.keep();
+            tracing::info!(volume = %disk.volume, %dev, elapsed = ?started.elapsed(), "block volume attached");
+        }
+        // Otherwise the guards revoke the rule and remove the node, in that order.
+    }
+
+    pub(super) async fn detach(&self, live: &domain::LiveDisk) {
+        let volume = live.volume().unwrap_or_default().to_string();
+        let alias = live.alias.clone().unwrap_or_default();
+        let set_phase = |phase, reason: &str, message: String| {
+            self.update(|s| {
+                if let Some(v) = s.volumes.get_mut(&volume) {
+                    v.phase = phase;
+                    v.reason = reason.into();
+                    v.message = message;
+                }
+            })
+        };
+        let was_detaching = self
+            .status()
+            .volumes
+            .iter()
+            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+        set_phase(VolumePhase::Detaching, "", String::new());
+        let removed = self.expect_removal(&alias);
+        let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
+        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)).await {
+            self.removal_waiters
+                .lock()
+                .expect("waiters lock")
+                .remove(&alias);
+            if was_detaching {
+                // libvirt still works on the earlier request: keep waiting for its event.
+                set_phase(VolumePhase::Detaching, "DetachPending", libvirt_message(&e));
+            } else {
+                set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
+            }
+            return;
+        }
+        match tokio::time::timeout(DETACH_TIMEOUT, removed).await {
+            Ok(Ok(())) => self.finish_detach(&volume),
+            _ => set_phase(
+                VolumePhase::Detaching,
+                "DetachTimeout",
+                format!(
+                    "libvirt did not report the device removed within {:?}; the next Sync retries",
+                    DETACH_TIMEOUT
+                ),
+            ),
+        }
+    }
+
+    /// The device is gone from the domain: clean the host side, forget the volume.
+    pub(super) fn finish_detach(&self, volume: &str) {
+        match self.block.release(volume) {
+            Ok(()) => self.update(|s| {
+                s.volumes.remove(volume);
+            }),
+            Err(e) => {
+                let message = crate::error_chain(&e);
+                tracing::warn!(%volume, %message, "cannot clean up after a detach");
+                self.update(|s| {
+                    if let Some(v) = s.volumes.get_mut(volume) {
+                        v.phase = VolumePhase::Failed;
+                        v.reason = e.reason().into();
+                        v.message = message;
+                    }
+                });
+            }
+        }
+    }
+}
+
+fn planned_changes(plan: &Plan) -> Vec<PlannedChange> {
+    let attach = plan.attach.iter().map(|d| PlannedChange {
+        action: PlannedAction::Attach,
+        volume: d.volume.clone(),
+        target: d.target.clone(),
+    });
+    let detach = plan.detach.iter().map(|d| PlannedChange {
+        action: PlannedAction::Detach,
+        volume: d.volume().unwrap_or_default().into(),
+        target: d.target.clone(),
+    });
+    attach.chain(detach).collect()
+}
+
+/// Watches the sources pending volumes wait for, and syncs again as soon as one appears.
+pub(super) async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {
+    let Some(mut pending) = launcher.upgrade().map(|l| l.pending.subscribe()) else {
+        return;
+    };
+    loop {
+        let waiting: BTreeMap<String, PathBuf> = pending.borrow_and_update().clone();
+        if waiting.is_empty() {
+            if pending.changed().await.is_err() {
+                return;
+            }
+            continue;
+        }
+        let paths: Vec<PathBuf> = waiting.values().cloned().collect();
+        // Armed before looking, so that nothing appearing in between is missed.
+        let mut watch = match crate::host::watch::PathWatch::new(&paths) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot watch pending volumes' sources; the next Sync retries them");
+                None
+            }
+        };
+        if !paths.iter().any(|p| p.exists()) {
+            tokio::select! {
+                changed = pending.changed() => {
+                    if changed.is_err() { return; }
+                    continue;
+                }
+                woke = async { match watch.as_mut() {
+                    Some(w) => w.changed().await,
+                    None => std::future::pending().await,
+                } } => {
+                    if let Err(e) = woke {
+                        tracing::warn!(error = %crate::error_chain(&e), "watching pending volumes failed");
+                    }
+                }
+            }
+            if !paths.iter().any(|p| p.exists()) {
+                // Something else changed there (or a directory on the way appeared): re-arm.
+                continue;
+            }
+        }
+        let Some(l) = launcher.upgrade() else {
+            return;
+        };
+        l.retry_pending().await;
+        drop(l);
+        // If the retry could not settle them (the VM is stopped, say), wait for a change rather
+        // than retrying in a loop.
+        if *pending.borrow() == waiting && pending.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Bus;
+
+    #[test]
+    fn a_plan_reads_as_attaches_then_detaches() {
+        let plan = Plan {
+            attach: vec![DiskDef {
+                volume: "new".into(),
+                target: "sdb".into(),
+                bus: Bus::Scsi,
+                ..DiskDef::default()
+            }],
+            detach: vec![domain::LiveDisk {
+                alias: Some("ua-old".into()),
+                target: "sdc".into(),
+                bus: "scsi".into(),
+                serial: None,
+                source: None,
+                address: None,
+                xml: String::new(),
+            }],
+        };
+        assert_eq!(
+            planned_changes(&plan),
+            [
+                PlannedChange {
+                    action: PlannedAction::Attach,
+                    volume: "new".into(),
+                    target: "sdb".into()
+                },
+                PlannedChange {
+                    action: PlannedAction::Detach,
+                    volume: "old".into(),
+                    target: "sdc".into()
+                },
+            ]
+        );
+    }
+}

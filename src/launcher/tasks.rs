@@ -1,0 +1,366 @@
+//! Tasks: the owner's commands and Sync, one at a time under `task_slot`, each admitted by
+//! `lifecycle::admit` before any side effect and settled by `lifecycle::settle` when it ends;
+//! also the graceful stop, SIGTERM and the final clean-up.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::{
+    EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome,
+    DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
+};
+use crate::convert::{self, ConvertOptions};
+use crate::domain::DiskDef;
+use crate::host::{self, HostError};
+use crate::libvirt::LibvirtError;
+use crate::lifecycle::{self, Command, Observation};
+use crate::spec::VirtualMachineInstance;
+
+/// What a task does, once admitted: a lifecycle command, or a Sync validated and planned before
+/// the slot was taken.
+pub(super) trait Work {
+    type Output;
+    fn command(&self) -> Command;
+    async fn perform(self, launcher: &Launcher) -> Result<Self::Output, LauncherError>;
+}
+
+/// An owner's lifecycle command.
+struct Lifecycle {
+    command: Command,
+    grace: Option<Duration>,
+    preempt_generation: u64,
+}
+
+impl Work for Lifecycle {
+    type Output = ();
+
+    fn command(&self) -> Command {
+        self.command
+    }
+
+    async fn perform(self, launcher: &Launcher) -> Result<(), LauncherError> {
+        launcher
+            .perform(self.command, self.grace, self.preempt_generation)
+            .await
+    }
+}
+
+/// Holds the task slot for one command; `Launcher::end_task` records how it went.
+pub(super) struct TaskGuard<'a> {
+    _slot: tokio::sync::MutexGuard<'a, ()>,
+    info: TaskInfo,
+}
+
+impl Launcher {
+    /// Takes the task slot for `command` (waiting for a task in flight), re-checks it against the
+    /// real state, and announces it.
+    pub(super) async fn begin_task(
+        &self,
+        command: Command,
+    ) -> Result<TaskGuard<'_>, LauncherError> {
+        self.refuse_while_terminating(command)?;
+        // Fail fast, before waiting for the slot...
+        lifecycle::admit(command, &self.observation())?;
+        let slot = self.task_slot.lock().await;
+        // ...and check again: the state may have moved while we waited.
+        self.refresh().await;
+        let admitted = self
+            .refuse_while_terminating(command)
+            .and_then(|()| Ok(lifecycle::admit(command, &self.observation())?));
+        if let Err(e) = admitted {
+            drop(slot);
+            // The reconciler may have skipped its turn because this command held the slot.
+            self.wake.notify_one();
+            return Err(e);
+        }
+        let info = TaskInfo {
+            id: self.next_task_id.fetch_add(1, Ordering::Relaxed),
+            command,
+        };
+        self.update(|s| s.task = Some(info));
+        self.events.publish(EventKind::Task {
+            id: info.id,
+            command,
+            outcome: TaskOutcome::Started,
+        });
+        Ok(TaskGuard { _slot: slot, info })
+    }
+
+    /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
+    /// again behind its back.
+    pub(super) fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
+        let terminating = self.state.lock().expect("state lock").terminating;
+        if terminating && !matches!(command, Command::Shutdown | Command::Kill) {
+            return Err(LauncherError::Terminating {
+                command: command.as_str(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Settles the vm_state by how the task went (`failure` is its error, if any).
+    pub(super) fn end_task(&self, guard: TaskGuard<'_>, failure: Option<String>) {
+        let TaskGuard { _slot, info } = guard;
+        let final_stop =
+            lifecycle::owner_stop_is_final(info.command, failure.is_none(), self.options.strategy);
+        self.update(|s| {
+            s.vm_state = lifecycle::settle(s.vm_state, info.command, failure.is_none());
+            s.task = None;
+            s.finished |= final_stop;
+        });
+        self.events.publish(EventKind::Task {
+            id: info.id,
+            command: info.command,
+            outcome: match failure {
+                None => TaskOutcome::Succeeded,
+                Some(message) => TaskOutcome::Failed(message),
+            },
+        });
+        drop(_slot);
+        self.wake.notify_one();
+    }
+
+    /// Runs an owner's command as a task. `grace` overrides the grace period of a Shutdown.
+    /// Returns the task id.
+    pub async fn command(
+        &self,
+        command: Command,
+        grace: Option<Duration>,
+    ) -> Result<u64, LauncherError> {
+        // Taken before waiting for the slot: a Kill asked for at any time after this pre-empts
+        // this command's graceful stop.
+        let preempt_generation = *self.preempt.borrow();
+        if command == Command::Kill {
+            self.preempt.send_modify(|n| *n += 1);
+        }
+        let work = Lifecycle {
+            command,
+            grace,
+            preempt_generation,
+        };
+        self.run(work).await.map(|(id, ())| id)
+    }
+
+    /// The one path of every task, whatever it does: admitted against the real state before any
+    /// side effect, announced, performed, then settled (`lifecycle::settle`) and announced again.
+    pub(super) async fn run<W: Work>(&self, work: W) -> Result<(u64, W::Output), LauncherError> {
+        let guard = self.begin_task(work.command()).await?;
+        let id = guard.info.id;
+        let result = work.perform(self).await;
+        self.end_task(guard, result.as_ref().err().map(|e| crate::error_chain(e)));
+        result.map(|output| (id, output))
+    }
+
+    async fn perform(
+        &self,
+        command: Command,
+        grace: Option<Duration>,
+        preempt_generation: u64,
+    ) -> Result<(), LauncherError> {
+        let n = self.domain_name.clone();
+        match command {
+            Command::Start => self.start_domain().await,
+            Command::Pause => self.call(move |hv| hv.suspend(&n)).await,
+            Command::Unpause => self.call(move |hv| hv.resume(&n)).await,
+            Command::SoftReboot => self.call(move |hv| hv.reboot_acpi(&n)).await,
+            Command::Reset => self.call(move |hv| hv.reset(&n)).await,
+            Command::Shutdown => {
+                let grace = grace.unwrap_or_else(|| self.grace_period());
+                self.graceful_stop(grace, preempt_generation).await
+            }
+            Command::Kill => {
+                self.call(move |hv| hv.destroy(&n)).await?;
+                self.wait_stopped(DESTROY_TIMEOUT).await;
+                Ok(())
+            }
+            // A Sync without a new request re-applies the last one; Sync is idempotent, so only
+            // what is missing is done.
+            Command::Sync => {
+                let input = SyncInput {
+                    dry_run: false,
+                    ..self.last_input()
+                };
+                self.prepare_sync(input)?.perform(self).await.map(drop)
+            }
+        }
+    }
+
+    /// The spec's grace period, or KubeVirt's default.
+    pub fn grace_period(&self) -> Duration {
+        let s = self.state.lock().expect("state lock");
+        s.spec
+            .spec
+            .termination_grace_period_seconds
+            .map(Duration::from_secs)
+            .unwrap_or(DEFAULT_GRACE_PERIOD)
+    }
+
+    /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
+    /// is replaced, so that a restart boots what the owner last asked for.
+    pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
+        let (vmi, def) = {
+            let s = self.state.lock().expect("state lock");
+            let def = convert::convert(&s.spec, &self.convert_options())?;
+            (s.spec.clone(), def)
+        };
+        let n = self.domain_name.clone();
+        if self.call(move |hv| hv.exists(&n)).await? {
+            let n = self.domain_name.clone();
+            self.update(|s| s.undefined_by_us = true);
+            self.call(move |hv| hv.undefine(&n)).await?;
+        }
+        prepare_disks(&vmi, &def.disks, &self.options.convert)?;
+        let (n, xml) = (self.domain_name.clone(), def.to_xml());
+        self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
+        self.update(|s| {
+            s.undefined_by_us = false;
+            s.finished = false;
+            s.stop_seen = None;
+            s.restart_at = None;
+            s.destroyed_after_grace = false;
+            s.io_error = None;
+            s.last_started = Some(Instant::now());
+        });
+        self.refresh().await;
+        self.rebuild_volumes().await
+    }
+
+    /// Waits until the VM has stopped (a final phase), at most `limit`; false if it has not.
+    /// An unreachable libvirt (phase Unknown) is not a stopped VM.
+    pub(super) async fn wait_stopped(&self, limit: Duration) -> bool {
+        let mut changes = self.subscribe();
+        let stopped = |s: &Status| s.phase.is_final();
+        let waited = tokio::time::timeout(limit, changes.wait_for(stopped)).await;
+        waited.is_ok()
+    }
+
+    /// ACPI power button, up to `grace` for the guest to power off, then destroy. A Kill asked
+    /// for since `preempt_generation` ends the wait: this stop then fails as pre-empted, and
+    /// the Kill (which runs next) does the stopping.
+    pub(super) async fn graceful_stop(
+        &self,
+        grace: Duration,
+        preempt_generation: u64,
+    ) -> Result<(), LauncherError> {
+        let mut preempt = self.preempt.subscribe();
+        if *preempt.borrow() != preempt_generation {
+            return Err(LauncherError::Preempted);
+        }
+        let mut waited_out_grace = false;
+        if !grace.is_zero() {
+            let n = self.domain_name.clone();
+            match self.call(move |hv| hv.shutdown_acpi(&n)).await {
+                Ok(()) => {
+                    tokio::select! {
+                        stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
+                        _ = preempt.wait_for(|g| *g != preempt_generation) => {
+                            tracing::info!("graceful stop pre-empted by Kill");
+                            return Err(LauncherError::Preempted);
+                        }
+                    }
+                    tracing::warn!(
+                        ?grace,
+                        "the guest did not power off within its grace period; destroying it"
+                    );
+                    waited_out_grace = true;
+                }
+                // A paused guest cannot see the power button: waiting would only delay.
+                Err(e) => tracing::warn!(
+                    error = %crate::error_chain(&e),
+                    "the guest cannot be asked to power off; destroying it"
+                ),
+            }
+        }
+        self.update(|s| s.destroyed_after_grace = waited_out_grace);
+        let n = self.domain_name.clone();
+        if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+            // It may have stopped by itself in the meantime; the state says.
+            self.refresh().await;
+            if !self.status().phase.is_final() {
+                return Err(e);
+            }
+        }
+        self.wait_stopped(DESTROY_TIMEOUT).await;
+        Ok(())
+    }
+
+    /// SIGTERM: stop the guest gracefully and mark the VM final, whatever the run strategy.
+    pub async fn terminate(&self) {
+        self.update(|s| {
+            s.terminating = true;
+            s.restart_at = None;
+        });
+        let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
+        if active {
+            if let Err(e) = self.command(Command::Shutdown, None).await {
+                tracing::warn!(error = %crate::error_chain(&e), "graceful stop failed");
+                let n = self.domain_name.clone();
+                let _ = self.call(move |hv| hv.destroy(&n)).await;
+            }
+        }
+        self.refresh().await;
+        self.update(|s| s.finished = true);
+    }
+
+    /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
+    /// leaves nothing behind.
+    pub async fn shut_down(&self) {
+        self.closing.send_replace(true);
+        let n = self.domain_name.clone();
+        match self.call(move |hv| hv.undefine(&n)).await {
+            Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {}
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")
+            }
+        }
+        let hv = self.hv.write().expect("hv lock").take();
+        let connector = self.connector.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            drop(hv);
+            connector.stop_daemon();
+        })
+        .await;
+    }
+}
+
+/// A volume whose host side could not be made ready (`volume` is empty for the private dirs).
+#[derive(Debug)]
+pub(super) struct DiskNotReady {
+    pub(super) volume: String,
+    pub(super) source: HostError,
+}
+
+impl From<DiskNotReady> for LauncherError {
+    fn from(DiskNotReady { volume, source }: DiskNotReady) -> LauncherError {
+        LauncherError::HostDisk { volume, source }
+    }
+}
+
+/// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
+/// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
+/// `volumes` says they live.
+pub(super) fn prepare_disks(
+    vmi: &VirtualMachineInstance,
+    disks: &[DiskDef],
+    opts: &ConvertOptions,
+) -> Result<(), DiskNotReady> {
+    // The VNC socket and EFI variables go there too, whatever the disks.
+    host::prepare_private_dirs(&opts.paths).map_err(|source| DiskNotReady {
+        volume: String::new(),
+        source,
+    })?;
+    for disk in disks {
+        let Some(volume) = vmi.spec.volumes.iter().find(|v| v.name == disk.volume) else {
+            continue;
+        };
+        let Some(resolved) = crate::volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
+        else {
+            continue;
+        };
+        host::prepare_volume(&resolved).map_err(|source| DiskNotReady {
+            volume: disk.volume.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,436 @@
+//! The VM's state model (`docs/DESIGN.md` §3), all pure functions with no I/O:
+//! - power state: what libvirt says ([`PowerState`], from the `libvirt` module);
+//! - vm_state: the stable state the owner asked for, changed only when a task ends ([`settle`]);
+//! - task_state: the one transition in flight ([`TaskKind`]), admitted by [`admit`];
+//! - the KubeVirt phase, *derived* by a total function ([`phase`]), so there is never a gap;
+//! - what to do about an observation when no task runs ([`reconcile`]) and after a stop
+//!   ([`after_stop`]), by the run strategy, with the reboot window and the back-off
+//!   ([`after_unasked_stop`], [`after_failed_restart`]);
+//! - which stops are final ([`owner_stop_is_final`]) and what a pause is called
+//!   ([`pause_reason`]).
+//!
+//! `tasks` holds what an owner asks (commands, admission, settling), `strategy` what the
+//! launcher does by itself (run strategies, restarts).
+
+mod strategy;
+mod tasks;
+
+use std::fmt;
+
+pub use strategy::{
+    after_failed_restart, after_stop, after_unasked_stop, reconcile, AfterStop, Reaction, Restarts,
+    RunStrategy, BACKOFF_MAX, BACKOFF_START, REBOOT_WINDOW, STABLE_RUN,
+};
+pub use tasks::{admit, owner_stop_is_final, settle, Command, Refusal, TaskKind, VmState};
+
+/// libvirt's domain state (`virDomainState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DomainState {
+    NoState,
+    Running,
+    Blocked,
+    Paused,
+    ShuttingDown,
+    Shutoff,
+    Crashed,
+    PmSuspended,
+}
+
+impl DomainState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DomainState::NoState => "nostate",
+            DomainState::Running => "running",
+            DomainState::Blocked => "blocked",
+            DomainState::Paused => "paused",
+            DomainState::ShuttingDown => "shutdown",
+            DomainState::Shutoff => "shutoff",
+            DomainState::Crashed => "crashed",
+            DomainState::PmSuspended => "pmsuspended",
+        }
+    }
+
+    /// QEMU is there and the guest can run or resume.
+    pub fn is_active(self) -> bool {
+        !matches!(
+            self,
+            DomainState::Shutoff | DomainState::Crashed | DomainState::NoState
+        )
+    }
+}
+
+/// What the hypervisor reports: state and reason, e.g. `shutoff (destroyed)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PowerState {
+    pub state: DomainState,
+    /// libvirt's reason, in libvirt's own words (`booted`, `user`, `ioerror`, `shutdown`...).
+    pub reason: String,
+}
+
+impl fmt::Display for PowerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.state.as_str(), self.reason)
+    }
+}
+
+/// What the launcher currently knows about its domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// The launcher is up; the domain is not created yet.
+    NotCreated,
+    /// libvirt cannot be reached: the truth is unknown until it answers again.
+    Unreachable,
+    /// The domain existed and is gone without the launcher removing it.
+    Vanished,
+    Domain(PowerState),
+}
+
+/// KubeVirt's VMI phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Scheduled,
+    Running,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Scheduled => "Scheduled",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Unknown => "Unknown",
+        }
+    }
+
+    /// The VM has ended; nothing will bring it back by itself.
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The phase for an observation (`DESIGN.md` §3). `destroyed_after_grace` says that the launcher
+/// itself destroyed the domain because the guest did not stop within its grace period.
+pub fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
+    let power = match observation {
+        Observation::NotCreated => return Phase::Scheduled,
+        Observation::Unreachable => return Phase::Unknown,
+        Observation::Vanished => return Phase::Failed,
+        Observation::Domain(power) => power,
+    };
+    match power.state {
+        DomainState::NoState => Phase::Scheduled,
+        DomainState::Paused if power.reason == "postcopy-failed" => Phase::Failed,
+        DomainState::Running
+        | DomainState::Blocked
+        | DomainState::Paused
+        | DomainState::PmSuspended
+        | DomainState::ShuttingDown => Phase::Running,
+        DomainState::Crashed => Phase::Failed,
+        DomainState::Shutoff => match power.reason.as_str() {
+            "shutdown" | "saved" | "from-snapshot" => Phase::Succeeded,
+            "destroyed" if !destroyed_after_grace => Phase::Succeeded,
+            // destroyed after the grace period, crashed, failed, unknown, migrated, daemon
+            _ => Phase::Failed,
+        },
+    }
+}
+
+/// The reason that goes with a final phase, in KubeVirt's CamelCase.
+pub fn phase_reason(
+    observation: &Observation,
+    destroyed_after_grace: bool,
+) -> Option<&'static str> {
+    match observation {
+        Observation::Vanished => Some("DomainLost"),
+        Observation::Unreachable => Some("HypervisorUnreachable"),
+        Observation::Domain(p) if p.state == DomainState::Crashed => Some("Crashed"),
+        Observation::Domain(p) if p.state == DomainState::Shutoff => {
+            Some(match p.reason.as_str() {
+                "shutdown" => "GuestShutdown",
+                "destroyed" if destroyed_after_grace => "GracePeriodExpired",
+                "destroyed" => "Destroyed",
+                "crashed" => "Crashed",
+                "failed" => "StartFailed",
+                "saved" => "Saved",
+                "from-snapshot" => "FromSnapshot",
+                _ => "Unknown",
+            })
+        }
+        _ => None,
+    }
+}
+
+/// What, beside the phase, decides the printable status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Progress {
+    pub vm_state: VmState,
+    pub task: Option<TaskKind>,
+    /// The launcher itself is shutting down (SIGTERM).
+    pub terminating: bool,
+    /// A run-strategy restart is waiting for its back-off.
+    pub restart_pending: bool,
+    /// The VM is final: it will not run again under this launcher.
+    pub finished: bool,
+}
+
+/// What a person reads in `status`: the phase, refined by what the launcher is doing.
+pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> &'static str {
+    if p.task == Some(TaskKind::Starting) {
+        return "Starting";
+    }
+    if p.restart_pending {
+        return "CrashLoopBackOff";
+    }
+    if p.terminating && !p.finished {
+        return "Terminating";
+    }
+    match (phase, p.task) {
+        (Phase::Unknown, _) => return "Unknown",
+        (_, Some(TaskKind::PoweringOff)) => return "Stopping",
+        _ => {}
+    }
+    match (phase, observation) {
+        (Phase::Succeeded, _) if p.finished => "Succeeded",
+        (Phase::Failed, _) => "Failed",
+        (Phase::Scheduled | Phase::Succeeded, _) if p.vm_state == VmState::Stopped => "Stopped",
+        (Phase::Scheduled, _) => "Starting",
+        (Phase::Succeeded, _) => "Succeeded",
+        (Phase::Unknown, _) => "Unknown",
+        (Phase::Running, Observation::Domain(d)) if d.state == DomainState::ShuttingDown => {
+            "Stopping"
+        }
+        (Phase::Running, Observation::Domain(d)) if d.state == DomainState::Paused => "Paused",
+        (Phase::Running, _) => "Running",
+    }
+}
+
+/// KubeVirt's reason for the `Paused` condition, from libvirt's pause reason.
+pub fn pause_reason(libvirt_reason: &str) -> &'static str {
+    match libvirt_reason {
+        "user" => "PausedByUser",
+        "ioerror" => "PausedIOError",
+        "watchdog" => "PausedWatchdog",
+        "migration" => "PausedMigration",
+        "starting-up" => "PausedStartingUp",
+        "api-error" => "PausedAPIError",
+        "crashed" => "PausedCrashed",
+        "postcopy-failed" => "PausedPostcopyFailed",
+        _ => "PausedUnknown",
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn dom(state: DomainState, reason: &str) -> Observation {
+        Observation::Domain(PowerState {
+            state,
+            reason: reason.into(),
+        })
+    }
+
+    /// One observation of each kind the rules tell apart: every state libvirt can report, and
+    /// the paused and shutoff reasons that change a decision.
+    pub(crate) fn observations() -> Vec<(&'static str, Observation)> {
+        use DomainState::*;
+        vec![
+            ("not-created", Observation::NotCreated),
+            ("unreachable", Observation::Unreachable),
+            ("vanished", Observation::Vanished),
+            ("running", dom(Running, "booted")),
+            ("paused-user", dom(Paused, "user")),
+            ("paused-ioerror", dom(Paused, "ioerror")),
+            ("shutoff-shutdown", dom(Shutoff, "shutdown")),
+            ("shutoff-crashed", dom(Shutoff, "crashed")),
+            ("crashed", dom(Crashed, "panicked")),
+            ("nostate", dom(NoState, "unknown")),
+            ("blocked", dom(Blocked, "unknown")),
+            ("shutting-down", dom(ShuttingDown, "user")),
+            ("pmsuspended", dom(PmSuspended, "unknown")),
+            ("paused-postcopy-failed", dom(Paused, "postcopy-failed")),
+            ("paused-crashed", dom(Paused, "crashed")),
+            ("shutoff-destroyed", dom(Shutoff, "destroyed")),
+        ]
+    }
+
+    #[test]
+    fn phase_table() {
+        use DomainState::*;
+        let cases = [
+            (Observation::NotCreated, false, Phase::Scheduled),
+            (Observation::Unreachable, false, Phase::Unknown),
+            (Observation::Vanished, false, Phase::Failed),
+            (dom(NoState, "unknown"), false, Phase::Scheduled),
+            (dom(Running, "booted"), false, Phase::Running),
+            (dom(Blocked, "unknown"), false, Phase::Running),
+            (dom(Paused, "user"), false, Phase::Running),
+            (dom(Paused, "ioerror"), false, Phase::Running),
+            (dom(Paused, "postcopy-failed"), false, Phase::Failed),
+            (dom(PmSuspended, "unknown"), false, Phase::Running),
+            (dom(ShuttingDown, "user"), false, Phase::Running),
+            (dom(Crashed, "panicked"), false, Phase::Failed),
+            (dom(Shutoff, "shutdown"), false, Phase::Succeeded),
+            (dom(Shutoff, "saved"), false, Phase::Succeeded),
+            (dom(Shutoff, "from-snapshot"), false, Phase::Succeeded),
+            (dom(Shutoff, "destroyed"), false, Phase::Succeeded),
+            (dom(Shutoff, "destroyed"), true, Phase::Failed),
+            (dom(Shutoff, "crashed"), false, Phase::Failed),
+            (dom(Shutoff, "failed"), false, Phase::Failed),
+            (dom(Shutoff, "unknown"), false, Phase::Failed),
+        ];
+        for (obs, grace, want) in cases {
+            assert_eq!(phase(&obs, grace), want, "{obs:?} grace={grace}");
+        }
+    }
+
+    #[test]
+    fn final_phases_have_reasons() {
+        assert_eq!(
+            phase_reason(&Observation::Vanished, false),
+            Some("DomainLost")
+        );
+        assert_eq!(
+            phase_reason(&dom(DomainState::Shutoff, "destroyed"), true),
+            Some("GracePeriodExpired")
+        );
+        assert_eq!(
+            phase_reason(&dom(DomainState::Shutoff, "shutdown"), false),
+            Some("GuestShutdown")
+        );
+        assert_eq!(
+            phase_reason(&dom(DomainState::Running, "booted"), false),
+            None
+        );
+    }
+
+    #[test]
+    fn printable_status_refines_the_phase() {
+        use VmState::*;
+        let paused = dom(DomainState::Paused, "user");
+        let running = dom(DomainState::Running, "booted");
+        let off = dom(DomainState::Shutoff, "shutdown");
+        let crashed = dom(DomainState::Shutoff, "crashed");
+        let base = Progress {
+            vm_state: Active,
+            task: None,
+            terminating: false,
+            restart_pending: false,
+            finished: false,
+        };
+        let p = |obs: &Observation, progress| printable_status(obs, phase(obs, false), progress);
+        assert_eq!(
+            p(
+                &paused,
+                Progress {
+                    vm_state: Paused,
+                    ..base
+                }
+            ),
+            "Paused"
+        );
+        let stopping = Progress {
+            task: Some(TaskKind::PoweringOff),
+            ..base
+        };
+        assert_eq!(p(&paused, stopping), "Stopping");
+        assert_eq!(p(&running, base), "Running");
+        assert_eq!(
+            p(
+                &running,
+                Progress {
+                    terminating: true,
+                    ..base
+                }
+            ),
+            "Terminating"
+        );
+        assert_eq!(
+            p(
+                &Observation::NotCreated,
+                Progress {
+                    vm_state: Building,
+                    ..base
+                }
+            ),
+            "Starting"
+        );
+        assert_eq!(
+            p(
+                &Observation::NotCreated,
+                Progress {
+                    vm_state: Stopped,
+                    ..base
+                }
+            ),
+            "Stopped"
+        );
+        assert_eq!(
+            p(
+                &crashed,
+                Progress {
+                    restart_pending: true,
+                    ..base
+                }
+            ),
+            "CrashLoopBackOff"
+        );
+        assert_eq!(p(&crashed, base), "Failed");
+        assert_eq!(
+            p(
+                &off,
+                Progress {
+                    vm_state: Stopped,
+                    ..base
+                }
+            ),
+            "Stopped"
+        );
+        assert_eq!(
+            p(
+                &off,
+                Progress {
+                    vm_state: Stopped,
+                    finished: true,
+                    ..base
+                }
+            ),
+            "Succeeded"
+        );
+        let starting = Progress {
+            task: Some(TaskKind::Starting),
+            ..base
+        };
+        assert_eq!(p(&off, starting), "Starting");
+        assert_eq!(p(&Observation::Unreachable, base), "Unknown");
+    }
+
+    #[test]
+    fn pause_reasons_in_kubevirts_words() {
+        let table = [
+            ("user", "PausedByUser"),
+            ("ioerror", "PausedIOError"),
+            ("watchdog", "PausedWatchdog"),
+            ("migration", "PausedMigration"),
+            ("starting-up", "PausedStartingUp"),
+            ("api-error", "PausedAPIError"),
+            ("crashed", "PausedCrashed"),
+            ("postcopy-failed", "PausedPostcopyFailed"),
+            ("unknown", "PausedUnknown"),
+            ("snapshot", "PausedUnknown"),
+        ];
+        for (libvirt, kubevirt) in table {
+            assert_eq!(pause_reason(libvirt), kubevirt, "{libvirt}");
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Checks of single values that several areas share (names, serials, MACs, UUIDs, base64), each
+//! returning a typed error that carries the value.
+
+/// QEMU 7.2 silently truncates scsi serials past this length (newer QEMU refuses to start).
+pub const MAX_SCSI_SERIAL_LEN: usize = 36;
+/// Linux reports at most 20 bytes of a virtio-blk serial.
+pub const MAX_VIRTIO_SERIAL_LEN: usize = 20;
+/// An ATA serial number is 20 bytes (QEMU's ide-hd refuses longer ones).
+pub const MAX_SATA_SERIAL_LEN: usize = 20;
+
+/// A Kubernetes name that is not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error(
+        "{name:?} is not a DNS-1123 label (1-63 of a-z, 0-9 and '-', alphanumeric at both ends)"
+    )]
+    NotALabel { name: String },
+    #[error("{name:?} is not a DNS-1123 subdomain (dot-separated labels of a-z, 0-9 and '-')")]
+    NotASubdomain { name: String },
+    #[error("{name:?} looks like a path; volume names may not contain '/' or '..'")]
+    PathLike { name: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SerialError {
+    #[error("is empty")]
+    Empty,
+    #[error("{serial:?} contains {bad:?}; serials may only use A-Z a-z 0-9 _ . + -")]
+    BadCharacter { serial: String, bad: char },
+    #[error("{len} characters, at most {max} on bus {bus}")]
+    TooLong { len: usize, max: usize, bus: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MacError {
+    #[error("{mac:?} is not a MAC address (xx:xx:xx:xx:xx:xx)")]
+    Malformed { mac: String },
+    #[error("{mac:?} is a multicast address")]
+    Multicast { mac: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Base64Error {
+    #[error("not base64: contains {0:?}")]
+    BadCharacter(char),
+    #[error("not base64: data after '='")]
+    DataAfterPadding,
+}
+
+/// `8-4-4-4-12` hex digits.
+pub fn looks_like_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Kubernetes names: at most 63 of `[a-z0-9-]`, starting and ending alphanumeric.
+pub fn check_dns1123_label(name: &str) -> Result<(), NameError> {
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ok_ends = name
+        .bytes()
+        .next()
+        .zip(name.bytes().last())
+        .is_some_and(|(a, z)| a.is_ascii_alphanumeric() && z.is_ascii_alphanumeric());
+    if name.is_empty() || name.len() > 63 || !ok_chars || !ok_ends {
+        return Err(NameError::NotALabel { name: name.into() });
+    }
+    Ok(())
+}
+
+/// Object names such as claims: dot-separated DNS-1123 labels, at most 253 characters.
+pub fn check_dns1123_subdomain(name: &str) -> Result<(), NameError> {
+    if name.is_empty()
+        || name.len() > 253
+        || name.split('.').any(|l| check_dns1123_label(l).is_err())
+    {
+        return Err(NameError::NotASubdomain { name: name.into() });
+    }
+    Ok(())
+}
+
+/// Volume names become libvirt aliases (`ua-<name>`) and file names in the hotplug directory,
+/// so they must be DNS-1123 labels: never `/`, `..` or anything path-like.
+pub fn check_volume_name(name: &str) -> Result<(), NameError> {
+    if name.contains('/') || name.contains("..") {
+        return Err(NameError::PathLike { name: name.into() });
+    }
+    check_dns1123_label(name)
+}
+
+/// Serials keep their case; only `[A-Za-z0-9_.+-]` reaches the guest unchanged.
+pub fn check_serial(serial: &str, bus: &str, max: usize) -> Result<(), SerialError> {
+    if serial.is_empty() {
+        return Err(SerialError::Empty);
+    }
+    if let Some(bad) = serial
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '+' | '-')))
+    {
+        return Err(SerialError::BadCharacter {
+            serial: serial.into(),
+            bad,
+        });
+    }
+    if serial.len() > max {
+        return Err(SerialError::TooLong {
+            len: serial.len(),
+            max,
+            bus: bus.into(),
+        });
+    }
+    Ok(())
+}
+
+/// A unicast MAC address, `xx:xx:xx:xx:xx:xx` (or with `-`).
+pub fn check_mac(mac: &str) -> Result<(), MacError> {
+    let octets: Vec<&str> = mac.split([':', '-']).collect();
+    let hex = octets.len() == 6
+        && octets
+            .iter()
+            .all(|o| o.len() == 2 && o.bytes().all(|b| b.is_ascii_hexdigit()));
+    if !hex {
+        return Err(MacError::Malformed { mac: mac.into() });
+    }
+    let first = u8::from_str_radix(octets[0], 16).expect("checked hex");
+    if first & 1 == 1 {
+        return Err(MacError::Multicast { mac: mac.into() });
+    }
+    Ok(())
+}
+
+/// Standard base64 (RFC 4648, padding optional, whitespace ignored), as Kubernetes writes it.
+pub fn decode_base64(text: &str) -> Result<Vec<u8>, Base64Error> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let mut acc = 0u32;
+    let mut bits = 0;
+    let mut padding = false;
+    for c in text.bytes().filter(|c| !c.is_ascii_whitespace()) {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            b'=' => {
+                padding = true;
+                continue;
+            }
+            other => return Err(Base64Error::BadCharacter(char::from(other))),
+        };
+        if padding {
+            return Err(Base64Error::DataAfterPadding);
+        }
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_decodes() {
+        assert_eq!(decode_base64("aGVsbG8gd29ybGQ=").unwrap(), b"hello world");
+        assert_eq!(decode_base64("aGk\n").unwrap(), b"hi");
+        assert!(decode_base64("a=b").is_err());
+    }
+
+    #[test]
+    fn base64_names_the_bad_character() {
+        assert_eq!(decode_base64("!!"), Err(Base64Error::BadCharacter('!')));
+        assert_eq!(
+            decode_base64("aGk=aGk="),
+            Err(Base64Error::DataAfterPadding)
+        );
+        assert_eq!(decode_base64(""), Ok(vec![]));
+    }
+
+    #[test]
+    fn dns1123_labels() {
+        for good in ["a", "vm-1", "0abc", &"a".repeat(63)] {
+            assert_eq!(check_dns1123_label(good), Ok(()), "{good:?}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64)] {
+            assert_eq!(
+                check_dns1123_label(bad),
+                Err(NameError::NotALabel { name: bad.into() }),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dns1123_subdomains_are_dotted_labels() {
+        assert_eq!(check_dns1123_subdomain("claim.ns-1.x"), Ok(()));
+        for bad in ["", "a..b", ".a", "A.b", &"a.".repeat(127)] {
+            assert!(check_dns1123_subdomain(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn volume_names_that_look_like_paths_say_so() {
+        assert_eq!(
+            check_volume_name("../etc"),
+            Err(NameError::PathLike {
+                name: "../etc".into()
+            })
+        );
+        assert_eq!(
+            check_volume_name("a/b"),
+            Err(NameError::PathLike { name: "a/b".into() })
+        );
+        assert_eq!(
+            check_volume_name("Data"),
+            Err(NameError::NotALabel {
+                name: "Data".into()
+            })
+        );
+        assert_eq!(check_volume_name("data-1"), Ok(()));
+    }
+
+    #[test]
+    fn serials() {
+        assert_eq!(check_serial("Ab_.+-9", "scsi", 36), Ok(()));
+        assert_eq!(check_serial("", "scsi", 36), Err(SerialError::Empty));
+        assert_eq!(
+            check_serial("a b", "scsi", 36),
+            Err(SerialError::BadCharacter {
+                serial: "a b".into(),
+                bad: ' '
+            })
+        );
+        assert_eq!(
+            check_serial(&"A".repeat(21), "sata", MAX_SATA_SERIAL_LEN),
+            Err(SerialError::TooLong {
+                len: 21,
+                max: 20,
+                bus: "sata".into()
+            })
+        );
+        assert_eq!(
+            check_serial(&"A".repeat(20), "virtio", MAX_VIRTIO_SERIAL_LEN),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn macs() {
+        assert_eq!(check_mac("02:00:00:00:00:01"), Ok(()));
+        assert_eq!(check_mac("02-00-00-00-00-0a"), Ok(()));
+        assert_eq!(
+            check_mac("01:00:00:00:00:01"),
+            Err(MacError::Multicast {
+                mac: "01:00:00:00:00:01".into()
+            })
+        );
+        for bad in ["", "02:00:00:00:00", "02:00:00:00:00:0g", "0200.0000.0001"] {
+            assert_eq!(
+                check_mac(bad),
+                Err(MacError::Malformed { mac: bad.into() }),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn uuids() {
+        assert!(looks_like_uuid("6a1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c3"));
+        assert!(!looks_like_uuid("6a1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c"));
+        assert!(!looks_like_uuid("6a1c2f0e8a574f4e9d430c1e54a1b2c3"));
+        assert!(!looks_like_uuid("ga1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c3"));
+    }
+}

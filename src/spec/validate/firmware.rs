@@ -1,0 +1,221 @@
+//! `spec.domain.machine`, `.firmware`, `.features` and `.clock`.
+
+use super::Problems;
+use crate::spec::checks::looks_like_uuid;
+use crate::spec::model::DomainSpec;
+use crate::spec::problem::Problem;
+
+/// The machine types this launcher knows: the q35 and i440fx families of QEMU's x86 machines.
+pub fn is_known_machine(machine: &str) -> bool {
+    machine == "q35"
+        || machine == "pc"
+        || machine.starts_with("pc-q35-")
+        || machine.starts_with("pc-i440fx-")
+}
+
+pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problems) {
+    let machine = domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.machine_type.as_deref());
+    if let Some(machine) = machine {
+        if !is_known_machine(machine) {
+            e.add(
+                "spec.domain.machine.type",
+                Problem::MachineType {
+                    machine: machine.into(),
+                },
+            );
+        }
+    }
+    let Some(firmware) = &domain.firmware else {
+        return;
+    };
+    let base = "spec.domain.firmware";
+    e.unsupported(
+        base,
+        &[("acpi", firmware.acpi.is_some(), "ACPI tables from volumes")],
+    );
+    if let Some(uuid) = &firmware.uuid {
+        if !looks_like_uuid(uuid) {
+            e.add(format!("{base}.uuid"), Problem::Uuid { uuid: uuid.clone() });
+        }
+    }
+    if let Some(serial) = &firmware.serial {
+        if serial.is_empty()
+            || serial.len() > 64
+            || !serial.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+        {
+            e.add(
+                format!("{base}.serial"),
+                Problem::SmbiosSerial {
+                    serial: serial.clone(),
+                },
+            );
+        }
+    }
+    if let Some(bootloader) = &firmware.bootloader {
+        if bootloader.bios.is_some() && bootloader.efi.is_some() {
+            e.add(
+                format!("{base}.bootloader"),
+                Problem::BothSet {
+                    first: "bios",
+                    second: "efi",
+                },
+            );
+        }
+        if let Some(efi) = &bootloader.efi {
+            e.unsupported(
+                &format!("{base}.bootloader.efi"),
+                &[(
+                    "persistent",
+                    efi.persistent.is_some(),
+                    "EFI variables kept across restarts need a persistent volume",
+                )],
+            );
+            if efi.secure() {
+                if machine.is_some_and(|m| m == "pc" || m.starts_with("pc-i440fx-")) {
+                    e.add(
+                        format!("{base}.bootloader.efi.secureBoot"),
+                        Problem::SecureBootNeedsQ35,
+                    );
+                }
+                let smm_off = domain
+                    .features
+                    .as_ref()
+                    .and_then(|f| f.smm)
+                    .is_some_and(|s| !s.on());
+                if smm_off {
+                    e.add(
+                        format!("{base}.bootloader.efi.secureBoot"),
+                        Problem::SecureBootNeedsSmm,
+                    );
+                }
+            }
+        }
+    }
+    if let Some(kb) = &firmware.kernel_boot {
+        let base = "spec.domain.firmware.kernelBoot.container";
+        match &kb.container {
+            None => e.add(base, Problem::KernelBootNeedsContainer),
+            Some(c) => {
+                if let Some(image) = &c.image {
+                    e.add(
+                        format!("{base}.image"),
+                        Problem::UnsupportedValue {
+                            value: image.clone(),
+                            why: "kernel images from a registry; leave out image and give host paths in kernelPath and initrdPath",
+                        },
+                    );
+                }
+                match &c.kernel_path {
+                    None => e.add(format!("{base}.kernelPath"), Problem::Required),
+                    Some(p) if !p.starts_with('/') => e.add(
+                        format!("{base}.kernelPath"),
+                        Problem::NotAbsolute { path: p.clone() },
+                    ),
+                    Some(_) => {}
+                }
+                if let Some(p) = &c.initrd_path {
+                    if !p.starts_with('/') {
+                        e.add(
+                            format!("{base}.initrdPath"),
+                            Problem::NotAbsolute { path: p.clone() },
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+const TICK_POLICIES: &[&str] = &["delay", "catchup", "merge", "discard"];
+
+pub(super) fn validate_features_and_clock(domain: &DomainSpec, e: &mut Problems) {
+    if let Some(features) = &domain.features {
+        e.unsupported(
+            "spec.domain.features",
+            &[(
+                "hypervPassthrough",
+                features.hyperv_passthrough.is_some(),
+                "host Hyper-V passthrough",
+            )],
+        );
+        if let Some(hv) = &features.hyperv {
+            let base = "spec.domain.features.hyperv";
+            if let Some(s) = &hv.spinlocks {
+                if s.spinlocks.is_some_and(|n| n < 4096) {
+                    e.add(
+                        format!("{base}.spinlocks.spinlocks"),
+                        Problem::AtLeast { min: 4096 },
+                    );
+                }
+            }
+            if let Some(v) = &hv.vendorid {
+                if v.enabled.unwrap_or(true) {
+                    match &v.vendorid {
+                        Some(id) if !id.is_empty() && id.len() <= 12 && id.is_ascii() => {}
+                        Some(id) => e.add(
+                            format!("{base}.vendorid.vendorid"),
+                            Problem::VendorId { id: id.clone() },
+                        ),
+                        None => e.add(format!("{base}.vendorid.vendorid"), Problem::Required),
+                    }
+                }
+            }
+        }
+    }
+    if let Some(clock) = &domain.clock {
+        let base = "spec.domain.clock";
+        if clock.utc.is_some() && clock.timezone.is_some() {
+            e.add(
+                base,
+                Problem::BothSet {
+                    first: "utc",
+                    second: "timezone",
+                },
+            );
+        }
+        if let Some(tz) = &clock.timezone {
+            if tz.is_empty()
+                || !tz
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/_+-".contains(&b))
+            {
+                e.add(
+                    format!("{base}.timezone"),
+                    Problem::TimeZone { zone: tz.clone() },
+                );
+            }
+        }
+        if let Some(timers) = &clock.timer {
+            for (name, timer) in [
+                ("hpet", &timers.hpet),
+                ("kvm", &timers.kvm),
+                ("pit", &timers.pit),
+                ("rtc", &timers.rtc),
+                ("hyperv", &timers.hyperv),
+            ] {
+                let Some(timer) = timer else { continue };
+                let path = format!("{base}.timer.{name}");
+                if let Some(policy) = &timer.tick_policy {
+                    if matches!(name, "kvm" | "hyperv") {
+                        e.add(
+                            format!("{path}.tickPolicy"),
+                            Problem::NoTickPolicy { timer: name },
+                        );
+                    } else {
+                        e.one_of(format!("{path}.tickPolicy"), policy, TICK_POLICIES);
+                    }
+                }
+                if let Some(track) = &timer.track {
+                    if name == "rtc" {
+                        e.one_of(format!("{path}.track"), track, &["guest", "wall"]);
+                    } else {
+                        e.add(format!("{path}.track"), Problem::TrackNotRtc);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! What serde cannot check, by area of the manifest: names, references between disks, volumes,
+//! interfaces and networks, buses, serials, quantities, and the KubeVirt fields outside the
+//! subset. Every problem is reported, not just the first, each a [`Problem`] at a field path.
+
+mod bounds;
+mod disks;
+mod firmware;
+mod inputs;
+mod metadata;
+mod networks;
+mod resources;
+mod volumes;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+pub use bounds::{MAX_CAPACITY, MAX_DISKS, MAX_VCPUS, MAX_VOLUMES};
+pub use firmware::is_known_machine;
+pub use resources::{guest_memory, resource_cpus};
+
+use super::checks::check_dns1123_label;
+use super::model::VirtualMachineInstance;
+use super::problem::{Problem, Problems, SpecErrors};
+
+/// What validation learnt on the way that `convert` needs, so it never looks again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Facts {
+    pub(super) memory_bytes: u64,
+    /// For each disk, the index of its volume in `spec.volumes`.
+    pub(super) disk_volumes: Vec<usize>,
+}
+
+/// Checks a spec; returns every problem found.
+pub fn validate(vmi: &VirtualMachineInstance) -> Result<(), SpecErrors> {
+    check(vmi).map(|_| ())
+}
+
+/// Checks what serde cannot: names, references between disks, volumes, interfaces and networks,
+/// buses, serials, quantities, and the KubeVirt fields outside the subset. Returns every problem,
+/// not just the first.
+pub(super) fn check(vmi: &VirtualMachineInstance) -> Result<Facts, SpecErrors> {
+    let mut errors = Problems::default();
+    let e = &mut errors;
+
+    if vmi.api_version != "kubevirt.io/v1" {
+        e.add(
+            "apiVersion",
+            Problem::UnsupportedApiVersion {
+                version: vmi.api_version.clone(),
+            },
+        );
+    }
+    if vmi.kind != "VirtualMachineInstance" {
+        e.add(
+            "kind",
+            Problem::UnsupportedKind {
+                kind: vmi.kind.clone(),
+            },
+        );
+    }
+    metadata::validate_metadata(&vmi.metadata, e);
+    if !bounds::check_counts(vmi, e) {
+        return Err(SpecErrors(errors.0));
+    }
+
+    let spec = &vmi.spec;
+    e.unsupported(
+        "spec",
+        &[
+            ("subdomain", spec.subdomain.is_some(), "cluster DNS"),
+            ("dnsPolicy", spec.dns_policy.is_some(), "pod DNS"),
+            ("dnsConfig", spec.dns_config.is_some(), "pod DNS"),
+            ("livenessProbe", spec.liveness_probe.is_some(), "probes"),
+            ("readinessProbe", spec.readiness_probe.is_some(), "probes"),
+            (
+                "accessCredentials",
+                spec.access_credentials.is_some(),
+                "credential propagation needs the guest agent",
+            ),
+            (
+                "startStrategy",
+                spec.start_strategy.is_some(),
+                "paused starts",
+            ),
+            (
+                "resourceClaims",
+                spec.resource_claims.is_some(),
+                "dynamic resource allocation",
+            ),
+            (
+                "preference",
+                spec.preference.is_some(),
+                "preferences are expanded by the cluster",
+            ),
+        ],
+    );
+    if let Some(arch) = &spec.architecture {
+        if arch != "amd64" {
+            e.add(
+                "spec.architecture",
+                Problem::UnsupportedValue {
+                    value: arch.clone(),
+                    why: "this launcher runs amd64 guests only",
+                },
+            );
+        }
+    }
+    if let Some(hostname) = &spec.hostname {
+        if let Err(why) = check_dns1123_label(hostname) {
+            e.add("spec.hostname", why);
+        }
+    }
+
+    let domain = &spec.domain;
+    e.unsupported(
+        "spec.domain",
+        &[
+            (
+                "ioThreads",
+                domain.io_threads.is_some(),
+                "supplemental iothread pools",
+            ),
+            ("chassis", domain.chassis.is_some(), "SMBIOS chassis"),
+            (
+                "launchSecurity",
+                domain.launch_security.is_some(),
+                "confidential computing",
+            ),
+        ],
+    );
+    let memory_bytes = resources::validate_memory(vmi, e);
+    resources::validate_cpu(domain, e);
+    firmware::validate_machine_and_firmware(domain, e);
+    firmware::validate_features_and_clock(domain, e);
+    if let Some(policy) = &domain.io_threads_policy {
+        e.one_of(
+            "spec.domain.ioThreadsPolicy".into(),
+            policy,
+            &["shared", "auto"],
+        );
+    }
+    validate_devices(vmi, e);
+    volumes::validate_volumes(vmi, e);
+
+    // Every disk's volume, by index, once each has one with a supported source.
+    let disk_volumes: Option<Vec<usize>> = domain
+        .devices
+        .disks
+        .iter()
+        .map(|d| {
+            spec.volumes
+                .iter()
+                .position(|v| v.name == d.name && v.source().is_some())
+        })
+        .collect();
+    match (memory_bytes, disk_volumes) {
+        // The checks above report whatever leaves either one missing.
+        (Some(memory_bytes), Some(disk_volumes)) if errors.0.is_empty() => Ok(Facts {
+            memory_bytes,
+            disk_volumes,
+        }),
+        _ => Err(SpecErrors(errors.0)),
+    }
+}
+
+/// Boot orders are unique across disks and interfaces.
+#[derive(Debug, Default)]
+pub(super) struct BootOrders(BTreeMap<u32, String>);
+
+impl BootOrders {
+    fn check(&mut self, e: &mut Problems, path: String, order: Option<u32>) {
+        let Some(order) = order else { return };
+        if order == 0 {
+            e.add(path, Problem::AtLeast { min: 1 });
+        } else if let Some(first) = self.0.get(&order) {
+            e.add(
+                path,
+                Problem::BootOrderTaken {
+                    order,
+                    first: first.clone(),
+                },
+            );
+        } else {
+            self.0.insert(order, path);
+        }
+    }
+}
+
+fn validate_devices(vmi: &VirtualMachineInstance, e: &mut Problems) {
+    let devices = &vmi.spec.domain.devices;
+    let base = "spec.domain.devices";
+    e.unsupported(
+        base,
+        &[
+            ("gpus", devices.gpus.is_some(), "device passthrough"),
+            (
+                "hostDevices",
+                devices.host_devices.is_some(),
+                "device passthrough",
+            ),
+            ("filesystems", devices.filesystems.is_some(), "virtiofs"),
+            ("sound", devices.sound.is_some(), "sound devices"),
+            (
+                "clientPassthrough",
+                devices.client_passthrough.is_some(),
+                "USB redirection",
+            ),
+            (
+                "useVirtioTransitional",
+                devices.use_virtio_transitional.is_some(),
+                "virtio 0.9 devices",
+            ),
+            (
+                "blockMultiQueue",
+                devices.block_multi_queue.is_some(),
+                "multi-queue block",
+            ),
+            (
+                "networkInterfaceMultiqueue",
+                devices.network_interface_multiqueue.is_some(),
+                "multi-queue network",
+            ),
+            (
+                "autoattachVSOCK",
+                devices.autoattach_vsock.is_some(),
+                "vsock",
+            ),
+            (
+                "autoattachInputDevice",
+                devices.autoattach_input_device.is_some(),
+                "list the input in spec.domain.devices.inputs",
+            ),
+            (
+                "logSerialConsole",
+                devices.log_serial_console.is_some(),
+                "the launcher always logs the serial console",
+            ),
+            (
+                "downwardMetrics",
+                devices.downward_metrics.is_some(),
+                "downward metrics",
+            ),
+            (
+                "panicDevices",
+                devices.panic_devices.is_some(),
+                "panic devices",
+            ),
+            (
+                "video",
+                devices.video.is_some(),
+                "the video model is chosen with the graphics device",
+            ),
+        ],
+    );
+
+    let mut boot = BootOrders::default();
+    disks::validate_disks(vmi, &mut boot, e);
+    networks::validate_networks(vmi, &mut boot, e);
+    inputs::validate_inputs(devices, e);
+}

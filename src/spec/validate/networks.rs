@@ -1,0 +1,209 @@
+//! `spec.networks` and `spec.domain.devices.interfaces`: each interface has a network of its
+//! name and one binding; at most one pod network.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{BootOrders, Problems};
+use crate::spec::checks::{check_dns1123_label, check_mac};
+use crate::spec::model::{Interface, Network, VirtualMachineInstance};
+use crate::spec::problem::Problem;
+
+pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
+
+pub(super) fn validate_networks(
+    vmi: &VirtualMachineInstance,
+    boot: &mut BootOrders,
+    e: &mut Problems,
+) {
+    let devices = &vmi.spec.domain.devices;
+    let base = "spec.domain.devices";
+    let mut networks: BTreeMap<&str, &Network> = BTreeMap::new();
+    let mut pod_networks = 0;
+    for (i, network) in vmi.spec.networks.iter().enumerate() {
+        let path = format!("spec.networks[{i}]");
+        if let Err(why) = check_dns1123_label(&network.name) {
+            e.add(format!("{path}.name"), why);
+        }
+        if networks.insert(network.name.as_str(), network).is_some() {
+            e.add(
+                format!("{path}.name"),
+                Problem::Duplicate {
+                    what: "network",
+                    name: network.name.clone(),
+                },
+            );
+        }
+        match (&network.pod, &network.multus) {
+            (Some(pod), None) => {
+                pod_networks += 1;
+                e.unsupported(
+                    &format!("{path}.pod"),
+                    &[
+                        ("vmNetworkCIDR", pod.vm_network_cidr.is_some(), "custom masquerade subnets"),
+                        (
+                            "vmIPv6NetworkCIDR",
+                            pod.vm_ipv6_network_cidr.is_some(),
+                            "custom masquerade subnets",
+                        ),
+                    ],
+                );
+            }
+            (None, Some(_)) => e.add(
+                format!("{path}.multus"),
+                Problem::Unsupported {
+                    why: "secondary networks need Multus in a cluster; only the pod network is available",
+                },
+            ),
+            (Some(_), Some(_)) => e.add(
+                path,
+                Problem::OnlyOneOf {
+                    fields: "pod, multus",
+                },
+            ),
+            (None, None) => e.add(
+                path,
+                Problem::Missing {
+                    what: "a network",
+                    needs: "a source",
+                    supported: "pod",
+                },
+            ),
+        }
+    }
+    if pod_networks > 1 {
+        e.add("spec.networks", Problem::SecondPodNetwork);
+    }
+    let mut seen_ifaces = BTreeSet::new();
+    for (i, iface) in devices.interfaces.iter().enumerate() {
+        let path = format!("{base}.interfaces[{i}]");
+        e.unique(&mut seen_ifaces, &path, "interface", &iface.name);
+        if !networks.contains_key(iface.name.as_str()) {
+            e.add(
+                format!("{path}.name"),
+                Problem::NoPartner {
+                    what: "interface",
+                    name: iface.name.clone(),
+                    partner: "network",
+                },
+            );
+        }
+        let unsupported_bindings = [
+            (
+                "sriov",
+                iface.sriov.is_some(),
+                "SR-IOV needs a VF from the node",
+            ),
+            (
+                "slirp",
+                iface.slirp.is_some(),
+                "the slirp binding was removed from KubeVirt",
+            ),
+            ("passt", iface.passt.is_some(), "the passt binding"),
+            ("macvtap", iface.macvtap.is_some(), "the macvtap binding"),
+            (
+                "binding",
+                iface.binding.is_some(),
+                "network binding plugins",
+            ),
+        ];
+        let bindings = [iface.masquerade.is_some(), iface.bridge.is_some()]
+            .into_iter()
+            .chain(unsupported_bindings.iter().map(|(_, set, _)| *set))
+            .filter(|s| *s)
+            .count();
+        e.unsupported(&path, &unsupported_bindings);
+        if bindings == 0 {
+            e.add(
+                path.clone(),
+                Problem::Missing {
+                    what: "an interface",
+                    needs: "a binding",
+                    supported: "masquerade, bridge",
+                },
+            );
+        } else if bindings > 1 {
+            e.add(path.clone(), Problem::OneBinding);
+        }
+        if iface.masquerade.is_some()
+            && networks
+                .get(iface.name.as_str())
+                .is_some_and(|n| n.pod.is_none())
+        {
+            e.add(format!("{path}.masquerade"), Problem::MasqueradeNotPod);
+        }
+        e.unsupported(
+            &path,
+            &[
+                (
+                    "pciAddress",
+                    iface.pci_address.is_some(),
+                    "fixed PCI addresses",
+                ),
+                (
+                    "dhcpOptions",
+                    iface.dhcp_options.is_some(),
+                    "custom DHCP options",
+                ),
+                (
+                    "tag",
+                    iface.tag.is_some(),
+                    "device tags need the guest agent",
+                ),
+                ("state", iface.state.is_some(), "interface hot-unplug"),
+                ("acpiIndex", iface.acpi_index.is_some(), "ACPI indexes"),
+            ],
+        );
+        validate_ports(iface, &path, e);
+        if let Some(model) = &iface.model {
+            e.one_of(format!("{path}.model"), model, NIC_MODELS);
+        }
+        if let Some(mac) = &iface.mac_address {
+            if let Err(why) = check_mac(mac) {
+                e.add(format!("{path}.macAddress"), why);
+            }
+        }
+        boot.check(e, format!("{path}.bootOrder"), iface.boot_order);
+    }
+    for (name, _) in networks {
+        if !devices.interfaces.iter().any(|i| i.name == name) {
+            e.add(
+                "spec.networks",
+                Problem::NoPartner {
+                    what: "network",
+                    name: name.into(),
+                    partner: "interface",
+                },
+            );
+        }
+    }
+}
+
+pub const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
+
+/// `ports` of one interface: masquerade only, each a real port and protocol, none twice.
+fn validate_ports(iface: &Interface, path: &str, e: &mut Problems) {
+    if !iface.ports.is_empty() && iface.masquerade.is_none() {
+        e.add(format!("{path}.ports"), Problem::PortsNeedMasquerade);
+    }
+    let mut seen = BTreeSet::new();
+    for (j, port) in iface.ports.iter().enumerate() {
+        let ppath = format!("{path}.ports[{j}]");
+        if let Some(protocol) = &port.protocol {
+            e.one_of(format!("{ppath}.protocol"), protocol, PORT_PROTOCOLS);
+        }
+        if !(1..=65535).contains(&port.port) {
+            e.add(
+                format!("{ppath}.port"),
+                Problem::NotAPort { port: port.port },
+            );
+        } else if !seen.insert((port.protocol_lower(), port.port)) {
+            e.add(
+                format!("{ppath}.port"),
+                Problem::DuplicatePort {
+                    port: port.port,
+                    protocol: port.protocol_lower(),
+                },
+            );
+        }
+    }
+}
