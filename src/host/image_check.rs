@@ -5,9 +5,8 @@
 //! the image author's, so it may be qcow2, but only a self-contained one, as CDI's validation
 //! requires. Pure: it reads a header the caller read.
 
-/// What the launcher writes as an overlay's virtual size, and the largest it accepts from an image:
-/// an L1 table of 4 Mi entries (32 MiB, QEMU's limit) over 64 KiB clusters.
-pub const MAX_VIRTUAL_SIZE: u64 = 2 << 50;
+/// The largest virtual size accepted from an image: the largest capacity a spec may ask for.
+pub const MAX_VIRTUAL_SIZE: u64 = crate::spec::MAX_CAPACITY;
 
 const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
 /// Incompatible feature bits QEMU 7.2 knows: dirty, corrupt, external data file, compression
@@ -19,20 +18,11 @@ const INCOMPATIBLE_EXTERNAL_DATA: u64 = 1 << 2;
 /// How many bytes of an image [`container_disk_format`] needs.
 pub const HEADER_BYTES: usize = 104;
 
-/// An image's format, as it will be written into the domain's `<backingStore>`.
+/// A container disk image's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
     Raw,
     Qcow2 { virtual_size: u64 },
-}
-
-impl Format {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Format::Raw => "raw",
-            Format::Qcow2 { .. } => "qcow2",
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -24,7 +24,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::volumes::{HostPaths, Preparation, ResolvedVolume};
+use crate::volumes::{Backing, HostPaths, Preparation, ResolvedVolume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -37,6 +37,11 @@ pub enum HostError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+    #[error("{path}: {problem}")]
+    UnsafeImage {
+        path: PathBuf,
+        problem: image_check::ImageProblem,
     },
     #[error("cannot inspect {path}")]
     Inspect {
@@ -67,6 +72,7 @@ impl HostError {
             HostError::NotADisk { .. } => "NotADisk",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
+            HostError::UnsafeImage { .. } => "UnsafeImage",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
         }
     }
@@ -133,9 +139,9 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
             make_parent(path)?;
             create_qcow2(path, *capacity, None)
         }
-        Preparation::Overlay { backing } => {
+        Preparation::Overlay { backing, trust } => {
             prepare_host_disk(backing, None)?;
-            let (format, size) = image_info(backing)?;
+            let (format, size) = backing_info(backing, *trust)?;
             make_parent(path)?;
             // Ephemeral by design: every start begins from the image, as KubeVirt's do.
             match fs::remove_file(path) {
@@ -193,20 +199,30 @@ const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
 const CLUSTER_BITS: u32 = 16;
 const CLUSTER: u64 = 1 << CLUSTER_BITS;
 
-/// The format of an image (`raw` or `qcow2`) and its virtual size, read from its first bytes, so
-/// an overlay names its backing format and QEMU never has to guess it.
-fn image_info(path: &Path) -> Result<(&'static str, u64), HostError> {
+/// The format and virtual size of an overlay's backing image, as `trust` allows knowing them: a
+/// claim is raw, always; a container disk's header is read, and refused when it points anywhere.
+fn backing_info(path: &Path, trust: Backing) -> Result<(&'static str, u64), HostError> {
     use std::io::{Read, Seek, SeekFrom};
     let inspect = |source| HostError::Inspect {
         path: path.into(),
         source,
     };
     let mut file = fs::File::open(path).map_err(inspect)?;
-    let mut header = [0u8; 32];
-    let read = file.read(&mut header).map_err(inspect)?;
-    if read >= 32 && &header[..4] == QCOW2_MAGIC {
-        let size = u64::from_be_bytes(header[24..32].try_into().expect("8 bytes"));
-        return Ok(("qcow2", size));
+    if trust == Backing::ContainerDisk {
+        let mut header = Vec::with_capacity(image_check::HEADER_BYTES);
+        (&mut file)
+            .take(image_check::HEADER_BYTES as u64)
+            .read_to_end(&mut header)
+            .map_err(inspect)?;
+        let format = image_check::container_disk_format(&header).map_err(|problem| {
+            HostError::UnsafeImage {
+                path: path.into(),
+                problem,
+            }
+        })?;
+        if let image_check::Format::Qcow2 { virtual_size } = format {
+            return Ok(("qcow2", virtual_size));
+        }
     }
     // A block device's length is where its end is, not its metadata's.
     let size = file.seek(SeekFrom::End(0)).map_err(inspect)?;
@@ -359,7 +375,10 @@ mod tests {
             Preparation::EmptyQcow2 { capacity: 3 << 20 },
         ))
         .unwrap();
-        assert_eq!(image_info(&empty).unwrap(), ("qcow2", 3 << 20));
+        assert_eq!(
+            backing_info(&empty, Backing::ContainerDisk).unwrap(),
+            ("qcow2", 3 << 20)
+        );
         assert_eq!(fs::metadata(&empty).unwrap().len(), 4 * CLUSTER);
 
         let base = dir.path().join("base.img");
@@ -369,12 +388,16 @@ mod tests {
             overlay.clone(),
             Preparation::Overlay {
                 backing: base.clone(),
+                trust: Backing::Claim { block: false },
             },
         );
         prepare_volume(&volume).unwrap();
         prepare_volume(&volume).unwrap();
-        assert_eq!(image_info(&overlay).unwrap(), ("qcow2", 5 << 20));
         let bytes = fs::read(&overlay).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(bytes[24..32].try_into().unwrap()),
+            5 << 20
+        );
         let name = base.to_string_lossy();
         let offset = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
         assert_eq!(&bytes[offset..offset + name.len()], name.as_bytes());
@@ -387,12 +410,55 @@ mod tests {
             dir.path().join("x.qcow2"),
             Preparation::Overlay {
                 backing: dir.path().join("nope.img"),
+                trust: Backing::Claim { block: false },
             },
         );
         assert_eq!(
             prepare_volume(&missing).unwrap_err().reason(),
             "SourceNotFound"
         );
+    }
+
+    /// Review H1: a qcow2 header that points at a host file is refused in a container disk's
+    /// image, and is just data in a claim's (the guest wrote it; the overlay reads it as raw).
+    #[test]
+    fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
+        let dir = tempfile::tempdir().unwrap();
+        // What the launcher writes on top of a backing is exactly such an image.
+        let base = dir.path().join("base.img");
+        fs::File::create(&base).unwrap().set_len(1 << 20).unwrap();
+        let pointing = dir.path().join("pointing.qcow2");
+        create_qcow2(&pointing, 1 << 20, Some((&base, "raw"))).unwrap();
+
+        let container_disk = resolved(
+            dir.path().join("cd.qcow2"),
+            Preparation::Overlay {
+                backing: pointing.clone(),
+                trust: Backing::ContainerDisk,
+            },
+        );
+        let err = prepare_volume(&container_disk).unwrap_err();
+        assert_eq!(err.reason(), "UnsafeImage");
+        assert!(err.to_string().contains("backing file"), "{err}");
+        assert!(!dir.path().join("cd.qcow2").exists());
+
+        let claim = resolved(
+            dir.path().join("claim-overlay.qcow2"),
+            Preparation::Overlay {
+                backing: pointing.clone(),
+                trust: Backing::Claim { block: false },
+            },
+        );
+        prepare_volume(&claim).unwrap();
+        let bytes = fs::read(dir.path().join("claim-overlay.qcow2")).unwrap();
+        // The backing format extension (0xe2792aca) says raw: 4 bytes of length, then the name.
+        let ext = bytes
+            .windows(4)
+            .position(|w| w == [0xe2, 0x79, 0x2a, 0xca])
+            .unwrap();
+        assert_eq!(&bytes[ext + 8..ext + 11], b"raw");
+        let size = fs::metadata(&pointing).unwrap().len();
+        assert_eq!(u64::from_be_bytes(bytes[24..32].try_into().unwrap()), size);
     }
 
     /// QEMU itself opens what `create_qcow2` writes, with the size and backing file we meant.
