@@ -243,11 +243,14 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
     let l1_clusters = (l1_entries * 8).div_ceil(CLUSTER);
     let (refcount_table, refcount_block, l1_table) = (CLUSTER, 2 * CLUSTER, 3 * CLUSTER);
     let clusters = 3 + l1_clusters;
-    // One refcount block (16-bit entries) counts 32,768 clusters: far more than the metadata.
-    assert!(
-        clusters < CLUSTER / 2,
-        "an L1 table that large needs more refcount blocks"
-    );
+    // One refcount block (16-bit entries) counts 32,768 clusters: the metadata of any size up to
+    // the spec's 2Pi capacity bound takes 515 (review M5: refused, never a panic).
+    if clusters >= CLUSTER / 2 {
+        return Err(create(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{size} bytes is too large for a qcow2 the launcher writes"),
+        )));
+    }
 
     let mut header = Vec::with_capacity(512);
     let backing_name = backing.map(|(p, _)| p.to_string_lossy().into_owned());
@@ -300,10 +303,15 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
         let at = refcount_block as usize + cluster * 2;
         image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
     }
-    // Written aside and renamed: a half-written image is never used.
-    let tmp = path.with_extension("qcow2.tmp");
-    fs::write(&tmp, &image).map_err(create)?;
-    fs::rename(&tmp, path).map_err(create)
+    // Written aside under a fresh random name (O_EXCL: never through a planted symlink, review
+    // H2) and renamed: a half-written image is never used.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".qcow2-")
+        .tempfile_in(path.parent().unwrap_or(Path::new(".")))
+        .map_err(create)?;
+    io::Write::write_all(&mut tmp, &image).map_err(create)?;
+    tmp.persist(path).map_err(|e| create(e.error))?;
+    Ok(())
 }
 
 /// Builds the NoCloud ISO: volume label `cidata`, the given files at its root. Written next to
