@@ -45,6 +45,7 @@ pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod run;
+pub mod runtime_dir;
 pub mod spec;
 pub(crate) mod volumes;
 

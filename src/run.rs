@@ -21,6 +21,7 @@ use crate::launcher::{LaunchOptions, Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
+pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,18 +118,14 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         eprintln!("vmlauncher: cannot install signal handlers");
         return ExitCode::Internal;
     };
-    let rt = RuntimeDir(opts.runtime_dir.clone());
-    if let Err(e) = fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&rt.0)
-    {
-        eprintln!(
-            "vmlauncher: cannot create runtime directory {}: {e}",
-            rt.0.display()
-        );
-        return ExitCode::Internal;
-    }
+    // Held until the launcher exits: one launcher per runtime dir.
+    let (rt, _lock) = match RuntimeDir::claim(&opts.runtime_dir) {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::Internal;
+        }
+    };
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let backend = match &opts.connect {
@@ -482,20 +479,4 @@ pub fn load_spec(path: &Path) -> Result<(Validated, String), ExitCode> {
     let validated = spec::parse_bytes(&bytes).map_err(|errors| report(&errors))?;
     // parse_bytes checked that it is UTF-8.
     Ok((validated, String::from_utf8(bytes).unwrap_or_default()))
-}
-
-/// Where the launcher keeps what it owns for one VM.
-#[derive(Debug, Clone)]
-pub struct RuntimeDir(pub PathBuf);
-
-impl RuntimeDir {
-    pub fn socket(&self) -> PathBuf {
-        self.0.join("launcher.sock")
-    }
-    pub fn console_log(&self) -> PathBuf {
-        self.0.join("console.log")
-    }
-    pub fn libvirt_dir(&self) -> PathBuf {
-        self.0.join("libvirt")
-    }
 }
