@@ -13,10 +13,7 @@ use crate::spec;
 /// A spec from any bytes: read, validate and, when valid, convert; what converts must be
 /// well-formed XML (libvirt would refuse anything else, after the launcher said the spec is fine).
 pub fn spec(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let Ok(vmi) = spec::parse(text) else {
+    let Ok(vmi) = spec::parse_bytes(data) else {
         return;
     };
     let options = ConvertOptions::new(VirtType::Qemu, "/run/vmlauncher/console.log".into());
