@@ -90,6 +90,8 @@ struct StopSignals {
     term: Signal,
     int: Signal,
     hup: Signal,
+    /// PID 1 forwards SIGQUIT (init.rs); unhandled it would kill the launcher without a stop.
+    quit: Signal,
 }
 
 impl StopSignals {
@@ -98,6 +100,7 @@ impl StopSignals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -107,6 +110,7 @@ impl StopSignals {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "interrupted",
             _ = self.hup.recv() => "SIGHUP",
+            _ = self.quit.recv() => "SIGQUIT",
         }
     }
 }

@@ -20,7 +20,7 @@ pub(crate) mod watch;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -119,8 +119,13 @@ pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostErr
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
 /// and the one for EFI variables, which libvirt fills from the template but does not create.
 pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
+    // 0700: cloud-init user data (secrets) and overlays live here (review L10).
     for dir in [paths.private_dir.clone(), paths.private_dir.join("nvram")] {
-        fs::create_dir_all(&dir).map_err(|source| HostError::Create { path: dir, source })?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| HostError::Create { path: dir, source })?;
     }
     Ok(())
 }
@@ -338,6 +343,8 @@ fn build_cidata(path: &Path, files: &[(String, Vec<u8>)]) -> Result<(), HostErro
         cmd.arg(staging.path().join(name));
     }
     run_tool("genisoimage", path, &mut cmd)?;
+    // User data may hold secrets: only root (QEMU runs as root) reads the ISO (review L10).
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(create)?;
     fs::rename(&tmp, path).map_err(create)
 }
 
