@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use super::checks::{Base64Error, MacError, NameError, SerialError};
+use super::checks::{Base64Error, HostPathError, MacError, NameError, SerialError};
 use super::quantity::QuantityError;
 
 /// One problem with one field. Messages are lowercase, without a trailing period, and quote the
@@ -99,6 +99,8 @@ pub enum Problem {
     Mac(#[from] MacError),
     #[error(transparent)]
     Base64(#[from] Base64Error),
+    #[error(transparent)]
+    HostPath(#[from] HostPathError),
 
     // Memory and CPU.
     /// `70000 vCPUs (sockets × cores × threads), at most 288`.

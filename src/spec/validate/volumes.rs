@@ -3,7 +3,10 @@
 use std::collections::BTreeSet;
 
 use super::{bounds, Problems};
-use crate::spec::checks::{check_dns1123_subdomain, check_volume_name, decode_base64};
+use crate::spec::checks::{
+    check_dns1123_subdomain, check_host_path, check_volume_name, decode_base64, PROGRAM_DIRS,
+    SYSTEM_DIRS,
+};
 use crate::spec::model::{PvcSource, VirtualMachineInstance, VolumeSource};
 use crate::spec::problem::Problem;
 
@@ -51,6 +54,10 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                                 path: hd.path.clone(),
                             },
                         );
+                    } else if let Err(why) =
+                        check_host_path(&hd.path, &[SYSTEM_DIRS, PROGRAM_DIRS].concat())
+                    {
+                        e.add(format!("{spath}.path"), why);
                     }
                     match hd.disk_type.as_str() {
                         "Disk" => {}
