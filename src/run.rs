@@ -427,6 +427,11 @@ fn mirror_console(path: PathBuf) {
         };
         let forever = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         while let Ok(Some(line)) = console.next_line(forever) {
+            // The guest's bytes, not its escape sequences: a terminal is not the guest's to drive.
+            let line: String = line
+                .chars()
+                .filter(|c| !c.is_control() || *c == '\t')
+                .collect();
             if writeln!(std::io::stdout().lock(), "[console] {line}").is_err() {
                 return;
             }
