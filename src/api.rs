@@ -446,7 +446,12 @@ pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
         }
         Ok(_) => fs::remove_file(path).map_err(listen_err)?,
     }
-    let listener = UnixListener::bind(path).map_err(listen_err)?;
+    // Created 0600, not chmod'ed after: no window in which anyone else may connect (review L1).
+    // The umask is the process's; the launcher binds once, at start, before it makes files.
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(umask);
+    let listener = bound.map_err(listen_err)?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
     Ok(listener)
 }
