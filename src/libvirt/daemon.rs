@@ -531,21 +531,6 @@ pub fn process_alive(pid: i32) -> bool {
     !matches!(state, Some('Z') | Some('X') | None)
 }
 
-#[cfg(test)]
-mod pid_tests {
-    use super::*;
-
-    #[test]
-    fn a_pid_is_taken_for_a_daemon_only_if_it_runs_that_program() {
-        let me = std::process::id() as i32;
-        let exe = std::env::current_exe().unwrap();
-        let name = exe.file_name().unwrap().to_str().unwrap();
-        assert!(runs_program(me, name));
-        assert!(!runs_program(me, "libvirtd"));
-        assert!(!runs_program(i32::MAX, "libvirtd"));
-    }
-}
-
 fn log_tail(log: &Path) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
@@ -591,4 +576,19 @@ swtpm_user = "root"
 swtpm_group = "root"
 {cgroups}"#
     )
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_is_taken_for_a_daemon_only_if_it_runs_that_program() {
+        let me = std::process::id() as i32;
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_str().unwrap();
+        assert!(runs_program(me, name));
+        assert!(!runs_program(me, "libvirtd"));
+        assert!(!runs_program(i32::MAX, "libvirtd"));
+    }
 }
