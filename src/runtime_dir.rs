@@ -48,6 +48,7 @@ impl RuntimeDir {
             .create(path)
             .map_err(io_err)?;
         let dir = RuntimeDir(path.into());
+        take_fresh_shared_dir(path)?;
         check_owned(path)?;
         for sub in [dir.libvirt_dir(), dir.0.join("hotplug")] {
             if fs::symlink_metadata(&sub).is_ok() {
@@ -90,6 +91,34 @@ impl RuntimeDir {
     pub fn libvirt_dir(&self) -> PathBuf {
         self.0.join("libvirt")
     }
+}
+
+/// A pod's runtime dir is an emptyDir, which Kubernetes makes 0777. One of ours that others
+/// may write is taken only while it is empty: it is made 0700 first (from then on no one else
+/// can add to it), then found empty (no one did before). Anything else is left to
+/// [`check_owned`] to refuse.
+fn take_fresh_shared_dir(path: &Path) -> Result<(), RuntimeDirError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io_err = |source| RuntimeDirError::Io {
+        path: path.into(),
+        source,
+    };
+    let meta = fs::symlink_metadata(path).map_err(io_err)?;
+    let ours = meta.uid() == nix::unistd::geteuid().as_raw();
+    if !meta.file_type().is_dir() || !ours || meta.mode() & 0o022 == 0 {
+        return Ok(());
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(io_err)?;
+    if fs::read_dir(path).map_err(io_err)?.next().is_some() {
+        return Err(RuntimeDirError::Unsafe {
+            path: path.into(),
+            why: format!(
+                "mode {:o} let others write it, and it is not empty",
+                meta.mode() & 0o7777
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `path` is a directory (not a symlink to one) of the launcher's user that no one else can
@@ -148,9 +177,21 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let open = tmp.path().join("open");
         fs::create_dir(&open).unwrap();
+        fs::write(open.join("libvirtd.conf"), "planted").unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
         let err = RuntimeDir::claim(&open).unwrap_err();
         assert!(err.to_string().contains("mode 777"), "{err}");
+        assert_eq!(
+            fs::read_to_string(open.join("libvirtd.conf")).unwrap(),
+            "planted"
+        );
+
+        // An empty one (a pod's emptyDir is 0777) is taken, and made private first.
+        let empty_dir = tmp.path().join("empty-dir");
+        fs::create_dir(&empty_dir).unwrap();
+        fs::set_permissions(&empty_dir, fs::Permissions::from_mode(0o777)).unwrap();
+        RuntimeDir::claim(&empty_dir).unwrap();
+        assert_eq!(fs::metadata(&empty_dir).unwrap().mode() & 0o777, 0o700);
 
         let real = tmp.path().join("real");
         fs::create_dir(&real).unwrap();
