@@ -240,6 +240,17 @@ impl BlockDevices {
         self.apply_device_rules(&mut host)
     }
 
+    /// When the domain is gone for good (the launcher exits): every node unlinked, every rule
+    /// revoked, the records emptied — nothing is left for a next launcher to find (review L14).
+    pub fn release_all(&self) {
+        let volumes: Vec<String> = self.lock().nodes.keys().cloned().collect();
+        for volume in volumes {
+            if let Err(e) = self.release(&volume) {
+                tracing::warn!(%volume, error = %crate::error_chain(&e), "cannot release a block volume");
+            }
+        }
+    }
+
     /// After a detach: unlinks the node and revokes the rule of a block volume.
     pub fn release(&self, volume: &str) -> Result<(), BlockHostError> {
         let Some(node) = self.lock().nodes.get(volume).cloned() else {
@@ -534,6 +545,24 @@ mod tests {
         fs::write(host.path("records.json"), "{").unwrap();
         devices.adopt(&BTreeSet::new());
         assert!(devices.nodes().is_empty());
+    }
+
+    #[test]
+    fn release_all_leaves_nothing() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.plug("a", LOOP1).unwrap().keep();
+        devices.plug("b", LOOP2).unwrap().keep();
+        devices.release_all();
+        assert!(devices.nodes().is_empty());
+        assert!(fs::symlink_metadata(host.path("hotplug/a")).is_err());
+        assert!(fs::symlink_metadata(host.path("hotplug/b")).is_err());
+        assert!(host.records().nodes.is_empty());
+        assert!(host
+            .records()
+            .cgroups
+            .iter()
+            .all(|(_, devices)| devices.is_empty()));
     }
 
     /// Review M1: records written by someone else name a node outside the hotplug dir and a
