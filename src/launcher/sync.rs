@@ -115,7 +115,7 @@ impl Launcher {
     /// Everything about a Sync that needs no task: parse and validate, check the block
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
-        let vmi = spec::parse(&input.spec)?;
+        let vmi = spec::parse_bytes(input.spec.as_bytes())?;
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();
         opts.block_volumes.extend(devices.keys().cloned());
