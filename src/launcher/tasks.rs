@@ -39,10 +39,15 @@ impl Work for Lifecycle {
         self.command
     }
 
+    /// The state is read again before the task ends: the command that comes next is admitted
+    /// against what this one did, not against the state before it (an Unpause followed at once
+    /// by a Pause was refused as "the VM is paused" until libvirt's event had been handled).
     async fn perform(self, launcher: &Launcher) -> Result<(), LauncherError> {
-        launcher
+        let result = launcher
             .perform(self.command, self.grace, self.preempt_generation)
-            .await
+            .await;
+        launcher.refresh().await;
+        result
     }
 }
 
