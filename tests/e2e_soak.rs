@@ -7,7 +7,9 @@
 //!    of the one applied last (the one `GetSpec` reports), with nothing of the others;
 //! 3. pause/unpause cycles: every event on the stream, with no gap in the sequence numbers;
 //! 4. libvirtd killed (SIGKILL) during an attach: the launcher brings a new one up, and the same
-//!    Sync again attaches what is missing.
+//!    Sync again attaches what is missing;
+//! 5. a block volume still attached at the end: its node and rule go when the launcher exits
+//!    (on SIGQUIT, which stops the guest gracefully like SIGTERM).
 //!
 //! The counts come from the environment, small by default (what CI runs):
 //! `VMLAUNCHER_SOAK_CYCLES` (default 50) and `VMLAUNCHER_SOAK_PAUSES` (default 20);
@@ -463,9 +465,23 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
     assert!(live_volumes(&vm).is_empty());
     assert!(cgroup.block_rules().is_empty());
 
+    // 5. A block volume still attached when the VM stops: nothing of it outlives the launcher.
+    let reply = client
+        .sync(request(&[("cb", "Soak-Block")], Some(("cb", &lo))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ready_names(&reply.volumes), set(&["cb"]));
+    assert!(!cgroup.block_rules().is_empty());
     drop(client);
     drop(events);
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    // SIGQUIT (which PID 1 forwards) stops the guest gracefully like SIGTERM.
+    vm.signal(nix::sys::signal::Signal::SIGQUIT);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert!(
+        std::fs::symlink_metadata(hotplug.join("cb")).is_err(),
+        "the node outlived the launcher"
+    );
+    assert_eq!(cgroup.block_rules(), Vec::<String>::new(), "rules outlived it");
     drop(lo);
 }

@@ -292,8 +292,11 @@ impl Launcher {
             dry_run: false,
             ..input.clone()
         };
-        super::host_work(|| super::saved::save(&self.options.hotplug.last_sync, &input))?;
-        *self.last_input.lock().expect("input lock") = input;
+        // The same request again (a no-op Sync, a retry) is saved already.
+        if *self.last_input.lock().expect("input lock") != input {
+            super::host_work(|| super::saved::save(&self.options.hotplug.last_sync, &input))?;
+            *self.last_input.lock().expect("input lock") = input;
+        }
         let vmi = vmi.clone();
         self.update(|s| s.spec = vmi);
         Ok(())
