@@ -8,6 +8,8 @@ scripts/setup.sh
 scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/e2e_debian.rs boots it)
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
+# The fuzz targets build (scripts/fuzz.sh runs them; `cargo test` replays their corpus).
+cargo check --manifest-path fuzz/Cargo.toml --locked
 # The launcher's image, for the pod test (tests/e2e_pod.rs): cached, seconds when nothing changed.
 scripts/build-image.sh
 cargo test --all-targets --locked

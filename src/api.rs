@@ -421,18 +421,38 @@ impl proto::launcher_server::Launcher for Service {
     }
 }
 
-/// Binds the socket (mode 0600, replacing a stale one) and returns a listener to serve on.
+/// Binds the socket (mode 0600) and returns a listener to serve on. What is at `path` already is
+/// replaced only if it is a stale socket (review M11): a file, a directory or a socket someone
+/// still answers on is refused, never unlinked.
 pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
+    use std::os::unix::fs::FileTypeExt;
     let listen_err = |source| ApiError::Listen {
         path: path.into(),
         source,
     };
-    match fs::remove_file(path) {
-        Ok(()) => {}
+    match fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(listen_err(e)),
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(listen_err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "something other than a socket is there; not removing it",
+            )))
+        }
+        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
+            return Err(listen_err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another process answers on this socket",
+            )))
+        }
+        Ok(_) => fs::remove_file(path).map_err(listen_err)?,
     }
-    let listener = UnixListener::bind(path).map_err(listen_err)?;
+    // Created 0600, not chmod'ed after: no window in which anyone else may connect (review L1).
+    // The umask is the process's; the launcher binds once, at start, before it makes files.
+    let umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(umask);
+    let listener = bound.map_err(listen_err)?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
     Ok(listener)
 }
@@ -536,4 +556,27 @@ pub async fn connect(path: &Path) -> Result<LauncherClient<Channel>, ApiError> {
             source,
         })?;
     Ok(LauncherClient::new(channel))
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bind_replaces_only_a_stale_socket() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A regular file at the path (`--socket /etc/hosts`) is refused and left alone.
+        let file = tmp.path().join("file");
+        fs::write(&file, "precious").unwrap();
+        assert!(bind(&file).is_err());
+        assert_eq!(fs::read_to_string(&file).unwrap(), "precious");
+
+        // A socket someone answers on is refused; once it is stale it is replaced.
+        let sock = tmp.path().join("launcher.sock");
+        let first = bind(&sock).unwrap();
+        let err = bind(&sock).unwrap_err();
+        assert!(crate::error_chain(&err).contains("answers"), "{err}");
+        drop(first);
+        bind(&sock).unwrap();
+    }
 }

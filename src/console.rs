@@ -2,14 +2,18 @@
 //! by polling. `run --console` mirrors it to the terminal; tests wait on its lines.
 
 use std::collections::VecDeque;
-use std::fs::File;
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+/// The longest console line kept whole; a longer one is cut (a serial console is 80 columns).
+pub const MAX_LINE: usize = 4096;
 
 #[derive(Debug)]
 pub struct ConsoleLog {
@@ -113,14 +117,33 @@ impl ConsoleLog {
                 path: self.path.clone(),
                 source,
             })?;
-        self.partial.extend_from_slice(&chunk);
-        while let Some(pos) = self.partial.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.partial.drain(..=pos).collect();
+        // virtlogd rotates the log at 2 MiB (a new file at the path): the rest of the old one was
+        // just read, so the new one is read from its start.
+        let current = file.metadata().map(|m| m.ino()).ok();
+        if fs::metadata(&self.path).map(|m| m.ino()).ok() != current {
+            self.file = None;
+            self.start_at = 0;
+        }
+        self.split_lines(&chunk);
+        Ok(())
+    }
+
+    /// Moves each complete line of `chunk` to `lines`. A guest that never prints a newline gets
+    /// its output cut into lines of [`MAX_LINE`] bytes (review L6: no unbounded buffer, no
+    /// rescanning it).
+    fn split_lines(&mut self, chunk: &[u8]) {
+        for &byte in chunk {
+            if byte != b'\n' {
+                self.partial.push(byte);
+                if self.partial.len() < MAX_LINE {
+                    continue;
+                }
+            }
+            let line = std::mem::take(&mut self.partial);
             let text = String::from_utf8_lossy(&line);
             self.lines
-                .push_back(text.trim_end_matches(['\r', '\n']).to_string());
+                .push_back(text.trim_end_matches('\r').to_string());
         }
-        Ok(())
     }
 
     /// The next complete line, or `None` if none came before `deadline`.
@@ -237,5 +260,42 @@ mod tests {
             text.contains("new line") && !text.contains("old line"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_line_without_end_is_cut_at_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut text = vec![b'x'; MAX_LINE * 2 + 10];
+        text.extend_from_slice(b"\nEND\n");
+        std::fs::write(&path, &text).unwrap();
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let lengths: Vec<usize> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
+            .take(4)
+            .map(|l| l.len())
+            .collect();
+        assert_eq!(lengths, [MAX_LINE, MAX_LINE, 10, 3]);
+    }
+
+    /// virtlogd rotates console.log (renames it, starts a new one): the follower reads the new
+    /// file from its start.
+    #[test]
+    fn follows_a_rotated_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        std::fs::write(&path, "before\n").unwrap();
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            console.next_line(deadline).unwrap().as_deref(),
+            Some("before")
+        );
+        std::fs::rename(&path, dir.path().join("console.log.0")).unwrap();
+        std::fs::write(&path, "after\n").unwrap();
+        let line = console
+            .wait_for("the new file's line", deadline, |l| l == "after")
+            .unwrap();
+        assert_eq!(line, "after");
     }
 }

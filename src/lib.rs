@@ -37,6 +37,7 @@ pub mod console;
 pub mod convert;
 pub mod domain;
 pub mod exit;
+pub mod fuzzing;
 pub mod host;
 pub(crate) mod hotplug;
 pub mod init;
@@ -44,6 +45,7 @@ pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod run;
+pub mod runtime_dir;
 pub mod spec;
 pub(crate) mod volumes;
 

@@ -84,8 +84,7 @@ async fn dispatch(command: Command) -> ExitCode {
             reconnect_timeout,
             qemu_cache_dir,
         } => {
-            let spec_text = run::read_spec(&spec).unwrap_or_default();
-            let spec = match run::load_spec(&spec) {
+            let (spec, spec_text) = match run::load_spec(&spec) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
@@ -133,7 +132,7 @@ async fn dispatch(command: Command) -> ExitCode {
             console_log,
         } => {
             let vmi = match run::load_spec(&spec) {
-                Ok(s) => s,
+                Ok((vmi, _)) => vmi,
                 Err(code) => return code,
             };
             let mut opts = ConvertOptions::new(emulation.resolve(), console_log);

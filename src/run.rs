@@ -21,6 +21,7 @@ use crate::launcher::{LaunchOptions, Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
+pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -89,6 +90,8 @@ struct StopSignals {
     term: Signal,
     int: Signal,
     hup: Signal,
+    /// PID 1 forwards SIGQUIT (init.rs); unhandled it would kill the launcher without a stop.
+    quit: Signal,
 }
 
 impl StopSignals {
@@ -97,6 +100,7 @@ impl StopSignals {
             term: signal(SignalKind::terminate())?,
             int: signal(SignalKind::interrupt())?,
             hup: signal(SignalKind::hangup())?,
+            quit: signal(SignalKind::quit())?,
         })
     }
 
@@ -106,6 +110,7 @@ impl StopSignals {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "interrupted",
             _ = self.hup.recv() => "SIGHUP",
+            _ = self.quit.recv() => "SIGQUIT",
         }
     }
 }
@@ -117,18 +122,14 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         eprintln!("vmlauncher: cannot install signal handlers");
         return ExitCode::Internal;
     };
-    let rt = RuntimeDir(opts.runtime_dir.clone());
-    if let Err(e) = fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&rt.0)
-    {
-        eprintln!(
-            "vmlauncher: cannot create runtime directory {}: {e}",
-            rt.0.display()
-        );
-        return ExitCode::Internal;
-    }
+    // Held until the launcher exits: one launcher per runtime dir.
+    let (rt, _lock) = match RuntimeDir::claim(&opts.runtime_dir) {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::Internal;
+        }
+    };
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let backend = match &opts.connect {
@@ -427,6 +428,11 @@ fn mirror_console(path: PathBuf) {
         };
         let forever = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         while let Ok(Some(line)) = console.next_line(forever) {
+            // The guest's bytes, not its escape sequences: a terminal is not the guest's to drive.
+            let line: String = line
+                .chars()
+                .filter(|c| !c.is_control() || *c == '\t')
+                .collect();
             if writeln!(std::io::stdout().lock(), "[console] {line}").is_err() {
                 return;
             }
@@ -434,40 +440,53 @@ fn mirror_console(path: PathBuf) {
     });
 }
 
-/// Reads a spec file; `-` reads standard input.
-pub fn read_spec(path: &std::path::Path) -> Result<String, std::io::Error> {
-    if path.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin())
-    } else {
-        fs::read_to_string(path)
-    }
+/// Why a spec could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadSpecError {
+    #[error("cannot read it: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    TooLarge(spec::SpecErrors),
 }
 
-/// Parses and validates, printing every problem with its field path.
-pub fn load_spec(path: &std::path::Path) -> Result<Validated, ExitCode> {
-    let text = read_spec(path).map_err(|e| {
-        eprintln!("vmlauncher: cannot read {}: {e}", path.display());
-        ExitCode::BadSpec
-    })?;
-    spec::parse(&text).map_err(|errors| {
+/// Reads a spec once, bounded: a file (its size checked before reading), or `-` standard input
+/// (never more than one byte past the bound).
+pub fn read_spec(path: &Path) -> Result<Vec<u8>, ReadSpecError> {
+    use std::io::Read;
+    let limit = spec::MAX_DOCUMENT_BYTES as u64 + 1;
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(limit)
+            .read_to_end(&mut bytes)?;
+    } else {
+        let file = fs::File::open(path)?;
+        let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+        spec::check_document_size(len).map_err(ReadSpecError::TooLarge)?;
+        file.take(limit).read_to_end(&mut bytes)?;
+    }
+    spec::check_document_size(bytes.len()).map_err(ReadSpecError::TooLarge)?;
+    Ok(bytes)
+}
+
+/// Reads (once), parses and validates, printing every problem with its field path; the spec and
+/// its text.
+pub fn load_spec(path: &Path) -> Result<(Validated, String), ExitCode> {
+    let report = |errors: &spec::SpecErrors| {
         for e in &errors.0 {
             eprintln!("{}: {e}", path.display());
         }
         ExitCode::BadSpec
-    })
-}
-/// Where the launcher keeps what it owns for one VM.
-#[derive(Debug, Clone)]
-pub struct RuntimeDir(pub PathBuf);
-
-impl RuntimeDir {
-    pub fn socket(&self) -> PathBuf {
-        self.0.join("launcher.sock")
-    }
-    pub fn console_log(&self) -> PathBuf {
-        self.0.join("console.log")
-    }
-    pub fn libvirt_dir(&self) -> PathBuf {
-        self.0.join("libvirt")
-    }
+    };
+    let bytes = read_spec(path).map_err(|e| match e {
+        ReadSpecError::TooLarge(errors) => report(&errors),
+        ReadSpecError::Io(e) => {
+            eprintln!("vmlauncher: cannot read {}: {e}", path.display());
+            ExitCode::BadSpec
+        }
+    })?;
+    let validated = spec::parse_bytes(&bytes).map_err(|errors| report(&errors))?;
+    // parse_bytes checked that it is UTF-8.
+    Ok((validated, String::from_utf8(bytes).unwrap_or_default()))
 }

@@ -70,6 +70,17 @@ pub enum ImageFormat {
     Qcow2,
 }
 
+/// Whose bytes an overlay's backing image is, which decides how its format is known (review H1):
+/// never by sniffing what a guest could have written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backing {
+    /// A claim's image is the guest's own disk: always raw, whatever its first bytes say.
+    Claim { block: bool },
+    /// A container disk's image is the image author's: raw, or a qcow2 that refers to no other
+    /// file (checked before use).
+    ContainerDisk,
+}
+
 impl ImageFormat {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -89,7 +100,7 @@ pub enum Preparation {
     /// A qcow2 of this size is created if missing.
     EmptyQcow2 { capacity: u64 },
     /// A fresh qcow2 overlay on `backing` is made on every start (ephemeral by design).
-    Overlay { backing: PathBuf },
+    Overlay { backing: PathBuf, trust: Backing },
     /// A `cidata` ISO with these files is built on every start.
     CloudInit { files: Vec<(String, Vec<u8>)> },
 }
@@ -101,6 +112,21 @@ pub struct ResolvedVolume {
     pub block: bool,
     pub format: ImageFormat,
     pub preparation: Preparation,
+}
+
+impl ResolvedVolume {
+    /// An overlay's backing image when its format is known without reading it (a claim's: raw),
+    /// with whether it is a block device: written as an explicit `<backingStore>`, so that
+    /// libvirt takes the chain from the XML and never from the image.
+    pub fn raw_backing(&self) -> Option<(&Path, bool)> {
+        match &self.preparation {
+            Preparation::Overlay {
+                backing,
+                trust: Backing::Claim { block },
+            } => Some((backing, *block)),
+            _ => None,
+        }
+    }
 }
 
 /// The host path of a filesystem or block claim of volume `name`.
@@ -194,6 +220,7 @@ pub fn resolve_source(
                 format: ImageFormat::Qcow2,
                 preparation: Preparation::Overlay {
                     backing: paths.container_disk_dir.join(format!("disk_{n}.img")),
+                    trust: Backing::ContainerDisk,
                 },
             }
         }
@@ -217,6 +244,7 @@ pub fn resolve_source(
             format: ImageFormat::Qcow2,
             preparation: Preparation::Overlay {
                 backing: claim_path(paths, name, block),
+                trust: Backing::Claim { block },
             },
         },
         VolumeSource::CloudInitNoCloud(ci) => {
@@ -323,7 +351,8 @@ spec:
         assert_eq!(
             r(2).preparation,
             Preparation::Overlay {
-                backing: "/var/run/kubevirt/container-disks/disk_1.img".into()
+                backing: "/var/run/kubevirt/container-disks/disk_1.img".into(),
+                trust: Backing::ContainerDisk,
             }
         );
         assert_eq!(r(1).path, PathBuf::from("/dev/b"));

@@ -178,10 +178,19 @@ pub(crate) async fn edit_volumes(
 }
 
 pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> ExitCode {
-    let text = match run::read_spec(spec) {
-        Ok(t) => t,
+    // The launcher validates; the client only needs text it can send.
+    let text = match run::read_spec(spec).map(String::from_utf8) {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            eprintln!(
+                "{}: (document): not UTF-8 (invalid byte at offset {})",
+                spec.display(),
+                e.utf8_error().valid_up_to()
+            );
+            return ExitCode::BadSpec;
+        }
         Err(e) => {
-            eprintln!("vmlauncher: cannot read {}: {e}", spec.display());
+            eprintln!("{}: {e}", spec.display());
             return ExitCode::BadSpec;
         }
     };

@@ -51,15 +51,30 @@ pub(crate) fn add_volume(spec: &mut SpecValue, name: &str, serial: &str) -> Resu
     if volumes.iter().any(named(name)) {
         return Err(format!("the spec already has a volume {name:?}"));
     }
-    let volume: SpecValue = serde_yaml_ng::from_str(&format!(
-        "{{name: {name}, persistentVolumeClaim: {{claimName: {name}, hotpluggable: true}}}}"
-    ))
-    .map_err(|e| e.to_string())?;
-    volumes.push(volume);
-    let disk: SpecValue = serde_yaml_ng::from_str(&format!(
-        "{{name: {name}, disk: {{bus: scsi}}, serial: {serial:?}}}"
-    ))
-    .map_err(|e| e.to_string())?;
+    // Built as values, never as YAML text: a name or serial is data, whatever it holds (L12).
+    let map = |entries: Vec<(&str, SpecValue)>| {
+        SpecValue::Mapping(
+            entries
+                .into_iter()
+                .map(|(k, v)| (SpecValue::from(k), v))
+                .collect(),
+        )
+    };
+    volumes.push(map(vec![
+        ("name", name.into()),
+        (
+            "persistentVolumeClaim",
+            map(vec![
+                ("claimName", name.into()),
+                ("hotpluggable", true.into()),
+            ]),
+        ),
+    ]));
+    let disk = map(vec![
+        ("name", name.into()),
+        ("disk", map(vec![("bus", "scsi".into())])),
+        ("serial", serial.into()),
+    ]);
     spec_list(root, &["spec", "domain", "devices", "disks"])?.push(disk);
     Ok(())
 }

@@ -434,6 +434,13 @@ fn disks(
             VolumeSource::HostDisk(h) => (false, h.shared == Some(true)),
             _ => (false, false),
         };
+        let raw_backing = resolved.raw_backing().map(|(path, block)| {
+            if block {
+                DiskSource::Block(path.into())
+            } else {
+                DiskSource::File(path.into())
+            }
+        });
         disks.push(DiskDef {
             volume: disk.name.clone(),
             device: match kind {
@@ -447,6 +454,7 @@ fn disks(
                 DiskSource::File(resolved.path)
             },
             format: resolved.format.as_str(),
+            raw_backing,
             bus,
             target,
             serial: disk.serial.clone(),

@@ -282,6 +282,9 @@ pub struct DiskDef {
     pub source: DiskSource,
     /// `raw` or `qcow2`; raw when empty.
     pub format: &'static str,
+    /// A raw image under `source` (an overlay's backing) that ends the chain: libvirt is told the
+    /// chain instead of reading it from the images.
+    pub raw_backing: Option<DiskSource>,
     pub bus: Bus,
     /// Guest target name (`sda`, `vdb`).
     pub target: String,

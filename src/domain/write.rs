@@ -56,11 +56,16 @@ fn alias(w: &mut XmlWriter, name: &str) -> io::Result<()> {
     empty(w, "alias", &[("name", alias.as_str())])
 }
 
-fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
-    let (disk_type, source_attr) = match &disk.source {
+/// The disk `type` and the `<source>` attribute that names `source`.
+fn source_kind(source: &DiskSource) -> (&'static str, &'static str) {
+    match source {
         DiskSource::File(_) => ("file", "file"),
         DiskSource::Block(_) => ("block", "dev"),
-    };
+    }
+}
+
+fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
+    let (disk_type, source_attr) = source_kind(&disk.source);
     let source = disk.source.path().to_string_lossy();
     w.create_element("disk")
         .with_attributes([("type", disk_type), ("device", disk.device.as_str())])
@@ -86,6 +91,17 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
             }
             empty(w, "driver", &driver)?;
             empty(w, "source", &[(source_attr, source.as_ref())])?;
+            if let Some(backing) = &disk.raw_backing {
+                let (backing_type, attr) = source_kind(backing);
+                let path = backing.path().to_string_lossy();
+                w.create_element("backingStore")
+                    .with_attribute(("type", backing_type))
+                    .write_inner_content(|w| {
+                        empty(w, "format", &[("type", "raw")])?;
+                        empty(w, "source", &[(attr, path.as_ref())])?;
+                        empty(w, "backingStore", &[])
+                    })?;
+            }
             empty(
                 w,
                 "target",

@@ -240,13 +240,23 @@ impl BlockDevices {
         self.apply_device_rules(&mut host)
     }
 
+    /// When the domain is gone for good (the launcher exits): every node unlinked, every rule
+    /// revoked, the records emptied — nothing is left for a next launcher to find (review L14).
+    pub fn release_all(&self) {
+        let volumes: Vec<String> = self.lock().nodes.keys().cloned().collect();
+        for volume in volumes {
+            if let Err(e) = self.release(&volume) {
+                tracing::warn!(%volume, error = %crate::error_chain(&e), "cannot release a block volume");
+            }
+        }
+    }
+
     /// After a detach: unlinks the node and revokes the rule of a block volume.
     pub fn release(&self, volume: &str) -> Result<(), BlockHostError> {
         let Some(node) = self.lock().nodes.get(volume).cloned() else {
             return Ok(());
         };
-        let dir = node.path.parent().unwrap_or(Path::new("/"));
-        devnode::remove_node(dir, volume, node.dev)?;
+        devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
         self.forget(volume)
     }
 
@@ -280,18 +290,31 @@ impl BlockDevices {
         Ok(())
     }
 
-    /// At start: takes over the records a previous launcher of this runtime dir left, keeps the
-    /// nodes of the volumes in `live` (what the domain still uses), and cleans the rest.
+    /// At start: takes over what a previous launcher of this runtime dir made. Its records are
+    /// vetted first (review M1: a node only in the hotplug dir, a cgroup only one QEMU is in now);
+    /// missing or unreadable records are rebuilt from the nodes in the hotplug dir of the volumes
+    /// in `live` (what the domain still uses), so their devices stay allowed (KubeVirt #10689).
+    /// Nodes of volumes the domain no longer uses are removed.
     pub fn adopt(&self, live: &BTreeSet<String>) {
         let records = match Records::load(&self.roots.records) {
             Ok(r) => r,
             Err(e) => {
-                tracing::warn!(error = %crate::error_chain(&e), "ignoring unreadable hotplug records");
-                return;
+                tracing::warn!(error = %crate::error_chain(&e), "unreadable hotplug records: rebuilding them from the live domain");
+                self.keep_unreadable_records();
+                self.records_from_nodes(live)
             }
         };
-        if records == Records::default() {
-            return;
+        let qemu_cgroups: BTreeSet<DeviceCgroup> = qemu_device_cgroups(
+            &self.roots.qemu_pid_file,
+            &self.roots.proc_root,
+            &self.roots.cgroup_roots,
+        )
+        .map(|found| found.into_iter().collect())
+        .unwrap_or_default();
+        let (records, dropped) =
+            records.vetted(&self.roots.hotplug_dir, |c| qemu_cgroups.contains(c));
+        for why in dropped {
+            tracing::warn!(%why, "ignoring a hotplug record");
         }
         let mut host = self.lock();
         host.applied = records.cgroups.into_iter().collect();
@@ -300,8 +323,7 @@ impl BlockDevices {
             if live.contains(&volume) {
                 host.nodes.insert(volume, node);
             } else {
-                let dir = node.path.parent().unwrap_or(Path::new("/"));
-                match devnode::remove_node(dir, &volume, node.dev) {
+                match devnode::remove_node(&self.roots.hotplug_dir, &volume, node.dev) {
                     Ok(()) => {
                         tracing::info!(%volume, path = %node.path.display(), "removed a stale node")
                     }
@@ -311,8 +333,40 @@ impl BlockDevices {
                 }
             }
         }
+        if host.nodes.is_empty() && host.applied.is_empty() {
+            return;
+        }
         if let Err(e) = self.apply_device_rules(&mut host) {
             tracing::warn!(error = %crate::error_chain(&e), "cannot restore the device rules");
+        }
+    }
+
+    /// Records of the block nodes in the hotplug dir named after a volume in `live`.
+    fn records_from_nodes(&self, live: &BTreeSet<String>) -> Records {
+        let mut records = Records::default();
+        for volume in live {
+            if devnode::check_name(volume).is_err() {
+                continue;
+            }
+            let path = self.roots.hotplug_dir.join(volume);
+            let is_node = fs::symlink_metadata(&path)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+            if let (true, Ok(dev)) = (is_node, devnode::device_of(&path)) {
+                records
+                    .nodes
+                    .insert(volume.clone(), NodeRecord { path, dev });
+            }
+        }
+        records
+    }
+
+    /// Moves unreadable records aside (`.bak`) for whoever investigates; the next save writes
+    /// the rebuilt ones.
+    fn keep_unreadable_records(&self) {
+        let mut bak = self.roots.records.clone().into_os_string();
+        bak.push(".bak");
+        if let Err(e) = fs::rename(&self.roots.records, &bak) {
+            tracing::warn!(error = %e, "cannot keep the unreadable hotplug records");
         }
     }
 }
@@ -491,6 +545,88 @@ mod tests {
         fs::write(host.path("records.json"), "{").unwrap();
         devices.adopt(&BTreeSet::new());
         assert!(devices.nodes().is_empty());
+    }
+
+    #[test]
+    fn release_all_leaves_nothing() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.plug("a", LOOP1).unwrap().keep();
+        devices.plug("b", LOOP2).unwrap().keep();
+        devices.release_all();
+        assert!(devices.nodes().is_empty());
+        assert!(fs::symlink_metadata(host.path("hotplug/a")).is_err());
+        assert!(fs::symlink_metadata(host.path("hotplug/b")).is_err());
+        assert!(host.records().nodes.is_empty());
+        assert!(host
+            .records()
+            .cgroups
+            .iter()
+            .all(|(_, devices)| devices.is_empty()));
+    }
+
+    /// Review M1: records written by someone else name a node outside the hotplug dir and a
+    /// cgroup QEMU is not in; the launcher unlinks neither and writes no rule there.
+    #[test]
+    fn hostile_records_are_not_obeyed() {
+        let host = Host::new();
+        let outside = host.path("outside");
+        fs::create_dir_all(&outside).unwrap();
+        let victim =
+            devnode::make_node(&outside, "sda", BOOT, NodeOwner { uid: 0, gid: 0 }).unwrap();
+        victim.keep();
+        let elsewhere = host.path("devices/other");
+        fs::create_dir_all(&elsewhere).unwrap();
+        for f in ["devices.allow", "devices.deny"] {
+            fs::write(elsewhere.join(f), "").unwrap();
+        }
+        let hostile = Records {
+            nodes: [(
+                "sda".to_string(),
+                NodeRecord {
+                    path: outside.join("sda"),
+                    dev: BOOT,
+                },
+            )]
+            .into(),
+            cgroups: vec![(DeviceCgroup::V1(elsewhere.clone()), [BOOT].into())],
+            programs: Default::default(),
+        };
+        hostile.save(&host.path("records.json")).unwrap();
+
+        let devices = BlockDevices::new(host.roots());
+        devices.adopt(&BTreeSet::new());
+        assert!(
+            fs::symlink_metadata(outside.join("sda")).is_ok(),
+            "not unlinked"
+        );
+        assert_eq!(
+            fs::read_to_string(elsewhere.join("devices.deny")).unwrap(),
+            ""
+        );
+        assert!(devices.nodes().is_empty());
+    }
+
+    /// Review M1 / KubeVirt #10689: with the records lost, a restarted launcher still knows the
+    /// live volume's node and keeps its device allowed; the bad file is kept aside.
+    #[test]
+    fn corrupt_records_are_rebuilt_from_the_live_volumes_nodes() {
+        let host = Host::new();
+        let before = BlockDevices::new(host.roots());
+        before.plug("live", LOOP1).unwrap().keep();
+        drop(before);
+        fs::write(host.path("records.json"), "{").unwrap();
+        fs::write(host.cgroup().join("devices.allow"), "").unwrap();
+
+        let after = BlockDevices::new(host.roots());
+        after.adopt(&["live".to_string()].into());
+        assert_eq!(after.nodes(), [("live".to_string(), LOOP1)].into());
+        assert_eq!(host.written("devices.allow"), "b 7:1 rwm");
+        assert_eq!(
+            fs::read_to_string(host.path("records.json.bak")).unwrap(),
+            "{"
+        );
+        assert_eq!(host.records().nodes["live"].dev, LOOP1);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{open, AtFlags, OFlag};
-use nix::sys::stat::{fchmodat, fstatat, makedev, mknodat, FchmodatFlags, Mode, SFlag};
+use nix::sys::stat::{fstatat, makedev, mknodat, Mode, SFlag};
 use nix::unistd::{fchownat, unlinkat, Gid, Uid, UnlinkatFlags};
 
 /// A block device number.
@@ -310,8 +310,8 @@ pub fn make_node(
         dev,
         source,
     };
-    match node_at(&dirfd, name).map_err(mknod_err)? {
-        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => {}
+    let created = match node_at(&dirfd, name).map_err(mknod_err)? {
+        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => false,
         Some(_) => return Err(DevNodeError::Occupied { path, dev }),
         None => mknodat(
             dirfd.as_fd(),
@@ -320,14 +320,16 @@ pub fn make_node(
             Mode::from_bits_truncate(0o660),
             dev.rdev(),
         )
+        .map(|()| true)
         .map_err(mknod_err)?,
-    }
-    // From here on the node is ours to remove if anything fails.
+    };
+    // From here on a node made here is ours to remove if anything fails; one that was there
+    // already is left as it was found (review L2).
     let guard = NodeGuard {
         dir: dir.into(),
         name: name.into(),
         dev,
-        armed: true,
+        armed: created,
     };
     let own_err = |source| DevNodeError::Own {
         path: path.clone(),
@@ -343,19 +345,28 @@ pub fn make_node(
         AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map_err(own_err)?;
-    // mknod applied the umask. Linux cannot chmod without following a symlink, so check that
-    // the name is still our block node first (only root can write the hotplug dir).
-    match node_at(&dirfd, name).map_err(own_err)? {
-        Some((kind, rdev)) if kind == SFlag::S_IFBLK && rdev == dev.rdev() => {}
-        _ => return Err(DevNodeError::Occupied { path, dev }),
-    }
-    fchmodat(
+    // mknod applied the umask. Linux cannot chmod a name without following a symlink, so the
+    // node is pinned first (O_PATH, no follow), checked through that fd, and chmod'ed through
+    // /proc/self/fd: whatever is renamed into its place meanwhile is never touched (review L2).
+    let pinned = nix::fcntl::openat(
         dirfd.as_fd(),
         name,
-        Mode::from_bits_truncate(0o660),
-        FchmodatFlags::FollowSymlink,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
     )
     .map_err(own_err)?;
+    let stat = nix::sys::stat::fstat(&pinned).map_err(own_err)?;
+    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFBLK
+        || stat.st_rdev != dev.rdev()
+    {
+        return Err(DevNodeError::Occupied { path, dev });
+    }
+    let through_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));
+    std::fs::set_permissions(
+        through_fd,
+        std::os::unix::fs::PermissionsExt::from_mode(0o660),
+    )
+    .map_err(|e| own_err(Errno::from_raw(e.raw_os_error().unwrap_or(0))))?;
     Ok(guard)
 }
 
@@ -401,6 +412,19 @@ mod tests {
 
     const LOOP0: DevNumber = DevNumber { major: 7, minor: 0 };
     const ROOT: NodeOwner = NodeOwner { uid: 0, gid: 0 };
+
+    /// Review L2: a node that was there before is not the launcher's to remove when the plug
+    /// it was taken for is undone.
+    #[test]
+    fn an_undone_plug_leaves_a_node_it_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let hp = dir.path().join("hotplug");
+        make_node(&hp, "vol-a", LOOP0, ROOT).unwrap().keep();
+        drop(make_node(&hp, "vol-a", LOOP0, ROOT).unwrap());
+        assert!(std::fs::symlink_metadata(hp.join("vol-a")).is_ok());
+        drop(make_node(&hp, "vol-b", LOOP0, ROOT).unwrap());
+        assert!(std::fs::symlink_metadata(hp.join("vol-b")).is_err());
+    }
 
     #[test]
     fn makes_a_0660_block_node_and_removes_it() {

@@ -13,17 +13,18 @@ pub mod caps;
 pub mod cgroup;
 pub mod cpus;
 pub(crate) mod devnode;
+pub(crate) mod image_check;
 pub(crate) mod records;
 pub(crate) mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::volumes::{HostPaths, Preparation, ResolvedVolume};
+use crate::volumes::{Backing, HostPaths, Preparation, ResolvedVolume};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -36,6 +37,11 @@ pub enum HostError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+    #[error("{path}: {problem}")]
+    UnsafeImage {
+        path: PathBuf,
+        problem: image_check::ImageProblem,
     },
     #[error("cannot inspect {path}")]
     Inspect {
@@ -66,6 +72,7 @@ impl HostError {
             HostError::NotADisk { .. } => "NotADisk",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
+            HostError::UnsafeImage { .. } => "UnsafeImage",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
         }
     }
@@ -112,8 +119,13 @@ pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostErr
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
 /// and the one for EFI variables, which libvirt fills from the template but does not create.
 pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
+    // 0700: cloud-init user data (secrets) and overlays live here (review L10).
     for dir in [paths.private_dir.clone(), paths.private_dir.join("nvram")] {
-        fs::create_dir_all(&dir).map_err(|source| HostError::Create { path: dir, source })?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|source| HostError::Create { path: dir, source })?;
     }
     Ok(())
 }
@@ -132,9 +144,9 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
             make_parent(path)?;
             create_qcow2(path, *capacity, None)
         }
-        Preparation::Overlay { backing } => {
+        Preparation::Overlay { backing, trust } => {
             prepare_host_disk(backing, None)?;
-            let (format, size) = image_info(backing)?;
+            let (format, size) = backing_info(backing, *trust)?;
             make_parent(path)?;
             // Ephemeral by design: every start begins from the image, as KubeVirt's do.
             match fs::remove_file(path) {
@@ -192,20 +204,30 @@ const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
 const CLUSTER_BITS: u32 = 16;
 const CLUSTER: u64 = 1 << CLUSTER_BITS;
 
-/// The format of an image (`raw` or `qcow2`) and its virtual size, read from its first bytes, so
-/// an overlay names its backing format and QEMU never has to guess it.
-fn image_info(path: &Path) -> Result<(&'static str, u64), HostError> {
+/// The format and virtual size of an overlay's backing image, as `trust` allows knowing them: a
+/// claim is raw, always; a container disk's header is read, and refused when it points anywhere.
+fn backing_info(path: &Path, trust: Backing) -> Result<(&'static str, u64), HostError> {
     use std::io::{Read, Seek, SeekFrom};
     let inspect = |source| HostError::Inspect {
         path: path.into(),
         source,
     };
     let mut file = fs::File::open(path).map_err(inspect)?;
-    let mut header = [0u8; 32];
-    let read = file.read(&mut header).map_err(inspect)?;
-    if read >= 32 && &header[..4] == QCOW2_MAGIC {
-        let size = u64::from_be_bytes(header[24..32].try_into().expect("8 bytes"));
-        return Ok(("qcow2", size));
+    if trust == Backing::ContainerDisk {
+        let mut header = Vec::with_capacity(image_check::HEADER_BYTES);
+        (&mut file)
+            .take(image_check::HEADER_BYTES as u64)
+            .read_to_end(&mut header)
+            .map_err(inspect)?;
+        let format = image_check::container_disk_format(&header).map_err(|problem| {
+            HostError::UnsafeImage {
+                path: path.into(),
+                problem,
+            }
+        })?;
+        if let image_check::Format::Qcow2 { virtual_size } = format {
+            return Ok(("qcow2", virtual_size));
+        }
     }
     // A block device's length is where its end is, not its metadata's.
     let size = file.seek(SeekFrom::End(0)).map_err(inspect)?;
@@ -226,11 +248,14 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
     let l1_clusters = (l1_entries * 8).div_ceil(CLUSTER);
     let (refcount_table, refcount_block, l1_table) = (CLUSTER, 2 * CLUSTER, 3 * CLUSTER);
     let clusters = 3 + l1_clusters;
-    // One refcount block (16-bit entries) counts 32,768 clusters: far more than the metadata.
-    assert!(
-        clusters < CLUSTER / 2,
-        "an L1 table that large needs more refcount blocks"
-    );
+    // One refcount block (16-bit entries) counts 32,768 clusters: the metadata of any size up to
+    // the spec's 2Pi capacity bound takes 515 (review M5: refused, never a panic).
+    if clusters >= CLUSTER / 2 {
+        return Err(create(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{size} bytes is too large for a qcow2 the launcher writes"),
+        )));
+    }
 
     let mut header = Vec::with_capacity(512);
     let backing_name = backing.map(|(p, _)| p.to_string_lossy().into_owned());
@@ -283,10 +308,15 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
         let at = refcount_block as usize + cluster * 2;
         image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
     }
-    // Written aside and renamed: a half-written image is never used.
-    let tmp = path.with_extension("qcow2.tmp");
-    fs::write(&tmp, &image).map_err(create)?;
-    fs::rename(&tmp, path).map_err(create)
+    // Written aside under a fresh random name (O_EXCL: never through a planted symlink, review
+    // H2) and renamed: a half-written image is never used.
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".qcow2-")
+        .tempfile_in(path.parent().unwrap_or(Path::new(".")))
+        .map_err(create)?;
+    io::Write::write_all(&mut tmp, &image).map_err(create)?;
+    tmp.persist(path).map_err(|e| create(e.error))?;
+    Ok(())
 }
 
 /// Builds the NoCloud ISO: volume label `cidata`, the given files at its root. Written next to
@@ -313,6 +343,8 @@ fn build_cidata(path: &Path, files: &[(String, Vec<u8>)]) -> Result<(), HostErro
         cmd.arg(staging.path().join(name));
     }
     run_tool("genisoimage", path, &mut cmd)?;
+    // User data may hold secrets: only root (QEMU runs as root) reads the ISO (review L10).
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(create)?;
     fs::rename(&tmp, path).map_err(create)
 }
 
@@ -358,7 +390,10 @@ mod tests {
             Preparation::EmptyQcow2 { capacity: 3 << 20 },
         ))
         .unwrap();
-        assert_eq!(image_info(&empty).unwrap(), ("qcow2", 3 << 20));
+        assert_eq!(
+            backing_info(&empty, Backing::ContainerDisk).unwrap(),
+            ("qcow2", 3 << 20)
+        );
         assert_eq!(fs::metadata(&empty).unwrap().len(), 4 * CLUSTER);
 
         let base = dir.path().join("base.img");
@@ -368,12 +403,16 @@ mod tests {
             overlay.clone(),
             Preparation::Overlay {
                 backing: base.clone(),
+                trust: Backing::Claim { block: false },
             },
         );
         prepare_volume(&volume).unwrap();
         prepare_volume(&volume).unwrap();
-        assert_eq!(image_info(&overlay).unwrap(), ("qcow2", 5 << 20));
         let bytes = fs::read(&overlay).unwrap();
+        assert_eq!(
+            u64::from_be_bytes(bytes[24..32].try_into().unwrap()),
+            5 << 20
+        );
         let name = base.to_string_lossy();
         let offset = u64::from_be_bytes(bytes[8..16].try_into().unwrap()) as usize;
         assert_eq!(&bytes[offset..offset + name.len()], name.as_bytes());
@@ -386,12 +425,55 @@ mod tests {
             dir.path().join("x.qcow2"),
             Preparation::Overlay {
                 backing: dir.path().join("nope.img"),
+                trust: Backing::Claim { block: false },
             },
         );
         assert_eq!(
             prepare_volume(&missing).unwrap_err().reason(),
             "SourceNotFound"
         );
+    }
+
+    /// Review H1: a qcow2 header that points at a host file is refused in a container disk's
+    /// image, and is just data in a claim's (the guest wrote it; the overlay reads it as raw).
+    #[test]
+    fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
+        let dir = tempfile::tempdir().unwrap();
+        // What the launcher writes on top of a backing is exactly such an image.
+        let base = dir.path().join("base.img");
+        fs::File::create(&base).unwrap().set_len(1 << 20).unwrap();
+        let pointing = dir.path().join("pointing.qcow2");
+        create_qcow2(&pointing, 1 << 20, Some((&base, "raw"))).unwrap();
+
+        let container_disk = resolved(
+            dir.path().join("cd.qcow2"),
+            Preparation::Overlay {
+                backing: pointing.clone(),
+                trust: Backing::ContainerDisk,
+            },
+        );
+        let err = prepare_volume(&container_disk).unwrap_err();
+        assert_eq!(err.reason(), "UnsafeImage");
+        assert!(err.to_string().contains("backing file"), "{err}");
+        assert!(!dir.path().join("cd.qcow2").exists());
+
+        let claim = resolved(
+            dir.path().join("claim-overlay.qcow2"),
+            Preparation::Overlay {
+                backing: pointing.clone(),
+                trust: Backing::Claim { block: false },
+            },
+        );
+        prepare_volume(&claim).unwrap();
+        let bytes = fs::read(dir.path().join("claim-overlay.qcow2")).unwrap();
+        // The backing format extension (0xe2792aca) says raw: 4 bytes of length, then the name.
+        let ext = bytes
+            .windows(4)
+            .position(|w| w == [0xe2, 0x79, 0x2a, 0xca])
+            .unwrap();
+        assert_eq!(&bytes[ext + 8..ext + 11], b"raw");
+        let size = fs::metadata(&pointing).unwrap().len();
+        assert_eq!(u64::from_be_bytes(bytes[24..32].try_into().unwrap()), size);
     }
 
     /// QEMU itself opens what `create_qcow2` writes, with the size and backing file we meant.

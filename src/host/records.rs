@@ -1,7 +1,10 @@
 //! What the launcher made on the host for hot-plugged block volumes (device nodes, cgroup rules),
 //! recorded in a small JSON file in the runtime dir. A launcher that restarts reads it to know
 //! what is its own: it keeps what the live domain still uses and cleans the rest. Written
-//! atomically (a temp file renamed over the old one), so a crash leaves the old or the new record.
+//! atomically and durably (a synced temp file renamed over the old one, then the dir synced), so a
+//! crash or a power cut leaves the old or the new record. Whoever could write the runtime dir could
+//! write this file too, so what it says is vetted before it is obeyed ([`Records::vetted`]): a node
+//! only inside the hotplug dir, a cgroup only one the caller vouches for.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -24,6 +27,8 @@ pub enum RecordsError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("the hotplug records {path} are {len} bytes, at most {MAX_RECORDS_BYTES}")]
+    TooLarge { path: PathBuf, len: u64 },
     #[error("cannot write the hotplug records {path}")]
     Write {
         path: PathBuf,
@@ -39,7 +44,11 @@ pub struct NodeRecord {
     pub dev: DevNumber,
 }
 
+/// A record per hot-plugged block volume, a few per cgroup: far below this for 256 volumes.
+pub const MAX_RECORDS_BYTES: u64 = 1 << 20;
+
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Records {
     /// Hot-plugged block volumes by name.
     pub nodes: BTreeMap<String, NodeRecord>,
@@ -52,20 +61,87 @@ pub struct Records {
 impl Records {
     /// The records at `path`; none yet is an empty record.
     pub fn load(path: &Path) -> Result<Records, RecordsError> {
-        let text = match std::fs::read(path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Records::default()),
-            Err(source) => {
-                return Err(RecordsError::Read {
-                    path: path.into(),
-                    source,
-                })
-            }
+        use std::io::Read;
+        let read_err = |source| RecordsError::Read {
+            path: path.into(),
+            source,
         };
-        serde_json::from_slice(&text).map_err(|source| RecordsError::Parse {
+        let file = match std::fs::File::open(path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Records::default()),
+            Err(source) => return Err(read_err(source)),
+        };
+        let mut text = Vec::new();
+        file.take(MAX_RECORDS_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(read_err)?;
+        if text.len() as u64 > MAX_RECORDS_BYTES {
+            return Err(RecordsError::TooLarge {
+                path: path.into(),
+                len: text.len() as u64,
+            });
+        }
+        Records::parse(&text).map_err(|source| RecordsError::Parse {
             path: path.into(),
             source,
         })
+    }
+
+    /// The records in `text`, unvetted.
+    pub fn parse(text: &[u8]) -> Result<Records, serde_json::Error> {
+        serde_json::from_slice(text)
+    }
+
+    /// What of these records a launcher may act on: a node only if it is `hotplug_dir/<volume>`
+    /// for a plain volume name (no `/`, `.` or `..`: the records must never make the launcher
+    /// unlink `/dev/sda`), a cgroup only if `owned` vouches for it (under a detected cgroup root,
+    /// not the root, QEMU's), a program only for a kept cgroup v2. The rest is returned apart, for
+    /// the log.
+    pub fn vetted(
+        self,
+        hotplug_dir: &Path,
+        owned: impl Fn(&DeviceCgroup) -> bool,
+    ) -> (Records, Vec<String>) {
+        let mut dropped = Vec::new();
+        let mut kept = Records::default();
+        for (volume, node) in self.nodes {
+            let plain = !volume.is_empty()
+                && volume != "."
+                && volume != ".."
+                && !volume.contains('/')
+                && !volume.contains('\0');
+            if plain && node.path == hotplug_dir.join(&volume) {
+                kept.nodes.insert(volume, node);
+            } else {
+                dropped.push(format!(
+                    "node {} for volume {volume:?}: not in {}",
+                    node.path.display(),
+                    hotplug_dir.display()
+                ));
+            }
+        }
+        for (cgroup, devices) in self.cgroups {
+            if owned(&cgroup) {
+                kept.cgroups.push((cgroup, devices));
+            } else {
+                dropped.push(format!("cgroup {}: not QEMU's", cgroup.path().display()));
+            }
+        }
+        for (dir, program) in self.programs {
+            let ours = kept
+                .cgroups
+                .iter()
+                .any(|(c, _)| matches!(c, DeviceCgroup::V2(p) if *p == dir));
+            if ours {
+                kept.programs.insert(dir, program);
+            } else {
+                dropped.push(format!(
+                    "device program {program} on {}: not a kept cgroup",
+                    dir.display()
+                ));
+            }
+        }
+        (kept, dropped)
     }
 
     pub fn save(&self, path: &Path) -> Result<(), RecordsError> {
@@ -75,9 +151,14 @@ impl Records {
         };
         let dir = path.parent().unwrap_or(Path::new("."));
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(write_err)?;
-        let json = serde_json::to_vec_pretty(self).expect("records serialize");
+        let json = serde_json::to_vec_pretty(self).map_err(|e| write_err(e.into()))?;
         tmp.write_all(&json).map_err(write_err)?;
+        tmp.as_file().sync_all().map_err(write_err)?;
         tmp.persist(path).map_err(|e| write_err(e.error))?;
+        // The rename is durable only once the directory entry is.
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(write_err)?;
         Ok(())
     }
 }
@@ -115,5 +196,56 @@ mod tests {
             Records::load(&path),
             Err(RecordsError::Parse { .. })
         ));
+        std::fs::write(&path, vec![b' '; MAX_RECORDS_BYTES as usize + 1]).unwrap();
+        assert!(matches!(
+            Records::load(&path),
+            Err(RecordsError::TooLarge { len, .. }) if len == MAX_RECORDS_BYTES + 1
+        ));
+    }
+
+    #[test]
+    fn vetting_keeps_only_nodes_in_the_hotplug_dir_and_vouched_cgroups() {
+        let text = br#"{
+            "nodes": {
+                "a": {"path": "/hp/a", "dev": {"major": 7, "minor": 1}},
+                "sda": {"path": "/dev/sda", "dev": {"major": 8, "minor": 0}},
+                "..": {"path": "/hp/..", "dev": {"major": 8, "minor": 0}},
+                "b": {"path": "/hp/c", "dev": {"major": 7, "minor": 2}}
+            },
+            "cgroups": [
+                [{"V1": "/sys/fs/cgroup/devices/machine/qemu-1"}, [{"major": 7, "minor": 1}]],
+                [{"V2": "/sys/fs/cgroup/unified"}, []],
+                [{"V2": "/sys/fs/cgroup/unified/qemu"}, []]
+            ],
+            "programs": {"/sys/fs/cgroup/unified": 9, "/sys/fs/cgroup/unified/qemu": 10}
+        }"#;
+        let records = Records::parse(text).unwrap();
+        let roots = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup/devices"];
+        let (kept, dropped) = records.vetted(Path::new("/hp"), |c| {
+            !roots.iter().any(|r| c.path() == Path::new(r))
+        });
+        assert_eq!(kept.nodes.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(
+            kept.cgroups
+                .iter()
+                .map(|(c, _)| c.path().to_str().unwrap())
+                .collect::<Vec<_>>(),
+            [
+                "/sys/fs/cgroup/devices/machine/qemu-1",
+                "/sys/fs/cgroup/unified/qemu"
+            ]
+        );
+        assert_eq!(
+            kept.programs,
+            [(PathBuf::from("/sys/fs/cgroup/unified/qemu"), 10)].into()
+        );
+        assert_eq!(dropped.len(), 5, "{dropped:#?}");
+    }
+
+    #[test]
+    fn unknown_fields_are_not_records() {
+        assert!(
+            Records::parse(br#"{"nodes": {}, "cgroups": [], "programs": {}, "x": 1}"#).is_err()
+        );
     }
 }

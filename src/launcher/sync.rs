@@ -127,7 +127,7 @@ impl Launcher {
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
         let interrupt_generation = *self.interrupt.borrow();
-        let vmi = spec::parse(&input.spec)?;
+        let vmi = spec::parse_bytes(input.spec.as_bytes())?;
         let held = self.block.nodes();
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();

@@ -375,7 +375,10 @@ impl Launcher {
         self.closing.send_replace(true);
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.undefine(&n)).await {
-            Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {}
+            Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
+                // A few unlinks and cgroup writes, once, as the launcher exits.
+                self.block.release_all();
+            }
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")
             }

@@ -97,7 +97,8 @@ impl DaemonProcess {
     fn is_alive(&self) -> bool {
         match &self.exited {
             Some(flag) => !*flag.0.lock().expect("exit flag"),
-            None => process_alive(self.pid),
+            // An adopted pid may have been reused by anything since (review L5).
+            None => process_alive(self.pid) && runs_program(self.pid, self.name),
         }
     }
 
@@ -203,7 +204,7 @@ impl PrivateDaemon {
             .trim()
             .parse()
             .ok()?;
-        if !process_alive(pid) || !answers(self) {
+        if !process_alive(pid) || !runs_program(pid, name) || !answers(self) {
             return None;
         }
         tracing::info!(daemon = name, pid, "adopted the running private daemon");
@@ -508,6 +509,16 @@ fn answers(uri: &str) -> bool {
     }
 }
 
+/// Process `pid` runs the program `name` (its executable's file name; ` (deleted)` after an
+/// upgrade still counts).
+fn runs_program(pid: i32, name: &str) -> bool {
+    fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
+        exe.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == name || n.strip_prefix(name) == Some(" (deleted)"))
+    })
+}
+
 /// The process exists and is not a zombie.
 pub fn process_alive(pid: i32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -565,4 +576,19 @@ swtpm_user = "root"
 swtpm_group = "root"
 {cgroups}"#
     )
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::*;
+
+    #[test]
+    fn a_pid_is_taken_for_a_daemon_only_if_it_runs_that_program() {
+        let me = std::process::id() as i32;
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_str().unwrap();
+        assert!(runs_program(me, name));
+        assert!(!runs_program(me, "libvirtd"));
+        assert!(!runs_program(i32::MAX, "libvirtd"));
+    }
 }

@@ -282,3 +282,32 @@ mod tests {
         assert!(!looks_like_uuid("ga1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c3"));
     }
 }
+
+/// Why a host path from a spec is refused (review L9: the launcher opens and creates it as root).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostPathError {
+    #[error("{path:?} has a \"..\" component")]
+    Parent { path: String },
+    #[error("{path:?} is under {dir}, the host's own files (the launcher acts as root)")]
+    System { path: String, dir: &'static str },
+}
+
+/// Where no spec may point: the kernel's and the host's configuration and secrets.
+pub const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/root"];
+/// Where no disk image belongs either: the host's programs and boot files.
+pub const PROGRAM_DIRS: &[&str] = &["/boot", "/bin", "/sbin", "/lib", "/lib64", "/usr"];
+
+/// An absolute host path that stays out of `denied` (each a directory, as in [`SYSTEM_DIRS`]).
+pub fn check_host_path(path: &str, denied: &[&'static str]) -> Result<(), HostPathError> {
+    let p = std::path::Path::new(path);
+    if p.components().any(|c| c == std::path::Component::ParentDir) {
+        return Err(HostPathError::Parent { path: path.into() });
+    }
+    match denied.iter().find(|dir| p.starts_with(dir)) {
+        Some(dir) => Err(HostPathError::System {
+            path: path.into(),
+            dir,
+        }),
+        None => Ok(()),
+    }
+}

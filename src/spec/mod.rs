@@ -15,6 +15,7 @@
 //! - [`Validated`]: an instance that passed; the only thing `convert` takes.
 
 mod checks;
+mod document;
 pub mod model;
 mod parse;
 mod problem;
@@ -24,14 +25,18 @@ mod validate;
 use std::ops::Deref;
 
 pub use checks::{
-    check_dns1123_label, check_dns1123_subdomain, check_mac, check_serial, check_volume_name,
-    decode_base64, looks_like_uuid, Base64Error, MacError, NameError, SerialError,
-    MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN, MAX_VIRTIO_SERIAL_LEN,
+    check_dns1123_label, check_dns1123_subdomain, check_host_path, check_mac, check_serial,
+    check_volume_name, decode_base64, looks_like_uuid, Base64Error, HostPathError, MacError,
+    NameError, SerialError, MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN, MAX_VIRTIO_SERIAL_LEN,
 };
+pub use document::{MAX_DOCUMENT_BYTES, MAX_VALUES};
 pub use model::*;
 pub use problem::{FieldError, Problem, SpecErrors};
 pub use quantity::{Quantity, QuantityError};
-pub use validate::{guest_memory, is_known_machine, resource_cpus, validate};
+pub use validate::{
+    guest_memory, is_known_machine, resource_cpus, validate, MAX_CAPACITY, MAX_DISKS, MAX_VCPUS,
+    MAX_VOLUMES,
+};
 
 #[cfg(test)]
 mod tests;
@@ -81,6 +86,16 @@ impl Deref for Validated {
     fn deref(&self) -> &VirtualMachineInstance {
         &self.vmi
     }
+}
+
+/// A document of `len` bytes is not too large to read.
+pub fn check_document_size(len: usize) -> Result<(), SpecErrors> {
+    Ok(document::check_size(len)?)
+}
+
+/// [`parse`] of bytes from outside: at most [`MAX_DOCUMENT_BYTES`] of UTF-8.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Validated, SpecErrors> {
+    parse(document::text_of(bytes)?)
 }
 
 /// Parses a VMI (or a VirtualMachine's template) from YAML or JSON text and validates it.

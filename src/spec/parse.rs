@@ -54,10 +54,6 @@ struct TemplateMeta {
     creation_timestamp: Ignored,
 }
 
-fn document_error(message: String) -> SpecErrors {
-    SpecErrors::one("(document)", Problem::Syntax { message })
-}
-
 fn from_value<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, SpecErrors> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
@@ -77,12 +73,8 @@ fn from_value<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Resul
 
 /// The instance, and whether it came from a VirtualMachine's template.
 pub(super) fn parse_manifest(text: &str) -> Result<(VirtualMachineInstance, bool), SpecErrors> {
-    let looks_like_json = text.trim_start().starts_with('{');
-    let value: serde_json::Value = if looks_like_json {
-        serde_json::from_str(text).map_err(|e| document_error(e.to_string()))?
-    } else {
-        serde_yaml_ng::from_str(text).map_err(|e| document_error(e.to_string()))?
-    };
+    // Bounded: size, values after alias expansion, no duplicate keys (see `document`).
+    let value = super::document::read(text)?;
     if !value.is_object() {
         return Err(SpecErrors::one("(document)", Problem::NotAnObject));
     }

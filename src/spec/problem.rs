@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use super::checks::{Base64Error, MacError, NameError, SerialError};
+use super::checks::{Base64Error, HostPathError, MacError, NameError, SerialError};
 use super::quantity::QuantityError;
 
 /// One problem with one field. Messages are lowercase, without a trailing period, and quote the
@@ -59,6 +59,18 @@ pub enum Problem {
     AtLeast { min: u64 },
     #[error("must be more than 0")]
     Zero,
+    /// `300 disks, at most 256`.
+    #[error("{count} {what}, at most {max}")]
+    TooMany {
+        count: usize,
+        what: &'static str,
+        max: usize,
+    },
+    /// `200Pi is more than 2Pi`.
+    #[error("{value} is more than {max}")]
+    TooLarge { value: String, max: &'static str },
+    #[error("control character U+{:04X}", u32::from(*.ch))]
+    ControlCharacter { ch: char },
     #[error("{path:?} must be an absolute path")]
     NotAbsolute { path: String },
     #[error("duplicate {what} name {name:?}")]
@@ -87,8 +99,13 @@ pub enum Problem {
     Mac(#[from] MacError),
     #[error(transparent)]
     Base64(#[from] Base64Error),
+    #[error(transparent)]
+    HostPath(#[from] HostPathError),
 
     // Memory and CPU.
+    /// `70000 vCPUs (sockets × cores × threads), at most 288`.
+    #[error("{count} vCPUs{from}, at most {}", super::validate::MAX_VCPUS)]
+    TooManyVcpus { count: u128, from: &'static str },
     #[error("{bytes} bytes is too little memory for a guest (at least 1Mi)")]
     TooLittleMemory { bytes: u64 },
     #[error("guest memory is required (spec.domain.memory.guest or resources.requests.memory)")]

@@ -68,7 +68,8 @@ impl Quantity {
             .parse()
             .map_err(|_| QuantityError::NotANumber { text: text.into() })?;
         let total = value * multiplier;
-        if !total.is_finite() || total < 0.0 || total > u64::MAX as f64 {
+        // u64::MAX as f64 rounds up to 2^64, which is itself out of range (16Ei).
+        if !total.is_finite() || total < 0.0 || total >= u64::MAX as f64 {
             return Err(QuantityError::OutOfRange { text: text.into() });
         }
         Ok(total)

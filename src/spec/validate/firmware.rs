@@ -1,7 +1,7 @@
 //! `spec.domain.machine`, `.firmware`, `.features` and `.clock`.
 
 use super::Problems;
-use crate::spec::checks::looks_like_uuid;
+use crate::spec::checks::{check_host_path, looks_like_uuid, SYSTEM_DIRS};
 use crate::spec::model::DomainSpec;
 use crate::spec::problem::Problem;
 
@@ -108,20 +108,22 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
                         },
                     );
                 }
-                match &c.kernel_path {
-                    None => e.add(format!("{base}.kernelPath"), Problem::Required),
-                    Some(p) if !p.starts_with('/') => e.add(
-                        format!("{base}.kernelPath"),
-                        Problem::NotAbsolute { path: p.clone() },
-                    ),
-                    Some(_) => {}
+                if c.kernel_path.is_none() {
+                    e.add(format!("{base}.kernelPath"), Problem::Required);
                 }
-                if let Some(p) = &c.initrd_path {
+                for (field, path) in [
+                    ("kernelPath", &c.kernel_path),
+                    ("initrdPath", &c.initrd_path),
+                ] {
+                    let Some(p) = path else { continue };
                     if !p.starts_with('/') {
                         e.add(
-                            format!("{base}.initrdPath"),
+                            format!("{base}.{field}"),
                             Problem::NotAbsolute { path: p.clone() },
                         );
+                    } else if let Err(why) = check_host_path(p, SYSTEM_DIRS) {
+                        // QEMU (root) reads the file into guest memory.
+                        e.add(format!("{base}.{field}"), why);
                     }
                 }
             }

@@ -1,6 +1,6 @@
 //! `metadata`: names, and annotations that would hook into the domain.
 
-use super::Problems;
+use super::{bounds, Problems};
 use crate::spec::checks::check_dns1123_label;
 use crate::spec::model::ObjectMeta;
 use crate::spec::problem::Problem;
@@ -12,6 +12,12 @@ const SMBIOS_ANNOTATION_PREFIX: &str = "smbios.vm.kubevirt.io/";
 pub(super) fn validate_metadata(meta: &ObjectMeta, e: &mut Problems) {
     if let Err(why) = check_dns1123_label(&meta.name) {
         e.add("metadata.name", why);
+    }
+    if let Some(uid) = &meta.uid {
+        bounds::check_single_line("metadata.uid".into(), uid, e);
+    }
+    for (key, value) in &meta.labels {
+        bounds::check_single_line(format!("metadata.labels.{key}"), value, e);
     }
     if let Some(ns) = &meta.namespace {
         if let Err(why) = check_dns1123_label(ns) {

@@ -2,6 +2,7 @@
 //! interfaces and networks, buses, serials, quantities, and the KubeVirt fields outside the
 //! subset. Every problem is reported, not just the first, each a [`Problem`] at a field path.
 
+mod bounds;
 mod disks;
 mod firmware;
 mod inputs;
@@ -15,6 +16,7 @@ mod tests;
 
 use std::collections::BTreeMap;
 
+pub use bounds::{MAX_CAPACITY, MAX_DISKS, MAX_VCPUS, MAX_VOLUMES};
 pub use firmware::is_known_machine;
 pub use resources::{guest_memory, resource_cpus};
 
@@ -59,6 +61,9 @@ pub(super) fn check(vmi: &VirtualMachineInstance) -> Result<Facts, SpecErrors> {
         );
     }
     metadata::validate_metadata(&vmi.metadata, e);
+    if !bounds::check_counts(vmi, e) {
+        return Err(SpecErrors(errors.0));
+    }
 
     let spec = &vmi.spec;
     e.unsupported(

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::Problems;
+use super::{bounds, Problems};
 use crate::spec::model::{DomainSpec, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 use crate::spec::quantity::{Quantity, QuantityError};
@@ -70,11 +70,11 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
             for (name, quantity) in map {
                 let path = format!("spec.domain.resources.{kind}.{name}");
                 match name.as_str() {
-                    "memory" | "cpu" | "ephemeral-storage" => {
-                        if let Err(why) = quantity.value() {
-                            e.add(path, why);
-                        }
-                    }
+                    "memory" | "cpu" | "ephemeral-storage" => match quantity.value() {
+                        Ok(cpus) if name == "cpu" => bounds::check_cpu_quantity(path, cpus, e),
+                        Ok(_) => {}
+                        Err(why) => e.add(path, why),
+                    },
                     _ => e.add(
                         path,
                         Problem::Unsupported {
@@ -101,6 +101,10 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
                 Problem::AtLeast { min: 1 },
             );
         }
+    }
+    if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
+        let one = |n: Option<u32>| n.unwrap_or(1);
+        bounds::check_topology(one(cpu.sockets), one(cpu.cores), one(cpu.threads), e);
     }
     if let Some(model) = &cpu.model {
         if model.is_empty()

@@ -2,8 +2,11 @@
 
 use std::collections::BTreeSet;
 
-use super::Problems;
-use crate::spec::checks::{check_dns1123_subdomain, check_volume_name, decode_base64};
+use super::{bounds, Problems};
+use crate::spec::checks::{
+    check_dns1123_subdomain, check_host_path, check_volume_name, decode_base64, PROGRAM_DIRS,
+    SYSTEM_DIRS,
+};
 use crate::spec::model::{PvcSource, VirtualMachineInstance, VolumeSource};
 use crate::spec::problem::Problem;
 
@@ -43,6 +46,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                     },
                 ),
                 Some(VolumeSource::HostDisk(hd)) => {
+                    bounds::check_single_line(format!("{spath}.path"), &hd.path, e);
                     if !hd.path.starts_with('/') {
                         e.add(
                             format!("{spath}.path"),
@@ -50,6 +54,10 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                                 path: hd.path.clone(),
                             },
                         );
+                    } else if let Err(why) =
+                        check_host_path(&hd.path, &[SYSTEM_DIRS, PROGRAM_DIRS].concat())
+                    {
+                        e.add(format!("{spath}.path"), why);
                     }
                     match hd.disk_type.as_str() {
                         "Disk" => {}
@@ -60,11 +68,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                                     condition: "type DiskOrCreate",
                                 },
                             ),
-                            Some(q) => {
-                                if let Err(why) = q.to_bytes() {
-                                    e.add(format!("{spath}.capacity"), why);
-                                }
-                            }
+                            Some(q) => bounds::check_capacity(format!("{spath}.capacity"), q, e),
                         },
                         other => e.add(
                             format!("{spath}.type"),
@@ -107,11 +111,9 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                         ],
                     );
                 }
-                Some(VolumeSource::EmptyDisk(ed)) => match ed.capacity.to_bytes() {
-                    Ok(0) => e.add(format!("{spath}.capacity"), Problem::Zero),
-                    Ok(_) => {}
-                    Err(why) => e.add(format!("{spath}.capacity"), why),
-                },
+                Some(VolumeSource::EmptyDisk(ed)) => {
+                    bounds::check_capacity(format!("{spath}.capacity"), &ed.capacity, e)
+                }
                 Some(VolumeSource::Ephemeral(eph)) => check_pvc(
                     &eph.persistent_volume_claim,
                     &format!("{spath}.persistentVolumeClaim"),
