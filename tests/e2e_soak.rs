@@ -482,6 +482,10 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
         std::fs::symlink_metadata(hotplug.join("cb")).is_err(),
         "the node outlived the launcher"
     );
-    assert_eq!(cgroup.block_rules(), Vec::<String>::new(), "rules outlived it");
+    assert_eq!(
+        cgroup.block_rules(),
+        Vec::<String>::new(),
+        "rules outlived it"
+    );
     drop(lo);
 }
