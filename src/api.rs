@@ -64,7 +64,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         LauncherError::FrozenFieldsChanged { .. }
         | LauncherError::Refused(_)
         | LauncherError::Terminating { .. } => Code::FailedPrecondition,
-        LauncherError::Preempted => Code::Aborted,
+        LauncherError::Preempted | LauncherError::SyncInterrupted => Code::Aborted,
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,
         LauncherError::Plan(_) => Code::FailedPrecondition,
         LauncherError::HostDisk { .. }
@@ -72,7 +72,8 @@ fn to_status(e: LauncherError) -> tonic::Status {
         | LauncherError::Connect(_)
         | LauncherError::Libvirt(_)
         | LauncherError::LiveXml(_)
-        | LauncherError::Join(_) => Code::Internal,
+        | LauncherError::Join(_)
+        | LauncherError::SaveSync(_) => Code::Internal,
     };
     tonic::Status::new(code, crate::error_chain(&e))
 }

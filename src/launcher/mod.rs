@@ -14,6 +14,7 @@
 //! [`crate::host::block::BlockDevices`].
 
 mod reconciler;
+mod saved;
 mod status;
 mod sync;
 mod tasks;
@@ -88,6 +89,8 @@ pub enum LauncherError {
     Terminating { command: &'static str },
     #[error("the graceful stop gave way to a Kill")]
     Preempted,
+    #[error("the Sync stopped part-way: the VM is being stopped (SIGTERM or Kill); the volumes not reached keep their status")]
+    SyncInterrupted,
     #[error(transparent)]
     Connect(#[from] ConnectError),
     #[error(transparent)]
@@ -96,6 +99,8 @@ pub enum LauncherError {
     LiveXml(#[from] domain::LiveXmlError),
     #[error("a libvirt call panicked")]
     Join(#[source] tokio::task::JoinError),
+    #[error(transparent)]
+    SaveSync(#[from] saved::SavedSyncError),
 }
 
 impl LauncherError {
@@ -140,6 +145,8 @@ pub struct HotplugOptions {
     pub qemu_pid_dir: PathBuf,
     /// The state file of what the launcher made (`host::records`).
     pub records: PathBuf,
+    /// The last accepted Sync (`launcher::saved`), restored when the domain is adopted.
+    pub last_sync: PathBuf,
 }
 
 #[derive(Debug)]
@@ -227,6 +234,8 @@ pub struct Launcher {
     next_task_id: AtomicU64,
     /// Bumped by Kill so that a graceful stop in flight gives way.
     preempt: watch::Sender<u64>,
+    /// Bumped by Kill and SIGTERM so that a Sync in flight stops at its next volume.
+    interrupt: watch::Sender<u64>,
     /// Asks the reconciler to re-read and reconcile now.
     wake: Notify,
     removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
@@ -329,6 +338,7 @@ impl Launcher {
             task_slot: tokio::sync::Mutex::new(()),
             next_task_id: AtomicU64::new(1),
             preempt: watch::channel(0).0,
+            interrupt: watch::channel(0).0,
             wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
             block,
@@ -345,6 +355,7 @@ impl Launcher {
         launcher.refresh().await;
         let active =
             matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
+        let mut restored = false;
         let kind = if exists && active {
             let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
             launcher.update(|s| {
@@ -355,14 +366,21 @@ impl Launcher {
                 };
                 s.last_started = Some(Instant::now());
             });
+            restored = launcher.restore_last_sync();
             launcher.rebuild_volumes().await?;
             StartKind::Adopted
-        } else if launcher.options.strategy.starts_at_launch() {
-            launcher.command(Command::Start, None).await?;
-            StartKind::Created
         } else {
-            launcher.update(|s| s.vm_state = VmState::Stopped);
-            StartKind::NotStarted
+            // A new domain starts from the spec file: a request saved for an earlier one is
+            // replaced before anything runs, so that a crash from here on never restores it.
+            let input = launcher.last_input.lock().expect("input lock").clone();
+            host_work(|| saved::save(&launcher.options.hotplug.last_sync, &input))?;
+            if launcher.options.strategy.starts_at_launch() {
+                launcher.command(Command::Start, None).await?;
+                StartKind::Created
+            } else {
+                launcher.update(|s| s.vm_state = VmState::Stopped);
+                StartKind::NotStarted
+            }
         };
         launcher.block.set_boot(boot_devices);
         let live: BTreeSet<String> = launcher
@@ -371,10 +389,53 @@ impl Launcher {
             .into_iter()
             .map(|v| v.name)
             .collect();
-        launcher.block.adopt(&live);
+        host_work(|| launcher.block.adopt(&live));
+        if restored {
+            // The request may have been cut off half-way (a launcher killed during a Sync):
+            // apply it again; Sync is idempotent, only what is missing is done.
+            if let Err(e) = launcher.command(Command::Sync, None).await {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot converge to the restored Sync");
+            }
+        }
         tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
         tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
         Ok((launcher, kind))
+    }
+
+    /// When adopting: takes the last accepted Sync saved by the launcher before this one as the
+    /// current spec and request. False (the spec file stays) when there is none, or when it no
+    /// longer parses or names another domain.
+    fn restore_last_sync(&self) -> bool {
+        let input = match host_work(|| saved::load(&self.options.hotplug.last_sync)) {
+            Ok(Some(input)) => input,
+            Ok(None) => return false,
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "the last Sync is lost; the spec file stands (a Sync of the whole spec restores it)");
+                return false;
+            }
+        };
+        let vmi = match crate::spec::parse(&input.spec) {
+            Ok(vmi) => vmi,
+            Err(e) => {
+                tracing::warn!(error = %e, "the saved last Sync is no longer valid; the spec file stands");
+                return false;
+            }
+        };
+        match convert::convert(&vmi, &self.convert_options()) {
+            Ok(def) if def.name == self.domain_name => {}
+            Ok(def) => {
+                tracing::warn!(saved = %def.name, running = %self.domain_name, "the saved last Sync is for another domain; the spec file stands");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the saved last Sync no longer converts; the spec file stands");
+                return false;
+            }
+        }
+        tracing::info!(path = %self.options.hotplug.last_sync.display(), "restored the last Sync");
+        self.update(|s| s.spec = vmi);
+        *self.last_input.lock().expect("input lock") = input;
+        true
     }
 
     pub fn domain_name(&self) -> &str {
@@ -486,6 +547,13 @@ impl Launcher {
         opts.block_volumes.extend(self.block.nodes().into_keys());
         opts
     }
+}
+
+/// Blocking host work (mknod, cgroup and records writes, file I/O) done from a task: the worker
+/// thread hands its other tasks over first, so the runtime's few workers keep serving the API,
+/// the event stream and the reconciler meanwhile. (The launcher runs on a multi-thread runtime.)
+fn host_work<T>(work: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(work)
 }
 
 /// libvirt's own words for a failed call, for a one-line status.

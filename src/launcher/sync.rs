@@ -65,6 +65,10 @@ pub(super) struct PreparedSync {
     desired: DomainDef,
     input: SyncInput,
     devices: BTreeMap<String, BlockResolution>,
+    /// The block volumes the launcher held when this was prepared.
+    held: BTreeMap<String, DevNumber>,
+    /// `Launcher::interrupt` when the Sync was asked for: a Kill or SIGTERM since stops it.
+    interrupt_generation: u64,
 }
 
 impl Work for PreparedSync {
@@ -75,16 +79,23 @@ impl Work for PreparedSync {
     }
 
     /// Applies the plan; a real (not dry) run is remembered: its failure as the
-    /// `Synchronized` condition, its request for `GetSpec`.
+    /// `Synchronized` condition, its request (once planned, see `accept`) for `GetSpec`.
     async fn perform(self, launcher: &Launcher) -> Result<SyncOutcome, LauncherError> {
-        let result = launcher.sync_locked(&self).await;
-        if !self.input.dry_run {
-            let failure = result.as_ref().err().map(|e| crate::error_chain(e));
-            let ok = failure.is_none();
-            launcher.update(|s| s.sync_failure = failure);
-            if ok {
-                *launcher.last_input.lock().expect("input lock") = self.input;
+        // Prepared before the slot was taken: if a task meanwhile changed the block volumes the
+        // launcher holds, prepare again, or a live block volume would be converted as a file.
+        let this = if launcher.block.nodes() == self.held {
+            self
+        } else {
+            let generation = self.interrupt_generation;
+            PreparedSync {
+                interrupt_generation: generation,
+                ..launcher.prepare_sync(self.input)?
             }
+        };
+        let result = launcher.sync_locked(&this).await;
+        if !this.input.dry_run {
+            let failure = result.as_ref().err().map(|e| crate::error_chain(e));
+            launcher.update(|s| s.sync_failure = failure);
         }
         result
     }
@@ -115,7 +126,9 @@ impl Launcher {
     /// Everything about a Sync that needs no task: parse and validate, check the block
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
+        let interrupt_generation = *self.interrupt.borrow();
         let vmi = spec::parse_bytes(input.spec.as_bytes())?;
+        let held = self.block.nodes();
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();
         opts.block_volumes.extend(devices.keys().cloned());
@@ -131,6 +144,8 @@ impl Launcher {
             desired,
             input,
             devices,
+            held,
+            interrupt_generation,
         })
     }
 
@@ -190,6 +205,8 @@ impl Launcher {
             desired,
             input,
             devices,
+            interrupt_generation,
+            ..
         }: &PreparedSync,
     ) -> Result<SyncOutcome, LauncherError> {
         let dry_run = input.dry_run;
@@ -212,6 +229,7 @@ impl Launcher {
                 volumes: self.status().volumes,
             });
         }
+        self.accept(input, vmi)?;
         // A volume the spec no longer names and libvirt does not have (one that was pending or
         // failed) has nothing left to report.
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
@@ -228,7 +246,11 @@ impl Launcher {
             p.retain(|name, _| wanted.contains(name));
             p.len() != before
         });
+        let interrupted = || *self.interrupt.borrow() != *interrupt_generation;
         for disk in &plan.attach {
+            if interrupted() {
+                return Err(LauncherError::SyncInterrupted);
+            }
             let persist = input.persist.contains(&disk.volume);
             match devices.get(&disk.volume) {
                 Some(resolution) => self.attach_block(disk, resolution, persist).await,
@@ -236,10 +258,11 @@ impl Launcher {
             }
         }
         for live_disk in &plan.detach {
-            self.detach(live_disk).await;
+            if interrupted() {
+                return Err(LauncherError::SyncInterrupted);
+            }
+            self.detach(live_disk, *interrupt_generation).await;
         }
-        let vmi = vmi.clone();
-        self.update(|s| s.spec = vmi);
         Ok(SyncOutcome {
             plan: planned,
             volumes: self.status().volumes,
@@ -260,18 +283,34 @@ impl Launcher {
         });
     }
 
+    /// The request of a Sync about to make its first change becomes the one to keep: saved
+    /// first (a launcher killed from here on restarts knowing it), then shown by `GetSpec`.
+    /// The spec becomes the current one too (what a restart boots), even if the Sync is then
+    /// interrupted.
+    fn accept(&self, input: &SyncInput, vmi: &Validated) -> Result<(), LauncherError> {
+        let input = SyncInput {
+            dry_run: false,
+            ..input.clone()
+        };
+        // The same request again (a no-op Sync, a retry) is saved already.
+        if *self.last_input.lock().expect("input lock") != input {
+            super::host_work(|| super::saved::save(&self.options.hotplug.last_sync, &input))?;
+            *self.last_input.lock().expect("input lock") = input;
+        }
+        let vmi = vmi.clone();
+        self.update(|s| s.spec = vmi);
+        Ok(())
+    }
+
     /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
-    /// only what is missing is done).
+    /// only what is missing is done). The request is read once the task slot is held, so a
+    /// retry never re-applies a request older than the last one (review M8).
     pub(super) async fn retry_pending(&self) {
         if *self.closing.borrow() {
             return;
         }
-        let input = SyncInput {
-            dry_run: false,
-            ..self.last_input()
-        };
         tracing::info!("a pending volume's source appeared; syncing again");
-        if let Err(e) = self.sync(input).await {
+        if let Err(e) = self.command(Command::Sync, None).await {
             tracing::warn!(error = %crate::error_chain(&e), "retrying pending volumes failed");
         }
     }
@@ -303,9 +342,9 @@ impl Launcher {
     }
 
     pub(super) async fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
-        if let Err(DiskNotReady { source, .. }) =
+        if let Err(DiskNotReady { source, .. }) = super::host_work(|| {
             prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert)
-        {
+        }) {
             match &source {
                 HostError::Missing { path } => {
                     self.mark_pending(disk, source.reason(), source.to_string(), path.clone())
@@ -360,18 +399,22 @@ impl Launcher {
             }
         };
         let started = Instant::now();
-        let plugged = match self.block.plug(&disk.volume, dev) {
+        let plugged = match super::host_work(|| self.block.plug(&disk.volume, dev)) {
             Ok(plugged) => plugged,
             Err(e) => return self.fail_block_volume(disk, &e),
         };
         if self.attach_live(disk, persist).await {
             plugged.keep();
             tracing::info!(volume = %disk.volume, %dev, elapsed = ?started.elapsed(), "block volume attached");
+        } else {
+            // The guards revoke the rule and remove the node, in that order.
+            super::host_work(|| drop(plugged));
         }
-        // Otherwise the guards revoke the rule and remove the node, in that order.
     }
 
-    pub(super) async fn detach(&self, live: &domain::LiveDisk) {
+    /// Stops waiting for libvirt's device-removed event when a Kill or SIGTERM comes after
+    /// `interrupt_generation`; the event, when it comes, finishes the detach.
+    pub(super) async fn detach(&self, live: &domain::LiveDisk, interrupt_generation: u64) {
         let volume = live.volume().unwrap_or_default().to_string();
         let alias = live.alias.clone().unwrap_or_default();
         let set_phase = |phase, reason: &str, message: String| {
@@ -404,7 +447,18 @@ impl Launcher {
             }
             return;
         }
-        match tokio::time::timeout(DETACH_TIMEOUT, removed).await {
+        let mut interrupt = self.interrupt.subscribe();
+        let waited = tokio::select! {
+            waited = tokio::time::timeout(DETACH_TIMEOUT, removed) => waited,
+            _ = interrupt.wait_for(|g| *g != interrupt_generation) => {
+                return set_phase(
+                    VolumePhase::Detaching,
+                    "DetachInterrupted",
+                    "the VM is being stopped; libvirt's device-removed event finishes the detach".into(),
+                );
+            }
+        };
+        match waited {
             Ok(Ok(())) => self.finish_detach(&volume),
             _ => set_phase(
                 VolumePhase::Detaching,
@@ -419,7 +473,7 @@ impl Launcher {
 
     /// The device is gone from the domain: clean the host side, forget the volume.
     pub(super) fn finish_detach(&self, volume: &str) {
-        match self.block.release(volume) {
+        match super::host_work(|| self.block.release(volume)) {
             Ok(()) => self.update(|s| {
                 s.volumes.remove(volume);
             }),

@@ -2,11 +2,12 @@
 //! `lifecycle::admit` before any side effect and settled by `lifecycle::settle` when it ends;
 //! also the graceful stop, SIGTERM and the final clean-up.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{
-    EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome,
+    EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase,
     DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
 };
 use crate::convert::{self, ConvertOptions};
@@ -38,10 +39,15 @@ impl Work for Lifecycle {
         self.command
     }
 
+    /// The state is read again before the task ends: the command that comes next is admitted
+    /// against what this one did, not against the state before it (an Unpause followed at once
+    /// by a Pause was refused as "the VM is paused" until libvirt's event had been handled).
     async fn perform(self, launcher: &Launcher) -> Result<(), LauncherError> {
-        launcher
+        let result = launcher
             .perform(self.command, self.grace, self.preempt_generation)
-            .await
+            .await;
+        launcher.refresh().await;
+        result
     }
 }
 
@@ -132,6 +138,7 @@ impl Launcher {
         let preempt_generation = *self.preempt.borrow();
         if command == Command::Kill {
             self.preempt.send_modify(|n| *n += 1);
+            self.interrupt.send_modify(|n| *n += 1);
         }
         let work = Lifecycle {
             command,
@@ -198,10 +205,17 @@ impl Launcher {
     /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
     /// is replaced, so that a restart boots what the owner last asked for.
     pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
-        let (vmi, def) = {
+        let (vmi, mut def, waiting) = {
             let s = self.state.lock().expect("state lock");
             let def = convert::convert(&s.spec, &self.convert_options())?;
-            (s.spec.clone(), def)
+            // Hot-plugged volumes that wait for their source or failed to attach.
+            let waiting: BTreeSet<String> = s
+                .volumes
+                .iter()
+                .filter(|(_, v)| matches!(v.phase, VolumePhase::Pending | VolumePhase::Failed))
+                .map(|(name, _)| name.clone())
+                .collect();
+            (s.spec.clone(), def, waiting)
         };
         let n = self.domain_name.clone();
         if self.call(move |hv| hv.exists(&n)).await? {
@@ -209,7 +223,42 @@ impl Launcher {
             self.update(|s| s.undefined_by_us = true);
             self.call(move |hv| hv.undefine(&n)).await?;
         }
-        prepare_disks(&vmi, &def.disks, &self.options.convert)?;
+        // A hot-plugged volume never keeps the VM from (re)starting (review M9): one that waits
+        // or failed, or whose source is not ready now, is left out of the definition and keeps
+        // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
+        // attaches it.
+        let hotpluggable = |volume: &str| {
+            vmi.spec
+                .volumes
+                .iter()
+                .any(|v| v.name == volume && crate::volumes::is_hotpluggable(v))
+        };
+        let (hot, boot): (Vec<DiskDef>, Vec<DiskDef>) = std::mem::take(&mut def.disks)
+            .into_iter()
+            .partition(|d| hotpluggable(&d.volume));
+        let opts = self.options.convert.clone();
+        let (vmi_, boot_) = (vmi.clone(), boot.clone());
+        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts))
+            .await
+            .map_err(LauncherError::Join)??;
+        def.disks = boot;
+        let mut not_ready = Vec::new();
+        for disk in hot {
+            if waiting.contains(&disk.volume) {
+                continue;
+            }
+            let opts = self.options.convert.clone();
+            let (vmi_, disk_) = (vmi.clone(), disk.clone());
+            match tokio::task::spawn_blocking(move || {
+                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts)
+            })
+            .await
+            .map_err(LauncherError::Join)?
+            {
+                Ok(()) => def.disks.push(disk),
+                Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
+            }
+        }
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
         self.update(|s| {
@@ -222,7 +271,22 @@ impl Launcher {
             s.last_started = Some(Instant::now());
         });
         self.refresh().await;
-        self.rebuild_volumes().await
+        self.rebuild_volumes().await?;
+        for (disk, source) in not_ready {
+            tracing::warn!(volume = %disk.volume, error = %crate::error_chain(&source), "hot-plugged volume left out of the start");
+            match &source {
+                HostError::Missing { path } => {
+                    self.mark_pending(&disk, source.reason(), source.to_string(), path.clone())
+                }
+                _ => self.set_volume(
+                    &disk,
+                    VolumePhase::Failed,
+                    source.reason(),
+                    source.to_string(),
+                ),
+            }
+        }
+        Ok(())
     }
 
     /// Waits until the VM has stopped (a final phase), at most `limit`; false if it has not.
@@ -290,6 +354,9 @@ impl Launcher {
             s.terminating = true;
             s.restart_at = None;
         });
+        // A Sync in flight gives way at its next volume: the guest's grace period must not
+        // be spent on hotplug (review M12).
+        self.interrupt.send_modify(|n| *n += 1);
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         if active {
             if let Err(e) = self.command(Command::Shutdown, None).await {

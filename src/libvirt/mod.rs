@@ -19,6 +19,10 @@ use virt::sys;
 
 use crate::lifecycle::PowerState;
 use events::{EventRegistration, HypervisorEvent};
+
+/// Attempts at an attach whose block node name a killed libvirtd already used in QEMU (one
+/// index per attach in flight when it died; libvirt runs one at a time).
+const ATTACH_NODE_NAME_RETRIES: u32 = 3;
 pub use states::power_state_from_raw;
 
 #[derive(Debug, thiserror::Error)]
@@ -242,7 +246,23 @@ impl Hypervisor {
         if persist {
             flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
         }
-        self.on_domain(name, "attach", |d| d.attach_device_flags(disk_xml, flags))
+        let mut attempt = 1;
+        self.on_domain(name, "attach", |dom| loop {
+            match dom.attach_device_flags(disk_xml, flags) {
+                Ok(_) => return Ok(()),
+                // A libvirtd killed during an attach leaves QEMU holding a block node whose
+                // index its successor, reading the last saved status, hands out again. The
+                // failed attempt moved libvirt's counter on, so the next one gets a free name.
+                Err(e)
+                    if attempt < ATTACH_NODE_NAME_RETRIES
+                        && e.message().contains("Duplicate nodes with node-name") =>
+                {
+                    tracing::warn!(domain = name, error = %e, "attach met a block node a killed libvirtd left in QEMU; trying again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        })
     }
 
     /// Asks for a detach; the device is gone only when libvirt sends DEVICE_REMOVED.

@@ -1,0 +1,243 @@
+//! The last accepted Sync, kept on disk (`RUNTIME_DIR/last-sync.json`) so that a launcher killed
+//! and started again on the same runtime dir knows what the owner asked for: the spec with every
+//! hot-plugged volume, the block devices and the persisted volumes (review M10). Without it, the
+//! adopted launcher would only know the spec file it was started with, and the next Sync (an
+//! `addvolume`) would unplug every volume hot-plugged before the restart.
+//!
+//! It is written ahead: once a Sync is planned and before its first host step. A launcher killed
+//! in the middle of that Sync is restarted knowing the request it was applying, and converges to
+//! it. Written durably: a fresh temp file (`O_EXCL`, random name), fsync, rename over the old one,
+//! fsync of the directory; so a crash leaves the old request or the new one, never a mix.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::sync::{BlockSource, SyncInput};
+use crate::host::devnode::DevNumber;
+
+/// Far above any spec a Sync accepts: a bigger file is not ours.
+const MAX_FILE: u64 = 16 << 20;
+const VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SavedSyncError {
+    #[error("cannot read the last Sync from {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the last Sync in {path} is not valid")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("the last Sync in {path} has version {found}, this launcher reads {VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("the last Sync in {path} is over {MAX_FILE} bytes")]
+    TooBig { path: PathBuf },
+    #[error("cannot save the last Sync to {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The file's form of a [`SyncInput`] (never `dry_run`: a dry run is not a request to keep).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedSync {
+    version: u32,
+    spec: String,
+    block_devices: BTreeMap<String, SavedBlock>,
+    persist: BTreeSet<String>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+enum SavedBlock {
+    Path(PathBuf),
+    Number(DevNumber),
+}
+
+/// Saves `input` at `path`, durably (see the module doc).
+pub fn save(path: &Path, input: &SyncInput) -> Result<(), SavedSyncError> {
+    let saved = SavedSync {
+        version: VERSION,
+        spec: input.spec.clone(),
+        block_devices: input
+            .block_devices
+            .iter()
+            .map(|(name, source)| {
+                let block = match source {
+                    BlockSource::Path(p) => SavedBlock::Path(p.clone()),
+                    BlockSource::Number(n) => SavedBlock::Number(*n),
+                };
+                (name.clone(), block)
+            })
+            .collect(),
+        persist: input.persist.clone(),
+    };
+    // Only strings, maps and numbers: serializing cannot fail.
+    let json = serde_json::to_vec(&saved).unwrap_or_default();
+    write_durably(path, &json).map_err(|source| SavedSyncError::Write {
+        path: path.into(),
+        source,
+    })
+}
+
+/// The request saved at `path`, or `None` when there is none.
+pub fn load(path: &Path) -> Result<Option<SyncInput>, SavedSyncError> {
+    let read_err = |source| SavedSyncError::Read {
+        path: path.into(),
+        source,
+    };
+    // Never through a symlink: the file is the launcher's own.
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(read_err(e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_FILE {
+        return Err(SavedSyncError::TooBig { path: path.into() });
+    }
+    let saved: SavedSync =
+        serde_json::from_slice(&bytes).map_err(|source| SavedSyncError::Parse {
+            path: path.into(),
+            source,
+        })?;
+    if saved.version != VERSION {
+        return Err(SavedSyncError::Version {
+            path: path.into(),
+            found: saved.version,
+        });
+    }
+    Ok(Some(SyncInput {
+        spec: saved.spec,
+        dry_run: false,
+        block_devices: saved
+            .block_devices
+            .into_iter()
+            .map(|(name, block)| {
+                let source = match block {
+                    SavedBlock::Path(p) => BlockSource::Path(p),
+                    SavedBlock::Number(n) => BlockSource::Number(n),
+                };
+                (name, source)
+            })
+            .collect(),
+        persist: saved.persist,
+    }))
+}
+
+/// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
+/// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
+/// of the directory (which makes the rename itself durable).
+pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> SyncInput {
+        SyncInput {
+            spec: "kind: VirtualMachineInstance\nmetadata: {name: x}\n".into(),
+            dry_run: true,
+            block_devices: [
+                (
+                    "blk".to_string(),
+                    BlockSource::Number(DevNumber { major: 7, minor: 3 }),
+                ),
+                ("byp".to_string(), BlockSource::Path("/dev/loop9".into())),
+            ]
+            .into(),
+            persist: ["blk".to_string()].into(),
+        }
+    }
+
+    #[test]
+    fn round_trips_without_dry_run_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last-sync.json");
+        assert!(load(&path).unwrap().is_none());
+        save(&path, &input()).unwrap();
+        let back = load(&path).unwrap().unwrap();
+        assert_eq!(
+            back,
+            SyncInput {
+                dry_run: false,
+                ..input()
+            }
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["last-sync.json"]);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn a_symlink_in_its_place_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "precious").unwrap();
+        let path = dir.path().join("last-sync.json");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        assert!(matches!(load(&path), Err(SavedSyncError::Read { .. })));
+        save(&path, &input()).unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "precious");
+        assert!(!fs::symlink_metadata(&path).unwrap().is_symlink());
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("last-sync.json");
+        fs::write(&path, "{").unwrap();
+        let err = load(&path).unwrap_err();
+        assert!(matches!(err, SavedSyncError::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("last-sync.json"), "{err}");
+        fs::write(
+            &path,
+            r#"{"version":2,"spec":"","block_devices":{},"persist":[]}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            load(&path),
+            Err(SavedSyncError::Version { found: 2, .. })
+        ));
+        fs::write(&path, vec![b' '; MAX_FILE as usize + 1]).unwrap();
+        assert!(matches!(load(&path), Err(SavedSyncError::TooBig { .. })));
+    }
+}
