@@ -294,7 +294,11 @@ impl Launched {
             .arg(runtime_dir)
             .args(["--emulation", "tcg"])
             .args(extra_args)
-            .env("VMLAUNCHER_LOG", "info")
+            // VMLAUNCHER_TEST_LOG: a finer filter for the launcher under test, when chasing a failure.
+            .env(
+                "VMLAUNCHER_LOG",
+                std::env::var("VMLAUNCHER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -412,11 +416,16 @@ impl Launched {
                 "vmlauncher ended unexpectedly: {other:?}\nstderr:\n{}",
                 self.stderr_text()
             ),
-            Err(_) => panic!(
-                "vmlauncher did not exit within {within:?}; stdout:\n{}\nstderr:\n{}",
-                self.stdout_seen.join("\n"),
-                self.stderr_text()
-            ),
+            Err(_) => {
+                // Every line it printed, not only those a wait read.
+                let unread: Vec<String> = self.stdout.try_iter().collect();
+                self.stdout_seen.extend(unread);
+                panic!(
+                    "vmlauncher did not exit within {within:?}; stdout:\n{}\nstderr:\n{}",
+                    self.stdout_seen.join("\n"),
+                    self.stderr_text()
+                )
+            }
         }
     }
 
