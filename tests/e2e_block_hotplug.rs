@@ -129,16 +129,6 @@ fn request(volumes: &[(&str, &str, &Loop)]) -> proto::SyncRequest {
     }
 }
 
-fn serials(line: &str) -> Vec<String> {
-    let mut s: Vec<String> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
-        .collect();
-    s.sort();
-    s
-}
-
 fn phase(reply: &proto::SyncResponse, volume: &str) -> (i32, String, String) {
     let v = reply
         .volumes
@@ -477,6 +467,13 @@ fn vm_xml(uri: &str) -> String {
         .lookup_domain_by_name(&format!("default_{NAME}"))
         .unwrap();
     dom.xml_desc(0).unwrap()
+}
+
+/// The guest's serials, sorted: block volumes reach it in no fixed order.
+fn serials(line: &str) -> Vec<String> {
+    let mut s = common::guest_serials(line);
+    s.sort();
+    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,14 +22,6 @@ fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf
     path
 }
 
-/// The guest's `VMLTEST-DISKS` line lists `dev:serial:sectors` for every disk it sees.
-fn serials(line: &str) -> Vec<String> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
-        .collect()
-}
-
 /// Sends a Sync; its reply, or the status it was refused with.
 async fn sync(
     client: &mut api::proto::launcher_client::LauncherClient<tonic::transport::Channel>,
@@ -122,7 +114,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         "both hot-plugged serials in the guest",
         GUEST_DEADLINE,
         |l| {
-            let s = serials(l);
+            let s = common::guest_serials(l);
             l.starts_with("VMLTEST-DISKS")
                 && s.contains(&"E2E-Serial-One".into())
                 && s.contains(&"e2e.serial_TWO".into())
@@ -163,7 +155,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         ["one"]
     );
     console.line("disk two gone from the guest", GUEST_DEADLINE, |l| {
-        l.starts_with("VMLTEST-DISKS") && serials(l) == ["E2E-Serial-One"]
+        l.starts_with("VMLTEST-DISKS") && common::guest_serials(l) == ["E2E-Serial-One"]
     });
 
     // The same spec again: no plan, and libvirt's live XML is byte for byte the same.

@@ -15,7 +15,10 @@ use std::collections::BTreeSet;
 use std::process::Command as Process;
 use std::time::Instant;
 
-use common::{guest_spec, EventWatcher, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{
+    guest_serials, guest_spec, hotplug_image, set, with_claims, EventWatcher, Launched,
+    BOOT_DEADLINE, GUEST_DEADLINE,
+};
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 
@@ -27,43 +30,7 @@ const PENDING: i32 = proto::volume_status::Phase::Pending as i32;
 /// The test guest with hot-pluggable claims `(volume, serial)` on scsi: a file
 /// `<hotplug>/<volume>.img`, or a block device when the Sync names one.
 fn hot_spec(name: &str, volumes: &[(&str, &str)]) -> String {
-    let text = guest_spec(name, "", &[]);
-    if volumes.is_empty() {
-        return text;
-    }
-    let mut disks = String::new();
-    let mut vols = String::new();
-    for (volume, serial) in volumes {
-        disks += &format!(
-            "      - name: {volume}\n        disk: {{bus: scsi}}\n        serial: {serial}\n"
-        );
-        vols += &format!(
-            "  - name: {volume}\n    persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}\n"
-        );
-    }
-    text.replace("      disks: []\n", &format!("      disks:\n{disks}"))
-        .replace("  volumes: []\n", &format!("  volumes:\n{vols}"))
-}
-
-/// A hot-plugged volume's image file, where the launcher looks for it.
-fn hotplug_file(vm: &Launched, volume: &str) {
-    let dir = vm.dir().join("hotplug");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::File::create(dir.join(format!("{volume}.img")))
-        .unwrap()
-        .set_len(4 << 20)
-        .unwrap();
-}
-
-fn serials(line: &str) -> BTreeSet<String> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
-        .collect()
-}
-
-fn set(items: &[&str]) -> BTreeSet<String> {
-    items.iter().map(|s| s.to_string()).collect()
+    with_claims(guest_spec(name, "", &[]), volumes)
 }
 
 /// Waits for the guest to list exactly `want`; every disk report on the way must still list
@@ -77,7 +44,7 @@ fn wait_disks(console: &mut ConsoleLog, want: &BTreeSet<String>, kept: &BTreeSet
             if !l.starts_with("VMLTEST-DISKS") {
                 return false;
             }
-            let s = serials(l);
+            let s = set(&guest_serials(l));
             seen.push(l.to_string());
             assert!(
                 kept.is_subset(&s),
@@ -119,7 +86,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     let mut first = Launched::start(&guest_spec(name, "", &[]), &[]);
     let mut console = first.boot();
     for v in ["f1", "f2"] {
-        hotplug_file(&first, v);
+        hotplug_image(&first.dir().join("hotplug"), v, 4 << 20);
     }
     let two = [("f1", "Keep-File-1"), ("f2", "Keep-File-2")];
     let mut client = api::connect(&first.socket()).await.unwrap();
@@ -180,7 +147,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         .map(|i| (format!("m{i:02}"), format!("Keep-More-{i:02}")))
         .collect();
     for (v, _) in &more {
-        hotplug_file(&second, v);
+        hotplug_image(&second.dir().join("hotplug"), v, 4 << 20);
     }
     let spec = client
         .get_spec(proto::GetSpecRequest {})
@@ -274,7 +241,7 @@ async fn a_pending_volume_never_blocks_a_restart_and_sigterm_stops_a_sync_in_fli
     let name = "restart-pending";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--run-strategy", "always"]);
     let mut console = vm.boot();
-    hotplug_file(&vm, "here");
+    hotplug_image(&vm.dir().join("hotplug"), "here", 4 << 20);
     let mut client = api::connect(&vm.socket()).await.unwrap();
     let spec = hot_spec(name, &[("here", "Pend-Here"), ("later", "Pend-Later")]);
     let reply = sync(&mut client, spec.clone()).await;
@@ -317,7 +284,7 @@ async fn a_pending_volume_never_blocks_a_restart_and_sigterm_stops_a_sync_in_fli
         [("here".into(), READY), ("later".into(), PENDING)]
     );
     // Its file appears: it is attached without another Sync.
-    hotplug_file(&vm, "later");
+    hotplug_image(&vm.dir().join("hotplug"), "later", 4 << 20);
     wait_disks(
         &mut console,
         &set(&["Pend-Here", "Pend-Later"]),
@@ -330,7 +297,7 @@ async fn a_pending_volume_never_blocks_a_restart_and_sigterm_stops_a_sync_in_fli
         .map(|i| (format!("t{i:02}"), format!("Term-{i:02}")))
         .collect();
     for (v, _) in &forty {
-        hotplug_file(&vm, v);
+        hotplug_image(&vm.dir().join("hotplug"), v, 4 << 20);
     }
     forty.push(("here".into(), "Pend-Here".into()));
     forty.push(("later".into(), "Pend-Later".into()));

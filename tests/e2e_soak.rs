@@ -21,7 +21,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use common::{guest_spec, EventWatcher, Launched, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{
+    guest_serials, guest_spec, hotplug_image, set, with_claims, EventWatcher, Launched, Loop,
+    BOOT_DEADLINE, GUEST_DEADLINE,
+};
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 
@@ -82,22 +85,7 @@ impl Drop for DenyBlockCgroup {
 
 /// The test guest with hot-pluggable claims `(volume, serial)` on scsi.
 fn hot_spec(volumes: &[(&str, &str)]) -> String {
-    let text = guest_spec(NAME, "", &[]);
-    if volumes.is_empty() {
-        return text;
-    }
-    let mut disks = String::new();
-    let mut vols = String::new();
-    for (volume, serial) in volumes {
-        disks += &format!(
-            "      - name: {volume}\n        disk: {{bus: scsi}}\n        serial: {serial}\n"
-        );
-        vols += &format!(
-            "  - name: {volume}\n    persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}\n"
-        );
-    }
-    text.replace("      disks: []\n", &format!("      disks:\n{disks}"))
-        .replace("  volumes: []\n", &format!("  volumes:\n{vols}"))
+    with_claims(guest_spec(NAME, "", &[]), volumes)
 }
 
 fn request(volumes: &[(&str, &str)], block: Option<(&str, &Loop)>) -> proto::SyncRequest {
@@ -111,32 +99,14 @@ fn request(volumes: &[(&str, &str)], block: Option<(&str, &Loop)>) -> proto::Syn
     }
 }
 
-fn hotplug_file(dir: &Path, volume: &str) {
-    std::fs::File::create(dir.join(format!("{volume}.img")))
-        .unwrap()
-        .set_len(1 << 20)
-        .unwrap();
-}
-
-fn serials(line: &str) -> BTreeSet<String> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
-        .collect()
-}
-
 fn wait_guest_disks(console: &mut ConsoleLog, want: &BTreeSet<String>) {
     console
         .wait_for(
             &format!("the guest seeing exactly {want:?}"),
             Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS") && &serials(l) == want,
+            |l| l.starts_with("VMLTEST-DISKS") && &set(&guest_serials(l)) == want,
         )
         .unwrap();
-}
-
-fn set<S: AsRef<str>>(items: &[S]) -> BTreeSet<String> {
-    items.iter().map(|s| s.as_ref().to_string()).collect()
 }
 
 fn fd_count(pid: u32) -> usize {
@@ -206,7 +176,7 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
     let hotplug = vm.dir().join("hotplug");
     let scratch = tempfile::tempdir().unwrap();
     let lo = Loop::new(scratch.path(), "soak", 2, false);
-    hotplug_file(&hotplug, "cf");
+    hotplug_image(&hotplug, "cf", 1 << 20);
     let mut client = api::connect(&vm.socket()).await.unwrap();
 
     // 1. Attach/detach cycles. The first ones warm up (allocator pools, libvirt's caches);
@@ -286,8 +256,8 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
         .map(|i| {
             let a = format!("p{i}a");
             let b = format!("p{i}b");
-            hotplug_file(&hotplug, &a);
-            hotplug_file(&hotplug, &b);
+            hotplug_image(&hotplug, &a, 1 << 20);
+            hotplug_image(&hotplug, &b, 1 << 20);
             let (sa, sb) = (format!("Conc-{i}-A"), format!("Conc-{i}-B"));
             let mut vols = vec![(a, sa), (b, sb)];
             // Half of them also hold the block volume, so concurrent Syncs also race on it.
@@ -412,7 +382,7 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
         .map(|i| (format!("k{i}"), format!("Kill-{i}")))
         .collect();
     for (v, _) in &six {
-        hotplug_file(&hotplug, v);
+        hotplug_image(&hotplug, v, 1 << 20);
     }
     let v: Vec<(&str, &str)> = six.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
     let six_request = request(&v, None);

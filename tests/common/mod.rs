@@ -147,6 +147,29 @@ pub fn cli_status(socket: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The serials in the test guest's `VMLTEST-DISKS <dev>:<serial>:<sectors> ...` line, in the
+/// guest's order (by device name).
+pub fn guest_serials(line: &str) -> Vec<String> {
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|d| d.split(':').nth(1).map(str::to_string))
+        .collect()
+}
+
+/// `items` as a set of owned strings, to compare with what the guest or the launcher lists.
+pub fn set<S: AsRef<str>>(items: &[S]) -> std::collections::BTreeSet<String> {
+    items.iter().map(|s| s.as_ref().to_string()).collect()
+}
+
+/// A hot-plugged claim's image, `<dir>/<volume>.img` of `bytes`, where the launcher looks for it.
+pub fn hotplug_image(dir: &Path, volume: &str, bytes: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::File::create(dir.join(format!("{volume}.img")))
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+}
+
 /// A sparse file of `mib` MiB at `path`: a raw disk image.
 pub fn sparse_file(path: impl AsRef<Path>, mib: u64) {
     std::fs::File::create(path)
