@@ -28,6 +28,7 @@
 //! | [`run`] | the `run` entrypoint: runtime dir, daemon, launcher, socket, signals | — |
 //! | [`exit`] | every exit code and every mapping to one | — |
 //! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
+//! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
 //!
 //! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
 
@@ -36,6 +37,7 @@ pub mod authority;
 pub mod console;
 pub mod convert;
 pub mod domain;
+pub(crate) mod durable;
 pub mod exit;
 pub mod fuzzing;
 pub mod host;

@@ -7,11 +7,11 @@
 //! only inside the hotplug dir, a cgroup only one the caller vouches for.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::cgroup::DeviceCgroup;
 use super::devnode::DevNumber;
+use crate::durable::{self, Contents};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RecordsError {
@@ -27,8 +27,8 @@ pub enum RecordsError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("the hotplug records {path} are {len} bytes, at most {MAX_RECORDS_BYTES}")]
-    TooLarge { path: PathBuf, len: u64 },
+    #[error("the hotplug records {path} are over {MAX_RECORDS_BYTES} bytes")]
+    TooLarge { path: PathBuf },
     #[error("cannot write the hotplug records {path}")]
     Write {
         path: PathBuf,
@@ -61,26 +61,15 @@ pub struct Records {
 impl Records {
     /// The records at `path`; none yet is an empty record.
     pub fn load(path: &Path) -> Result<Records, RecordsError> {
-        use std::io::Read;
         let read_err = |source| RecordsError::Read {
             path: path.into(),
             source,
         };
-        let file = match std::fs::File::open(path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Records::default()),
-            Err(source) => return Err(read_err(source)),
+        let text = match durable::read_bounded(path, MAX_RECORDS_BYTES).map_err(read_err)? {
+            Contents::Missing => return Ok(Records::default()),
+            Contents::TooLarge => return Err(RecordsError::TooLarge { path: path.into() }),
+            Contents::Read(text) => text,
         };
-        let mut text = Vec::new();
-        file.take(MAX_RECORDS_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(read_err)?;
-        if text.len() as u64 > MAX_RECORDS_BYTES {
-            return Err(RecordsError::TooLarge {
-                path: path.into(),
-                len: text.len() as u64,
-            });
-        }
         Records::parse(&text).map_err(|source| RecordsError::Parse {
             path: path.into(),
             source,
@@ -149,17 +138,8 @@ impl Records {
             path: path.into(),
             source,
         };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(write_err)?;
         let json = serde_json::to_vec_pretty(self).map_err(|e| write_err(e.into()))?;
-        tmp.write_all(&json).map_err(write_err)?;
-        tmp.as_file().sync_all().map_err(write_err)?;
-        tmp.persist(path).map_err(|e| write_err(e.error))?;
-        // The rename is durable only once the directory entry is.
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_err)?;
-        Ok(())
+        durable::write_durably(path, &json).map_err(write_err)
     }
 }
 
@@ -199,7 +179,7 @@ mod tests {
         std::fs::write(&path, vec![b' '; MAX_RECORDS_BYTES as usize + 1]).unwrap();
         assert!(matches!(
             Records::load(&path),
-            Err(RecordsError::TooLarge { len, .. }) if len == MAX_RECORDS_BYTES + 1
+            Err(RecordsError::TooLarge { .. })
         ));
     }
 

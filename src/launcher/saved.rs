@@ -10,12 +10,11 @@
 //! fsync of the directory; so a crash leaves the old request or the new one, never a mix.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs;
-use std::io::{self, Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use super::sync::{BlockSource, SyncInput};
+use crate::durable::{self, Contents};
 use crate::host::devnode::DevNumber;
 
 /// Far above any spec a Sync accepts: a bigger file is not ours.
@@ -85,7 +84,7 @@ pub fn save(path: &Path, input: &SyncInput) -> Result<(), SavedSyncError> {
     };
     // Only strings, maps and numbers: serializing cannot fail.
     let json = serde_json::to_vec(&saved).unwrap_or_default();
-    write_durably(path, &json).map_err(|source| SavedSyncError::Write {
+    durable::write_durably(path, &json).map_err(|source| SavedSyncError::Write {
         path: path.into(),
         source,
     })
@@ -97,23 +96,11 @@ pub fn load(path: &Path) -> Result<Option<SyncInput>, SavedSyncError> {
         path: path.into(),
         source,
     };
-    // Never through a symlink: the file is the launcher's own.
-    let file = match fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(read_err(e)),
+    let bytes = match durable::read_bounded(path, MAX_FILE).map_err(read_err)? {
+        Contents::Missing => return Ok(None),
+        Contents::TooLarge => return Err(SavedSyncError::TooBig { path: path.into() }),
+        Contents::Read(bytes) => bytes,
     };
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_FILE {
-        return Err(SavedSyncError::TooBig { path: path.into() });
-    }
     let saved: SavedSync =
         serde_json::from_slice(&bytes).map_err(|source| SavedSyncError::Parse {
             path: path.into(),
@@ -143,27 +130,10 @@ pub fn load(path: &Path) -> Result<Option<SyncInput>, SavedSyncError> {
     }))
 }
 
-/// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
-/// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
-/// of the directory (which makes the rename itself durable).
-pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    fs::File::open(dir)?.sync_all()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn input() -> SyncInput {
         SyncInput {

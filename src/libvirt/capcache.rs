@@ -18,7 +18,7 @@
 //! other.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// The shared cache on a host, and in the image (warmed at build time).
@@ -71,21 +71,13 @@ fn cache_files(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>, CapCach
     Ok(files)
 }
 
-/// Writes `text` to `dir/name` atomically: a temporary file in `dir`, synced, then renamed.
+/// Writes `text` to `dir/name` whole or not at all (a reader never sees half a capability file).
 fn write_atomically(dir: &Path, name: &std::ffi::OsStr, text: &[u8]) -> Result<(), CapCacheError> {
     let target = dir.join(name);
-    let write_err = |source| CapCacheError::Write {
+    crate::durable::write_durably(&target, text).map_err(|source| CapCacheError::Write {
         path: target.clone(),
         source,
-    };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".publish-")
-        .tempfile_in(dir)
-        .map_err(write_err)?;
-    tmp.write_all(text).map_err(write_err)?;
-    tmp.as_file().sync_all().map_err(write_err)?;
-    tmp.persist(&target).map_err(|e| write_err(e.error))?;
-    Ok(())
+    })
 }
 
 /// Copies every shared cache file into the private cache `private` (made if missing). Returns

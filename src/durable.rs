@@ -1,0 +1,105 @@
+//! The launcher's own small state files (the hotplug records, the last Sync, the shared capability
+//! cache): replaced whole or not at all, durably, and read back bounded and never through a
+//! symlink. One place for the crash-safety rules, so no file gets them half right.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// What reading one of the launcher's files found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// No file there (yet).
+    Missing,
+    /// The whole file, at most the bound.
+    Read(Vec<u8>),
+    /// More than the bound: not read further.
+    TooLarge,
+}
+
+/// The launcher's own file at `path`, at most `max` bytes, never through a symlink (a link
+/// there is an error, not followed).
+pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
+    let file = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Contents::Missing),
+        Err(e) => return Err(e),
+    };
+    let mut bytes = Vec::new();
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Contents::TooLarge);
+    }
+    Ok(Contents::Read(bytes))
+}
+
+/// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
+/// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
+/// of the directory (which makes the rename itself durable).
+pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .tempfile_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn reads_missing_whole_and_too_large_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        assert_eq!(read_bounded(&path, 4).unwrap(), Contents::Missing);
+        fs::write(&path, b"1234").unwrap();
+        assert_eq!(
+            read_bounded(&path, 4).unwrap(),
+            Contents::Read(b"1234".to_vec())
+        );
+        fs::write(&path, b"12345").unwrap();
+        assert_eq!(read_bounded(&path, 4).unwrap(), Contents::TooLarge);
+    }
+
+    #[test]
+    fn never_reads_through_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("target"), b"secret").unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(dir.path().join("target"), &link).unwrap();
+        let err = read_bounded(&link, 100).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+    }
+
+    #[test]
+    fn a_write_replaces_the_file_private_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        fs::write(&path, b"old").unwrap();
+        write_durably(&path, b"new").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new");
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["state.json"]);
+    }
+}
