@@ -82,11 +82,7 @@ async fn guest_powering_itself_off_succeeds_and_the_launcher_exits_0() {
     let (mut vm, qemu) = booted(name, "vmltest.poweroff_after=2");
     vm.wait_stdout("phase Succeeded", GUEST_DEADLINE);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    assert!(
-        vm.stdout_seen.iter().any(|l| l.contains("GuestShutdown")),
-        "{:?}",
-        vm.stdout_seen
-    );
+    vm.assert_printed("GuestShutdown");
     assert!(!alive(qemu));
 }
 
@@ -109,13 +105,7 @@ async fn sigterm_destroys_a_guest_that_ignores_acpi_when_the_grace_period_ends()
         "destroyed before the grace period ended"
     );
     assert_eq!(code, Some(5), "exit code for an expired grace period");
-    assert!(
-        vm.stdout_seen
-            .iter()
-            .any(|l| l.contains("GracePeriodExpired")),
-        "{:?}",
-        vm.stdout_seen
-    );
+    vm.assert_printed("GracePeriodExpired");
     assert!(!alive(qemu));
 }
 
@@ -426,11 +416,7 @@ async fn an_owner_stop_ends_a_launcher_whose_vm_runs_once() {
         "Stopped"
     );
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    assert!(
-        vm.stdout_seen.iter().any(|l| l.contains("phase Succeeded")),
-        "{:?}",
-        vm.stdout_seen
-    );
+    vm.assert_printed("phase Succeeded");
     assert!(!alive(qemu));
 }
 

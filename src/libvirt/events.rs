@@ -226,6 +226,19 @@ unsafe fn send(opaque: *mut c_void, event: HypervisorEvent) {
     let _ = tx.send(event);
 }
 
+/// Sends the event that `event` makes of the domain's name, for the events that carry nothing else.
+///
+/// # Safety
+/// As [`send`] and [`domain_name`].
+unsafe fn send_for(
+    opaque: *mut c_void,
+    dom: sys::virDomainPtr,
+    event: impl FnOnce(String) -> HypervisorEvent,
+) {
+    // SAFETY: guaranteed by the caller.
+    unsafe { send(opaque, event(domain_name(dom))) }
+}
+
 /// # Safety
 /// `dom` must be a valid domain pointer for the duration of the call.
 unsafe fn domain_name(dom: sys::virDomainPtr) -> String {
@@ -294,14 +307,7 @@ unsafe extern "C" fn on_reboot(
     opaque: *mut c_void,
 ) {
     // SAFETY: libvirt passes a valid domain and our opaque pointer.
-    unsafe {
-        send(
-            opaque,
-            HypervisorEvent::Reboot {
-                domain: domain_name(dom),
-            },
-        )
-    };
+    unsafe { send_for(opaque, dom, |domain| HypervisorEvent::Reboot { domain }) };
 }
 
 unsafe extern "C" fn on_control_error(
@@ -311,12 +317,9 @@ unsafe extern "C" fn on_control_error(
 ) {
     // SAFETY: libvirt passes a valid domain and our opaque pointer.
     unsafe {
-        send(
-            opaque,
-            HypervisorEvent::ControlError {
-                domain: domain_name(dom),
-            },
-        )
+        send_for(opaque, dom, |domain| HypervisorEvent::ControlError {
+            domain,
+        })
     };
 }
 

@@ -205,7 +205,7 @@ pub struct Launched {
     /// The temp dir, when this launcher made it (a second launcher may reuse the first one's).
     _owned: Option<tempfile::TempDir>,
     stdout: mpsc::Receiver<String>,
-    pub stdout_seen: Vec<String>,
+    stdout_seen: Vec<String>,
     exited: Option<ExitStatus>,
 }
 
@@ -385,6 +385,15 @@ impl Launched {
 
     fn stderr_text(&self) -> String {
         std::fs::read_to_string(self.dir().join("launcher.stderr")).unwrap_or_default()
+    }
+
+    /// Asserts that a line the launcher printed so far contains `needle`.
+    pub fn assert_printed(&self, needle: &str) {
+        assert!(
+            self.stdout_seen.iter().any(|l| l.contains(needle)),
+            "no {needle:?} in the launcher's output: {:#?}",
+            self.stdout_seen
+        );
     }
 
     /// Waits for a line on the launcher's standard output that contains `needle`.
