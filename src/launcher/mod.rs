@@ -18,6 +18,8 @@ mod saved;
 mod status;
 mod sync;
 mod tasks;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
