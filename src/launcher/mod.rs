@@ -13,6 +13,7 @@
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
 //! [`crate::host::block::BlockDevices`].
 
+mod io_errors;
 mod reconciler;
 mod saved;
 mod status;
@@ -221,7 +222,7 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input`, `io_errors` and the lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -250,6 +251,8 @@ pub struct Launcher {
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
+    /// Disk I/O errors, reported at a bounded rate (a leaf lock).
+    io_errors: Mutex<io_errors::IoErrorReports>,
 }
 
 impl Launcher {
@@ -350,6 +353,7 @@ impl Launcher {
             }),
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
+            io_errors: Mutex::default(),
         });
         launcher.update(|_| {});
         let n = name.clone();

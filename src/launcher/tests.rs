@@ -15,7 +15,6 @@ use crate::host::devnode::NodeOwner;
 /// libvirt's callbacks use it), and its runtime dir.
 pub(super) struct TestLauncher {
     pub launcher: Arc<Launcher>,
-    #[allow(dead_code)] // used by the event tests
     pub events: mpsc::UnboundedSender<HypervisorEvent>,
     _dir: tempfile::TempDir,
 }
@@ -112,4 +111,63 @@ async fn a_task_that_panics_ends_as_failed() {
     // The slot is free: the next command runs.
     t.launcher.command(Command::Pause, None).await.unwrap();
     assert_eq!(t.launcher.status().task, None);
+}
+
+/// Review L4: a guest storming I/O errors (`errorPolicy: report`) made a log line, an event on
+/// the stream and a state read for each one. Sent on the channel libvirt's callbacks use: the
+/// first is reported at once, the rest together, by the latest and their count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_io_error_storm_is_reported_at_a_bounded_rate() {
+    const STORM: u64 = 10_000;
+    let t = test_launcher("io-storm").await;
+    let domain = t.launcher.domain_name().to_string();
+    let (_, mut stream) = t.launcher.watch_events();
+    for i in 0..STORM {
+        t.events
+            .send(HypervisorEvent::IoError {
+                domain: domain.clone(),
+                alias: "ua-data".into(),
+                path: "/dev/data".into(),
+                action: "report",
+                reason: format!("eio {i}"),
+            })
+            .unwrap();
+    }
+    let mut reports = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !reports
+        .last()
+        .is_some_and(|d: &String| d.contains(&format!("eio {}", STORM - 1)))
+    {
+        let event = tokio::time::timeout_at(deadline, stream.recv())
+            .await
+            .expect("the last I/O error is reported")
+            .expect("the stream keeps up (no resync)");
+        if let EventKind::Hypervisor { event, detail } = event.kind {
+            if event == "IOError" {
+                reports.push(detail);
+            }
+        }
+    }
+    assert!(reports.len() <= 3, "{} reports: {reports:?}", reports.len());
+    assert_eq!(
+        reports[0],
+        "I/O error on ua-data (/dev/data): eio 0; action report"
+    );
+    let suppressed: u64 = reports[1..]
+        .iter()
+        .map(|d| {
+            let more = d.rsplit_once(" (").unwrap().1;
+            more.split(' ').next().unwrap().parse::<u64>().unwrap() + 1
+        })
+        .sum();
+    assert_eq!(1 + suppressed, STORM, "every error counted: {reports:?}");
+    assert_eq!(
+        t.launcher.state.lock().unwrap().io_error.as_deref(),
+        Some(&*format!(
+            "I/O error on ua-data (/dev/data): eio {}; action report",
+            STORM - 1
+        )),
+        "the latest error is kept"
+    );
 }
