@@ -102,6 +102,9 @@ struct HostState {
     applied: BTreeMap<DeviceCgroup, BTreeSet<DevNumber>>,
     /// The device program attached per cgroup v2 directory.
     programs: BTreeMap<PathBuf, u32>,
+    /// Which plug made each node of `nodes` (not saved: a restarted launcher starts afresh).
+    generations: BTreeMap<String, u64>,
+    last_generation: u64,
 }
 
 impl HostState {
@@ -216,6 +219,9 @@ impl BlockDevices {
     fn allow(&self, volume: &str, record: NodeRecord) -> Result<RuleGuard<'_>, BlockHostError> {
         let mut host = self.lock();
         host.nodes.insert(volume.into(), record);
+        host.last_generation += 1;
+        let generation = host.last_generation;
+        host.generations.insert(volume.into(), generation);
         if let Err(e) = self.apply_device_rules(&mut host) {
             host.nodes.remove(volume);
             if let Err(undo) = self.apply_device_rules(&mut host) {
@@ -237,6 +243,7 @@ impl BlockDevices {
         if host.nodes.remove(volume).is_none() {
             return Ok(());
         }
+        host.generations.remove(volume);
         self.apply_device_rules(&mut host)
     }
 
@@ -258,6 +265,30 @@ impl BlockDevices {
         };
         devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
         self.forget(volume)
+    }
+
+    /// Which plug made the node `volume` has now, if it has one: what a detach started now
+    /// must release, and nothing plugged after it (see [`BlockDevices::release_plug`]).
+    pub fn generation(&self, volume: &str) -> Option<u64> {
+        self.lock().generations.get(volume).copied()
+    }
+
+    /// [`BlockDevices::release`], only if the node of `volume` is still the one plug
+    /// `generation` made: a late device-removed event of an old disk must not take the node and
+    /// rule of the same name plugged again since (review L3). False if it was not.
+    pub fn release_plug(&self, volume: &str, generation: u64) -> Result<bool, BlockHostError> {
+        let mut host = self.lock();
+        if host.generations.get(volume) != Some(&generation) {
+            return Ok(false);
+        }
+        let Some(node) = host.nodes.get(volume).cloned() else {
+            return Ok(false);
+        };
+        devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
+        host.nodes.remove(volume);
+        host.generations.remove(volume);
+        self.apply_device_rules(&mut host)?;
+        Ok(true)
     }
 
     /// Makes every cgroup QEMU is in (and every one written to before) allow exactly the
@@ -321,6 +352,9 @@ impl BlockDevices {
         host.programs = records.programs;
         for (volume, node) in records.nodes {
             if live.contains(&volume) {
+                host.last_generation += 1;
+                let generation = host.last_generation;
+                host.generations.insert(volume.clone(), generation);
                 host.nodes.insert(volume, node);
             } else {
                 match devnode::remove_node(&self.roots.hotplug_dir, &volume, node.dev) {
@@ -492,6 +526,32 @@ mod tests {
         // Releasing what is not ours is nothing.
         devices.release("vol-a").unwrap();
         devices.forget("never-plugged").unwrap();
+    }
+
+    /// Review L3: a detach of `vol` times out, the volume is plugged again (the node found
+    /// there is taken as it is), then the old disk's late removal comes: it must not unlink the
+    /// new node nor revoke its rule.
+    #[test]
+    fn a_late_release_leaves_the_node_plugged_again_since() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.plug("vol", LOOP1).unwrap().keep();
+        let detached = devices.generation("vol").unwrap();
+        devices.plug("vol", LOOP1).unwrap().keep();
+        assert!(!devices.release_plug("vol", detached).unwrap());
+        assert_eq!(
+            devnode::device_of(&host.path("hotplug/vol")).unwrap(),
+            LOOP1
+        );
+        assert_eq!(host.written("devices.deny"), "");
+        assert_eq!(host.records().nodes["vol"].dev, LOOP1);
+        // The removal of the disk plugged now does release it.
+        let now = devices.generation("vol").unwrap();
+        assert!(devices.release_plug("vol", now).unwrap());
+        assert!(fs::symlink_metadata(host.path("hotplug/vol")).is_err());
+        assert_eq!(host.written("devices.deny"), "b 7:1 rwm");
+        assert!(devices.nodes().is_empty());
+        assert_eq!(devices.generation("vol"), None);
     }
 
     #[test]

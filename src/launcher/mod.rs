@@ -222,7 +222,8 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input`, `io_errors` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input`, `io_errors`, `detaching`, `late_removals` and the lock inside `block` are
+/// leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -242,6 +243,12 @@ pub struct Launcher {
     /// Asks the reconciler to re-read and reconcile now.
     wake: Notify,
     removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Volumes being detached, with the generation of their block node when the detach began
+    /// (`BlockDevices::generation`): what finishing the detach may release, and nothing newer.
+    detaching: Mutex<HashMap<String, Option<u64>>>,
+    /// Volumes whose device-removed event came after their detach stopped waiting: finished by
+    /// the reconciler under the task slot, never beside a Sync (review L3).
+    late_removals: Mutex<BTreeSet<String>>,
     /// Nodes and device rules of block volumes (`host::records` on disk).
     block: BlockDevices,
     /// The last Sync request (or the start spec), for `GetSpec`.
@@ -346,6 +353,8 @@ impl Launcher {
             interrupt: watch::channel(0).0,
             wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
+            detaching: Mutex::default(),
+            late_removals: Mutex::default(),
             block,
             last_input: Mutex::new(SyncInput {
                 spec: spec_text,

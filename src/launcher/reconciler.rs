@@ -120,23 +120,30 @@ impl Launcher {
                     .unwrap_or_default();
                 // A waiter whose detach timed out is gone: its removal is finished here.
                 let waiters: Vec<_> = waiters.into_iter().filter(|w| !w.is_closed()).collect();
+                let mut late = false;
                 if waiters.is_empty() {
-                    // A removal that arrived after its detach timed out: finish it now.
+                    // A removal that arrived after its detach stopped waiting: finished by
+                    // `reconcile`, which holds the task slot, so that it never runs beside a
+                    // Sync that plugs the same name again (review L3).
                     if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
-                        let detaching = self
-                            .status()
-                            .volumes
-                            .iter()
-                            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
-                        if detaching {
-                            self.finish_detach(volume);
+                        if self
+                            .detaching
+                            .lock()
+                            .expect("detaching lock")
+                            .contains_key(volume)
+                        {
+                            self.late_removals
+                                .lock()
+                                .expect("late removals lock")
+                                .insert(volume.to_string());
+                            late = true;
                         }
                     }
                 }
                 for w in waiters {
                     let _ = w.send(());
                 }
-                false
+                late
             }
             HypervisorEvent::Lifecycle {
                 domain,
@@ -305,6 +312,7 @@ impl Launcher {
         let Ok(slot) = self.task_slot.try_lock() else {
             return;
         };
+        self.finish_late_removals();
         let now = Instant::now();
         let (vm_state, observation, restart_due) = {
             let s = self.state.lock().expect("state lock");
@@ -363,6 +371,28 @@ impl Launcher {
             }
         }
         drop(slot);
+    }
+
+    /// Finishes the detaches whose device-removed event came late; called with the task slot
+    /// held. A volume no longer Detaching (a Sync plugged it again meanwhile) is left alone, and
+    /// `finish_detach` releases only the node the detach was about.
+    fn finish_late_removals(&self) {
+        let volumes = std::mem::take(&mut *self.late_removals.lock().expect("late removals lock"));
+        for volume in volumes {
+            let detaching = self
+                .status()
+                .volumes
+                .iter()
+                .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+            if detaching {
+                self.finish_detach(&volume);
+            } else {
+                self.detaching
+                    .lock()
+                    .expect("detaching lock")
+                    .remove(&volume);
+            }
+        }
     }
 
     /// The VM stopped without a task: `lifecycle::after_unasked_stop` decides (reboot window,

@@ -9,14 +9,17 @@ use tokio::sync::mpsc;
 
 use super::tasks::Work;
 use super::*;
+use crate::domain::{Bus, DiskDef};
+use crate::host::cgroup::CgroupMount;
 use crate::host::devnode::NodeOwner;
+use crate::libvirt::events::lifecycle_event;
 
 /// A launcher of a running domain on the test driver, the sending end of its event channel (as
 /// libvirt's callbacks use it), and its runtime dir.
 pub(super) struct TestLauncher {
     pub launcher: Arc<Launcher>,
     pub events: mpsc::UnboundedSender<HypervisorEvent>,
-    _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
 }
 
 impl Drop for TestLauncher {
@@ -49,7 +52,10 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
         resync_interval: Duration::from_secs(3600),
         hotplug: HotplugOptions {
             node_owner: NodeOwner { uid: 0, gid: 0 },
-            cgroup_roots: Default::default(),
+            cgroup_roots: CgroupRoots {
+                v1_devices: Some(CgroupMount::whole(dir.path().join("devices"))),
+                unified: None,
+            },
             sys_dev_block: dir.path().join("sys-dev-block"),
             proc_root: dir.path().join("proc"),
             qemu_pid_dir: dir.path().join("run"),
@@ -61,10 +67,23 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
     };
     let (launcher, kind) = Launcher::start(connector, vmi, options, rx).await.unwrap();
     assert_eq!(kind, StartKind::Created);
+    // "QEMU" (pid 4242) in cgroup /pod/qemu of a v1 devices hierarchy: block volumes' rules
+    // are written there, their nodes made in the hotplug dir.
+    let cgroup = dir.path().join("devices/pod/qemu");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    for f in ["devices.allow", "devices.deny"] {
+        std::fs::write(cgroup.join(f), "").unwrap();
+    }
+    let proc = dir.path().join("proc/4242");
+    std::fs::create_dir_all(&proc).unwrap();
+    std::fs::write(proc.join("cgroup"), "5:devices:/pod/qemu\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("run")).unwrap();
+    let pid_file = format!("run/{}.pid", launcher.domain_name());
+    std::fs::write(dir.path().join(pid_file), "4242\n").unwrap();
     TestLauncher {
         launcher,
         events: tx,
-        _dir: dir,
+        dir,
     }
 }
 
@@ -170,4 +189,102 @@ async fn an_io_error_storm_is_reported_at_a_bounded_rate() {
         )),
         "the latest error is kept"
     );
+}
+
+async fn next(stream: &mut broadcast::Receiver<LauncherEvent>) -> LauncherEvent {
+    tokio::time::timeout(Duration::from_secs(10), stream.recv())
+        .await
+        .expect("an event")
+        .unwrap()
+}
+
+/// Review L3: a device-removed event that comes after its detach stopped waiting was finished at
+/// once, beside a Sync in flight that might plug the same name again: it unlinked the new node
+/// and revoked its rule. It now waits for the task slot, and releases only the node its detach
+/// was about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_device_removal_waits_for_the_task_and_spares_a_volume_plugged_again() {
+    const LOOP1: DevNumber = DevNumber { major: 7, minor: 1 };
+    const LOOP2: DevNumber = DevNumber { major: 7, minor: 2 };
+    let t = test_launcher("late-removal").await;
+    let l = &t.launcher;
+    let domain = l.domain_name().to_string();
+    let hotplug = l.options.convert.paths.hotplug_dir.clone();
+    let disk = |volume: &str| DiskDef {
+        volume: volume.into(),
+        target: format!("sd-{volume}"),
+        bus: Bus::Scsi,
+        ..DiskDef::default()
+    };
+    // Two block volumes whose detach stopped waiting (as after DETACH_TIMEOUT): "again" is
+    // plugged again by the Sync below, "gone" is not.
+    for (volume, dev) in [("again", LOOP1), ("gone", LOOP2)] {
+        l.block.plug(volume, dev).unwrap().keep();
+        l.set_volume(
+            &disk(volume),
+            VolumePhase::Detaching,
+            "DetachTimeout",
+            String::new(),
+        );
+        l.detaching
+            .lock()
+            .unwrap()
+            .insert(volume.into(), l.block.generation(volume));
+    }
+    let (_, mut stream) = l.watch_events();
+    // A Sync in flight holds the slot while both removals come.
+    let slot = l.task_slot.lock().await;
+    for volume in ["again", "gone"] {
+        let alias = format!("{}{volume}", domain::USER_ALIAS_PREFIX);
+        t.events
+            .send(HypervisorEvent::DeviceRemoved {
+                domain: domain.clone(),
+                alias,
+            })
+            .unwrap();
+    }
+    // Handled in order: once this one is on the stream, so were the removals.
+    t.events
+        .send(HypervisorEvent::Lifecycle {
+            domain: domain.clone(),
+            event: lifecycle_event::DEFINED,
+            detail: 0,
+        })
+        .unwrap();
+    while !matches!(next(&mut stream).await.kind, EventKind::Hypervisor { .. }) {}
+    for volume in ["again", "gone"] {
+        assert!(
+            hotplug.join(volume).exists(),
+            "{volume}: nothing is released beside a task"
+        );
+    }
+    // The Sync plugs "again" once more (the node there is taken as it is), then ends.
+    l.block.plug("again", LOOP1).unwrap().keep();
+    l.set_volume(&disk("again"), VolumePhase::Ready, "", String::new());
+    drop(slot);
+    l.wake.notify_one();
+
+    // Both late removals are finished together, under the slot.
+    loop {
+        if let EventKind::VolumeRemoved(volume) = next(&mut stream).await.kind {
+            assert_eq!(volume, "gone");
+            break;
+        }
+    }
+    assert!(!hotplug.join("gone").exists());
+    assert_eq!(
+        devnode::device_of(&hotplug.join("again")).unwrap(),
+        LOOP1,
+        "the node plugged again stays"
+    );
+    assert_eq!(l.block.nodes(), [("again".to_string(), LOOP1)].into());
+    let cgroup = t.dir.path().join("devices/pod/qemu");
+    assert_eq!(
+        std::fs::read_to_string(cgroup.join("devices.deny")).unwrap(),
+        "b 7:2 rwm",
+        "only the released device is denied"
+    );
+    let volumes = l.status().volumes;
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(volumes[0].phase, VolumePhase::Ready);
 }
