@@ -13,6 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::caps::Unavailable;
 use super::cgroup::{self, CgroupRoots, DeviceCgroup};
 use super::devnode::{self, DevNumber, NodeGuard, NodeOwner};
 use super::records::{self, NodeRecord, Records};
@@ -38,6 +39,8 @@ pub enum BlockHostError {
     Cgroup(#[from] cgroup::CgroupError),
     #[error(transparent)]
     Records(#[from] records::RecordsError),
+    #[error("block volumes are unavailable here: {}", .missing.iter().map(|m| format!("{}: {}", m.feature, m.why)).collect::<Vec<_>>().join("; "))]
+    Unavailable { missing: Vec<Unavailable> },
 }
 
 impl BlockHostError {
@@ -49,6 +52,7 @@ impl BlockHostError {
             | BlockHostError::QemuCgroups { .. }
             | BlockHostError::Cgroup(_) => "CgroupFailed",
             BlockHostError::Records(_) => "RecordsFailed",
+            BlockHostError::Unavailable { .. } => "CapabilityMissing",
         }
     }
 }
@@ -89,6 +93,9 @@ pub struct BlockRoots {
     pub qemu_pid_file: PathBuf,
     /// The state file of what the launcher made (`host::records`).
     pub records: PathBuf,
+    /// What this process lacks for block hotplug (`host::caps::missing_capabilities`): while
+    /// anything is, a block volume is refused before anything is made.
+    pub missing: Vec<Unavailable>,
 }
 
 /// What the launcher made on the host for block volumes (saved as `host::records`).
@@ -207,6 +214,11 @@ impl BlockDevices {
     /// Makes the node of `volume` for `dev`, then allows `dev` in every cgroup QEMU is in. A
     /// failure undoes what was done; so does dropping the result.
     pub fn plug(&self, volume: &str, dev: DevNumber) -> Result<Plugged<'_>, BlockHostError> {
+        if !self.roots.missing.is_empty() {
+            return Err(BlockHostError::Unavailable {
+                missing: self.roots.missing.clone(),
+            });
+        }
         let node = devnode::make_node(&self.roots.hotplug_dir, volume, dev, self.roots.node_owner)?;
         let record = NodeRecord {
             path: node.path(),
@@ -457,6 +469,7 @@ mod tests {
                 proc_root: self.path("proc"),
                 qemu_pid_file: self.path("qemu.pid"),
                 records: self.path("records.json"),
+                missing: Vec::new(),
             }
         }
 
@@ -564,6 +577,30 @@ mod tests {
         assert_eq!(err.reason(), "CgroupFailed");
         assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
         assert!(devices.nodes().is_empty());
+    }
+
+    /// Review L11: without what block hotplug needs, a block volume is refused with the missing
+    /// capability named, before a node is made or a rule written.
+    #[test]
+    fn a_missing_capability_refuses_the_volume_and_makes_nothing() {
+        let host = Host::new();
+        let devices = BlockDevices::new(BlockRoots {
+            missing: vec![Unavailable {
+                feature: "cgroup v2 device programs (bpf)",
+                why: "CAP_SYS_ADMIN is not in the effective set".into(),
+            }],
+            ..host.roots()
+        });
+        let err = devices.plug("vol-a", LOOP1).unwrap_err();
+        assert_eq!(err.reason(), "CapabilityMissing");
+        assert_eq!(
+            err.to_string(),
+            "block volumes are unavailable here: cgroup v2 device programs (bpf): \
+             CAP_SYS_ADMIN is not in the effective set"
+        );
+        assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
+        assert_eq!(host.written("devices.allow"), "");
+        assert!(!host.path("records.json").exists());
     }
 
     #[test]

@@ -150,6 +150,8 @@ pub struct HotplugOptions {
     pub records: PathBuf,
     /// The last accepted Sync (`launcher::saved`), restored when the domain is adopted.
     pub last_sync: PathBuf,
+    /// What this process lacks for block hotplug: block volumes are refused while anything is.
+    pub missing_capabilities: Vec<crate::host::caps::Unavailable>,
 }
 
 #[derive(Debug)]
@@ -335,6 +337,7 @@ impl Launcher {
             proc_root: options.hotplug.proc_root.clone(),
             qemu_pid_file: options.hotplug.qemu_pid_dir.join(format!("{name}.pid")),
             records: options.hotplug.records.clone(),
+            missing: options.hotplug.missing_capabilities.clone(),
         });
         let launcher = Arc::new(Launcher {
             connector,

@@ -61,6 +61,7 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
             qemu_pid_dir: dir.path().join("run"),
             records: dir.path().join("records.json"),
             last_sync: dir.path().join("last-sync.json"),
+            missing_capabilities: Vec::new(),
         },
         spec_text: spec,
         reconnect_timeout: Some(Duration::from_secs(5)),
