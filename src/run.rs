@@ -154,9 +154,14 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             Default::default()
         }
     };
-    match crate::host::caps::effective() {
+    // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
+    let node_owner = crate::host::devnode::NodeOwner { uid: 0, gid: 0 };
+    let chown_needed = nix::unistd::geteuid().as_raw() != node_owner.uid
+        || nix::unistd::getegid().as_raw() != node_owner.gid;
+    let effective = crate::host::caps::effective();
+    match &effective {
         Ok(effective) => {
-            for missing in crate::host::caps::check(&effective, &cgroup_roots) {
+            for missing in crate::host::caps::check(effective, &cgroup_roots, chown_needed) {
                 say(format_args!(
                     "hotplug: {} unavailable: {}",
                     missing.feature, missing.why
@@ -165,17 +170,26 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         }
         Err(e) => say(format_args!(
             "hotplug: cannot check capabilities: {}",
-            crate::error_chain(&e)
+            crate::error_chain(e)
         )),
     }
+    if let Some(warning) = crate::host::caps::memlock_warning_here(&cgroup_roots) {
+        say(format_args!("hotplug: {warning}"));
+    }
+    let cgroup_roots = unless_unrestricted(cgroup_roots, opts.connect.is_some());
     let options = LaunchOptions {
         reconnect_timeout: opts.reconnect_timeout,
         strategy: opts.strategy,
         spec_text: opts.spec_text.clone(),
         hotplug: crate::launcher::HotplugOptions {
-            // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
-            node_owner: crate::host::devnode::NodeOwner { uid: 0, gid: 0 },
-            cgroup_roots: unless_unrestricted(cgroup_roots, opts.connect.is_some()),
+            node_owner,
+            // Block volumes are refused, naming it, while a capability they need is missing
+            // (review L11).
+            missing_capabilities: effective
+                .as_ref()
+                .map(|e| crate::host::caps::missing_capabilities(e, &cgroup_roots, chown_needed))
+                .unwrap_or_default(),
+            cgroup_roots,
             sys_dev_block: crate::host::devnode::block_device_list(),
             proc_root: "/proc".into(),
             qemu_pid_dir: match &opts.connect {

@@ -154,3 +154,26 @@ fn publishing_a_port_the_spec_does_not_list_is_a_usage_error() {
     let out = vmlauncher(&["run", example, "--publish", "22"], None);
     assert_eq!(out.status.code(), Some(64), "HOSTPORT:PORT is required");
 }
+
+/// Review, panic inventory: a --hotplug-dir (or --runtime-dir) that is not UTF-8 ends up in
+/// libvirt's XML and in the hotplug records as text; it is refused up front, naming the option.
+#[test]
+fn run_refuses_a_directory_that_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"/tmp/vml-\xff-dir");
+    for option in ["--hotplug-dir", "--runtime-dir"] {
+        let out = Command::new(common::bin())
+            .arg("run")
+            .arg(option)
+            .arg(not_utf8)
+            .arg("-")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{option}: {stderr}");
+        assert!(stderr.contains(option), "{stderr}");
+        assert!(stderr.contains("is not UTF-8"), "{stderr}");
+        assert!(!std::path::Path::new(not_utf8).exists());
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use vmlauncher::lifecycle::RunStrategy;
 use vmlauncher::run::Emulation;
@@ -41,7 +42,7 @@ pub(crate) enum Command {
         #[arg(long)]
         connect: Option<String>,
         /// Where the launcher keeps its socket, console log and private libvirtd.
-        #[arg(long, default_value = "/var/run/vmlauncher")]
+        #[arg(long, default_value = "/var/run/vmlauncher", value_parser = utf8_path())]
         runtime_dir: PathBuf,
         /// The gRPC socket (default: RUNTIME_DIR/launcher.sock).
         #[arg(long)]
@@ -60,7 +61,7 @@ pub(crate) enum Command {
         console: bool,
         /// Where hot-plugged volumes live: block nodes the launcher makes, and image files
         /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
-        #[arg(long)]
+        #[arg(long, value_parser = utf8_path())]
         hotplug_dir: Option<PathBuf>,
         /// local: QEMU's user-mode network. pod: masquerade interfaces too (ports published on
         /// the pod's addresses), bridge interfaces the pod's tap devices (`tap0`, `tap1`, ...).
@@ -184,6 +185,17 @@ pub(crate) struct Target {
     pub(crate) socket: PathBuf,
     #[arg(long, value_enum, default_value = "text")]
     pub(crate) output: Output,
+}
+
+/// A directory whose paths end up as text (libvirt's XML, the hotplug records): a name that is
+/// not UTF-8 is a usage error naming the option, not a failure deep inside (review, panic
+/// inventory: the records file could not be written).
+fn utf8_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    clap::builder::OsStringValueParser::new().try_map(|os| {
+        os.into_string()
+            .map(PathBuf::from)
+            .map_err(|os| format!("{} is not UTF-8", PathBuf::from(os).display()))
+    })
 }
 
 /// `HOSTPORT:PORT` of `run --publish`.

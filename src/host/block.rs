@@ -13,6 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::caps::Unavailable;
 use super::cgroup::{self, CgroupRoots, DeviceCgroup};
 use super::devnode::{self, DevNumber, NodeGuard, NodeOwner};
 use super::records::{self, NodeRecord, Records};
@@ -38,6 +39,8 @@ pub enum BlockHostError {
     Cgroup(#[from] cgroup::CgroupError),
     #[error(transparent)]
     Records(#[from] records::RecordsError),
+    #[error("block volumes are unavailable here: {}", .missing.iter().map(|m| format!("{}: {}", m.feature, m.why)).collect::<Vec<_>>().join("; "))]
+    Unavailable { missing: Vec<Unavailable> },
 }
 
 impl BlockHostError {
@@ -49,6 +52,7 @@ impl BlockHostError {
             | BlockHostError::QemuCgroups { .. }
             | BlockHostError::Cgroup(_) => "CgroupFailed",
             BlockHostError::Records(_) => "RecordsFailed",
+            BlockHostError::Unavailable { .. } => "CapabilityMissing",
         }
     }
 }
@@ -89,6 +93,9 @@ pub struct BlockRoots {
     pub qemu_pid_file: PathBuf,
     /// The state file of what the launcher made (`host::records`).
     pub records: PathBuf,
+    /// What this process lacks for block hotplug (`host::caps::missing_capabilities`): while
+    /// anything is, a block volume is refused before anything is made.
+    pub missing: Vec<Unavailable>,
 }
 
 /// What the launcher made on the host for block volumes (saved as `host::records`).
@@ -102,6 +109,9 @@ struct HostState {
     applied: BTreeMap<DeviceCgroup, BTreeSet<DevNumber>>,
     /// The device program attached per cgroup v2 directory.
     programs: BTreeMap<PathBuf, u32>,
+    /// Which plug made each node of `nodes` (not saved: a restarted launcher starts afresh).
+    generations: BTreeMap<String, u64>,
+    last_generation: u64,
 }
 
 impl HostState {
@@ -204,6 +214,11 @@ impl BlockDevices {
     /// Makes the node of `volume` for `dev`, then allows `dev` in every cgroup QEMU is in. A
     /// failure undoes what was done; so does dropping the result.
     pub fn plug(&self, volume: &str, dev: DevNumber) -> Result<Plugged<'_>, BlockHostError> {
+        if !self.roots.missing.is_empty() {
+            return Err(BlockHostError::Unavailable {
+                missing: self.roots.missing.clone(),
+            });
+        }
         let node = devnode::make_node(&self.roots.hotplug_dir, volume, dev, self.roots.node_owner)?;
         let record = NodeRecord {
             path: node.path(),
@@ -216,6 +231,9 @@ impl BlockDevices {
     fn allow(&self, volume: &str, record: NodeRecord) -> Result<RuleGuard<'_>, BlockHostError> {
         let mut host = self.lock();
         host.nodes.insert(volume.into(), record);
+        host.last_generation += 1;
+        let generation = host.last_generation;
+        host.generations.insert(volume.into(), generation);
         if let Err(e) = self.apply_device_rules(&mut host) {
             host.nodes.remove(volume);
             if let Err(undo) = self.apply_device_rules(&mut host) {
@@ -237,6 +255,7 @@ impl BlockDevices {
         if host.nodes.remove(volume).is_none() {
             return Ok(());
         }
+        host.generations.remove(volume);
         self.apply_device_rules(&mut host)
     }
 
@@ -258,6 +277,30 @@ impl BlockDevices {
         };
         devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
         self.forget(volume)
+    }
+
+    /// Which plug made the node `volume` has now, if it has one: what a detach started now
+    /// must release, and nothing plugged after it (see [`BlockDevices::release_plug`]).
+    pub fn generation(&self, volume: &str) -> Option<u64> {
+        self.lock().generations.get(volume).copied()
+    }
+
+    /// [`BlockDevices::release`], only if the node of `volume` is still the one plug
+    /// `generation` made: a late device-removed event of an old disk must not take the node and
+    /// rule of the same name plugged again since (review L3). False if it was not.
+    pub fn release_plug(&self, volume: &str, generation: u64) -> Result<bool, BlockHostError> {
+        let mut host = self.lock();
+        if host.generations.get(volume) != Some(&generation) {
+            return Ok(false);
+        }
+        let Some(node) = host.nodes.get(volume).cloned() else {
+            return Ok(false);
+        };
+        devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
+        host.nodes.remove(volume);
+        host.generations.remove(volume);
+        self.apply_device_rules(&mut host)?;
+        Ok(true)
     }
 
     /// Makes every cgroup QEMU is in (and every one written to before) allow exactly the
@@ -321,6 +364,9 @@ impl BlockDevices {
         host.programs = records.programs;
         for (volume, node) in records.nodes {
             if live.contains(&volume) {
+                host.last_generation += 1;
+                let generation = host.last_generation;
+                host.generations.insert(volume.clone(), generation);
                 host.nodes.insert(volume, node);
             } else {
                 match devnode::remove_node(&self.roots.hotplug_dir, &volume, node.dev) {
@@ -423,6 +469,7 @@ mod tests {
                 proc_root: self.path("proc"),
                 qemu_pid_file: self.path("qemu.pid"),
                 records: self.path("records.json"),
+                missing: Vec::new(),
             }
         }
 
@@ -494,6 +541,32 @@ mod tests {
         devices.forget("never-plugged").unwrap();
     }
 
+    /// Review L3: a detach of `vol` times out, the volume is plugged again (the node found
+    /// there is taken as it is), then the old disk's late removal comes: it must not unlink the
+    /// new node nor revoke its rule.
+    #[test]
+    fn a_late_release_leaves_the_node_plugged_again_since() {
+        let host = Host::new();
+        let devices = BlockDevices::new(host.roots());
+        devices.plug("vol", LOOP1).unwrap().keep();
+        let detached = devices.generation("vol").unwrap();
+        devices.plug("vol", LOOP1).unwrap().keep();
+        assert!(!devices.release_plug("vol", detached).unwrap());
+        assert_eq!(
+            devnode::device_of(&host.path("hotplug/vol")).unwrap(),
+            LOOP1
+        );
+        assert_eq!(host.written("devices.deny"), "");
+        assert_eq!(host.records().nodes["vol"].dev, LOOP1);
+        // The removal of the disk plugged now does release it.
+        let now = devices.generation("vol").unwrap();
+        assert!(devices.release_plug("vol", now).unwrap());
+        assert!(fs::symlink_metadata(host.path("hotplug/vol")).is_err());
+        assert_eq!(host.written("devices.deny"), "b 7:1 rwm");
+        assert!(devices.nodes().is_empty());
+        assert_eq!(devices.generation("vol"), None);
+    }
+
     #[test]
     fn without_qemu_a_plug_fails_and_leaves_nothing() {
         let host = Host::new();
@@ -504,6 +577,30 @@ mod tests {
         assert_eq!(err.reason(), "CgroupFailed");
         assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
         assert!(devices.nodes().is_empty());
+    }
+
+    /// Review L11: without what block hotplug needs, a block volume is refused with the missing
+    /// capability named, before a node is made or a rule written.
+    #[test]
+    fn a_missing_capability_refuses_the_volume_and_makes_nothing() {
+        let host = Host::new();
+        let devices = BlockDevices::new(BlockRoots {
+            missing: vec![Unavailable {
+                feature: "cgroup v2 device programs (bpf)",
+                why: "CAP_SYS_ADMIN is not in the effective set".into(),
+            }],
+            ..host.roots()
+        });
+        let err = devices.plug("vol-a", LOOP1).unwrap_err();
+        assert_eq!(err.reason(), "CapabilityMissing");
+        assert_eq!(
+            err.to_string(),
+            "block volumes are unavailable here: cgroup v2 device programs (bpf): \
+             CAP_SYS_ADMIN is not in the effective set"
+        );
+        assert!(fs::symlink_metadata(host.path("hotplug/vol-a")).is_err());
+        assert_eq!(host.written("devices.allow"), "");
+        assert!(!host.path("records.json").exists());
     }
 
     #[test]

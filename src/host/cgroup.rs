@@ -6,7 +6,8 @@
 //! The v2 program replaces whatever was attached before: the new one is attached first
 //! (`BPF_F_ALLOW_MULTI`), then every older one is detached, so there is no moment without a
 //! program. RLIMIT_MEMLOCK is not raised: kernels since 5.11 charge BPF memory to the memory
-//! cgroup, and raising it needs CAP_SYS_RESOURCE, which a pod does not have.
+//! cgroup, and raising it needs CAP_SYS_RESOURCE, which a pod does not have (on older kernels
+//! a low limit is reported at start, `host::caps::memlock_warning`).
 //!
 //! Cgroup roots and the process's cgroup file come in as parameters; nothing here looks at
 //! `/sys/fs/cgroup` by itself.
@@ -77,6 +78,22 @@ pub enum CgroupError {
         path: PathBuf,
         #[source]
         source: BpfError,
+    },
+    #[error("cannot query the device programs on {path}")]
+    Query {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot open {unopened} of the {attached} device programs on {path} (opening a program \
+         by id needs CAP_SYS_ADMIN): they could not be detached, and with them in place a new \
+         program would not allow the new disk; nothing was changed"
+    )]
+    ProgramsOutOfReach {
+        path: PathBuf,
+        attached: usize,
+        unopened: usize,
     },
 }
 
@@ -424,25 +441,47 @@ fn open_cgroup(dir: &Path) -> Result<OwnedFd, CgroupError> {
     })
 }
 
-/// The ids of the device programs attached to the cgroup v2 directory `dir`.
+/// The ids of the device programs attached to the cgroup v2 directory `dir`, all of them (also
+/// those this process could not open: without CAP_SYS_ADMIN, a cgroup is never taken for
+/// unrestricted because its program is out of reach).
 pub fn attached_programs(dir: &Path) -> Result<Vec<u32>, CgroupError> {
-    let cgroup = open_cgroup(dir)?;
-    let infos = prog::query(cgroup.as_raw_fd()).map_err(|source| CgroupError::Bpf {
-        action: "query",
-        path: dir.into(),
-        source,
-    })?;
-    Ok(infos
-        .into_iter()
-        .map(|info| {
-            drop(owned(info.fd));
-            info.id
-        })
-        .collect())
+    attached_ids(&open_cgroup(dir)?, dir)
+}
+
+/// The ids of every device program attached to the cgroup `cgroup` (of `dir`), whether this
+/// process may open them or not (libcgroups' `prog::query` leaves out those it cannot open).
+fn attached_ids(cgroup: &OwnedFd, dir: &Path) -> Result<Vec<u32>, CgroupError> {
+    // The kernel allows 64 programs per cgroup and attach type (BPF_CGROUP_MAX_PROGS).
+    let mut ids = vec![0_u32; 64];
+    let mut count = ids.len() as u32;
+    let mut flags = 0_u32;
+    // SAFETY: `cgroup` is an open descriptor; `ids` has room for `count` ids, and the other
+    // pointers are to live locals; libbpf writes at most `count` ids and then the real count.
+    let rc = unsafe {
+        libbpf_sys::bpf_prog_query(
+            cgroup.as_raw_fd(),
+            libbpf_sys::BPF_CGROUP_DEVICE,
+            0,
+            &mut flags,
+            ids.as_mut_ptr(),
+            &mut count,
+        )
+    };
+    if rc != 0 {
+        return Err(CgroupError::Query {
+            path: dir.into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    ids.truncate(count as usize);
+    Ok(ids)
 }
 
 /// Attaches a program built from `wanted` to `dir`, then detaches every program attached before
-/// it. Returns the new program's id.
+/// it. Returns the new program's id. Programs on a cgroup are ANDed: one left behind would deny
+/// the new disk, and each one left adds up to the kernel's 64. So the old ones must all be
+/// detachable before anything is attached (opening a program by id needs CAP_SYS_ADMIN; with
+/// CAP_BPF alone they are out of reach), and a failed detach takes the new program off again.
 fn replace_program(dir: &Path, wanted: &BTreeSet<DevNumber>) -> Result<u32, CgroupError> {
     let program = program_for(wanted)?;
     let cgroup = open_cgroup(dir)?;
@@ -453,16 +492,31 @@ fn replace_program(dir: &Path, wanted: &BTreeSet<DevNumber>) -> Result<u32, Cgro
             source,
         }
     };
+    let attached = attached_ids(&cgroup, dir)?;
     let old: Vec<(u32, OwnedFd)> = prog::query(cgroup.as_raw_fd())
         .map_err(bpf_err("query"))?
         .into_iter()
         .map(|info| (info.id, owned(info.fd)))
         .collect();
+    let old_ids: BTreeSet<u32> = old.iter().map(|(id, _)| *id).collect();
+    let unopened = attached.iter().filter(|id| !old_ids.contains(id)).count();
+    if unopened > 0 {
+        return Err(CgroupError::ProgramsOutOfReach {
+            path: dir.into(),
+            attached: attached.len(),
+            unopened,
+        });
+    }
     let new = owned(prog::load(LICENSE, program.bytecodes()).map_err(bpf_err("load"))?);
     prog::attach(new.as_raw_fd(), cgroup.as_raw_fd()).map_err(bpf_err("attach"))?;
-    let old_ids: BTreeSet<u32> = old.iter().map(|(id, _)| *id).collect();
     for (_, fd) in &old {
-        prog::detach2(fd.as_raw_fd(), cgroup.as_raw_fd()).map_err(bpf_err("detach"))?;
+        if let Err(e) = prog::detach2(fd.as_raw_fd(), cgroup.as_raw_fd()) {
+            // Back to the programs that were there: never one more each time.
+            if let Err(undo) = prog::detach2(new.as_raw_fd(), cgroup.as_raw_fd()) {
+                tracing::warn!(path = %dir.display(), error = %undo, "undo: cannot detach the new device program");
+            }
+            return Err(bpf_err("detach")(e));
+        }
     }
     let now = prog::query(cgroup.as_raw_fd()).map_err(bpf_err("query"))?;
     let mut new_id = None;
@@ -645,6 +699,84 @@ mod tests {
             host_mount.device_cgroups_of("0::/\n"),
             Err(CgroupError::OutsideMount { .. })
         ));
+    }
+
+    /// An empty cgroup of this host's cgroup2 mount, removed (programs first) when dropped.
+    struct ScratchV2(PathBuf);
+
+    impl ScratchV2 {
+        fn new(name: &str) -> ScratchV2 {
+            let dir = Path::new("/sys/fs/cgroup/unified")
+                .join(format!("vml-unit-{name}-{}", std::process::id()));
+            std::fs::create_dir(&dir).expect("the host has a cgroup2 mount (scripts/setup.sh)");
+            ScratchV2(dir)
+        }
+
+        fn ids(&self) -> Vec<u32> {
+            attached_programs(&self.0).unwrap()
+        }
+    }
+
+    impl Drop for ScratchV2 {
+        fn drop(&mut self) {
+            if let Ok(cgroup) = open_cgroup(&self.0) {
+                for info in prog::query(cgroup.as_raw_fd()).unwrap_or_default() {
+                    let fd = owned(info.fd);
+                    let _ = prog::detach2(fd.as_raw_fd(), cgroup.as_raw_fd());
+                }
+            }
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
+    /// Review L11: with CAP_BPF but not CAP_SYS_ADMIN the program attached before cannot be
+    /// opened, so it was never detached: the new one was added beside it (ANDed, the old one
+    /// denies the new disk), one more on every change up to the kernel's 64. Now nothing is
+    /// attached and the error says why. On the real kernel, in a thread without CAP_SYS_ADMIN.
+    #[test]
+    fn without_cap_sys_admin_no_program_is_added_beside_one_out_of_reach() {
+        let cg = ScratchV2::new("out-of-reach");
+        let first = DeviceCgroup::V2(cg.0.clone())
+            .apply(&BTreeSet::new(), &[dev(7, 1)].into())
+            .unwrap()
+            .unwrap();
+        assert_eq!(cg.ids(), [first]);
+        let dir = cg.0.clone();
+        let err = std::thread::spawn(move || {
+            caps::drop(
+                None,
+                caps::CapSet::Effective,
+                caps::Capability::CAP_SYS_ADMIN,
+            )
+            .unwrap();
+            // Nor is the cgroup taken for unrestricted because its program is out of reach.
+            let cgroup = DeviceCgroup::V2(dir);
+            assert_eq!(restricts_devices(&cgroup), Some(true));
+            cgroup.apply(&[dev(7, 1)].into(), &[dev(7, 1), dev(7, 2)].into())
+        })
+        .join()
+        .unwrap()
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::ProgramsOutOfReach {
+                    attached: 1,
+                    unopened: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("CAP_SYS_ADMIN"), "{err}");
+        assert_eq!(cg.ids(), [first], "no program added");
+        // With CAP_SYS_ADMIN the old one is replaced: one program, a new one.
+        let second = DeviceCgroup::V2(cg.0.clone())
+            .apply(&[dev(7, 1)].into(), &[dev(7, 1), dev(7, 2)].into())
+            .unwrap()
+            .unwrap();
+        assert_ne!(second, first);
+        assert_eq!(cg.ids(), [second]);
     }
 
     #[test]

@@ -222,6 +222,25 @@ mod tests {
         assert_eq!(dropped.len(), 5, "{dropped:#?}");
     }
 
+    /// Review, panic inventory: a path that is not UTF-8 cannot be written as JSON; that was an
+    /// `expect` under the block-devices lock (a panic poisoning it). It is an error now.
+    #[test]
+    fn a_path_that_is_not_utf8_is_an_error_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hotplug-records.json");
+        let mut r = Records::default();
+        r.nodes.insert(
+            "a".into(),
+            NodeRecord {
+                path: std::ffi::OsStr::from_bytes(b"/hp/\xff/a").into(),
+                dev: DevNumber { major: 7, minor: 1 },
+            },
+        );
+        assert!(matches!(r.save(&path), Err(RecordsError::Write { .. })));
+        assert!(!path.exists());
+    }
+
     #[test]
     fn unknown_fields_are_not_records() {
         assert!(

@@ -13,11 +13,14 @@
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
 //! [`crate::host::block::BlockDevices`].
 
+mod io_errors;
 mod reconciler;
 mod saved;
 mod status;
 mod sync;
 mod tasks;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -147,6 +150,8 @@ pub struct HotplugOptions {
     pub records: PathBuf,
     /// The last accepted Sync (`launcher::saved`), restored when the domain is adopted.
     pub last_sync: PathBuf,
+    /// What this process lacks for block hotplug: block volumes are refused while anything is.
+    pub missing_capabilities: Vec<crate::host::caps::Unavailable>,
 }
 
 #[derive(Debug)]
@@ -219,7 +224,8 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input`, `io_errors`, `detaching`, `late_removals` and the lock inside `block` are
+/// leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -239,6 +245,12 @@ pub struct Launcher {
     /// Asks the reconciler to re-read and reconcile now.
     wake: Notify,
     removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
+    /// Volumes being detached, with the generation of their block node when the detach began
+    /// (`BlockDevices::generation`): what finishing the detach may release, and nothing newer.
+    detaching: Mutex<HashMap<String, Option<u64>>>,
+    /// Volumes whose device-removed event came after their detach stopped waiting: finished by
+    /// the reconciler under the task slot, never beside a Sync (review L3).
+    late_removals: Mutex<BTreeSet<String>>,
     /// Nodes and device rules of block volumes (`host::records` on disk).
     block: BlockDevices,
     /// The last Sync request (or the start spec), for `GetSpec`.
@@ -248,6 +260,8 @@ pub struct Launcher {
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
+    /// Disk I/O errors, reported at a bounded rate (a leaf lock).
+    io_errors: Mutex<io_errors::IoErrorReports>,
 }
 
 impl Launcher {
@@ -323,6 +337,7 @@ impl Launcher {
             proc_root: options.hotplug.proc_root.clone(),
             qemu_pid_file: options.hotplug.qemu_pid_dir.join(format!("{name}.pid")),
             records: options.hotplug.records.clone(),
+            missing: options.hotplug.missing_capabilities.clone(),
         });
         let launcher = Arc::new(Launcher {
             connector,
@@ -341,6 +356,8 @@ impl Launcher {
             interrupt: watch::channel(0).0,
             wake: Notify::new(),
             removal_waiters: Mutex::new(HashMap::new()),
+            detaching: Mutex::default(),
+            late_removals: Mutex::default(),
             block,
             last_input: Mutex::new(SyncInput {
                 spec: spec_text,
@@ -348,6 +365,7 @@ impl Launcher {
             }),
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
+            io_errors: Mutex::default(),
         });
         launcher.update(|_| {});
         let n = name.clone();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::io_errors::IoErrorReport;
 use super::{
     EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
 };
@@ -119,23 +120,30 @@ impl Launcher {
                     .unwrap_or_default();
                 // A waiter whose detach timed out is gone: its removal is finished here.
                 let waiters: Vec<_> = waiters.into_iter().filter(|w| !w.is_closed()).collect();
+                let mut late = false;
                 if waiters.is_empty() {
-                    // A removal that arrived after its detach timed out: finish it now.
+                    // A removal that arrived after its detach stopped waiting: finished by
+                    // `reconcile`, which holds the task slot, so that it never runs beside a
+                    // Sync that plugs the same name again (review L3).
                     if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
-                        let detaching = self
-                            .status()
-                            .volumes
-                            .iter()
-                            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
-                        if detaching {
-                            self.finish_detach(volume);
+                        if self
+                            .detaching
+                            .lock()
+                            .expect("detaching lock")
+                            .contains_key(volume)
+                        {
+                            self.late_removals
+                                .lock()
+                                .expect("late removals lock")
+                                .insert(volume.to_string());
+                            late = true;
                         }
                     }
                 }
                 for w in waiters {
                     let _ = w.send(());
                 }
-                false
+                late
             }
             HypervisorEvent::Lifecycle {
                 domain,
@@ -165,13 +173,13 @@ impl Launcher {
                 reason,
             } if ours(&domain) => {
                 let message = format!("I/O error on {alias} ({path}): {reason}; action {action}");
-                tracing::warn!(%message);
-                self.events.publish(EventKind::Hypervisor {
-                    event: "IOError".into(),
-                    detail: message.clone(),
-                });
-                self.update(|s| s.io_error = Some(message));
-                true
+                let report = self
+                    .io_errors
+                    .lock()
+                    .expect("io errors lock")
+                    .record(message, Instant::now());
+                // Held back (a storm): reported, with the count, when its interval is over.
+                report.is_some_and(|r| self.report_io_error(r))
             }
             HypervisorEvent::ControlError { domain } if ours(&domain) => {
                 self.events.publish(EventKind::Hypervisor {
@@ -222,6 +230,30 @@ impl Launcher {
             }
             _ => false,
         }
+    }
+
+    /// Logs an I/O error (with how many were held back), tells the stream, and shows it with
+    /// the `Paused` condition; true: the state must be re-read (the guest may have paused).
+    fn report_io_error(&self, report: IoErrorReport) -> bool {
+        tracing::warn!(message = %report.message, more = report.suppressed, "I/O error");
+        let detail = report.detail();
+        // Status first: whoever sees the event finds it there.
+        self.update(|s| s.io_error = Some(report.message));
+        self.events.publish(EventKind::Hypervisor {
+            event: "IOError".into(),
+            detail,
+        });
+        true
+    }
+
+    /// Reports the I/O errors held back, once their interval is over; true if it did.
+    fn flush_io_errors(&self) -> bool {
+        let report = self
+            .io_errors
+            .lock()
+            .expect("io errors lock")
+            .flush(Instant::now());
+        report.is_some_and(|r| self.report_io_error(r))
     }
 
     /// Marks the state Unknown and reconnects with back-off (restarting a private libvirtd that
@@ -280,6 +312,7 @@ impl Launcher {
         let Ok(slot) = self.task_slot.try_lock() else {
             return;
         };
+        self.finish_late_removals();
         let now = Instant::now();
         let (vm_state, observation, restart_due) = {
             let s = self.state.lock().expect("state lock");
@@ -340,6 +373,28 @@ impl Launcher {
         drop(slot);
     }
 
+    /// Finishes the detaches whose device-removed event came late; called with the task slot
+    /// held. A volume no longer Detaching (a Sync plugged it again meanwhile) is left alone, and
+    /// `finish_detach` releases only the node the detach was about.
+    fn finish_late_removals(&self) {
+        let volumes = std::mem::take(&mut *self.late_removals.lock().expect("late removals lock"));
+        for volume in volumes {
+            let detaching = self
+                .status()
+                .volumes
+                .iter()
+                .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+            if detaching {
+                self.finish_detach(&volume);
+            } else {
+                self.detaching
+                    .lock()
+                    .expect("detaching lock")
+                    .remove(&volume);
+            }
+        }
+    }
+
     /// The VM stopped without a task: `lifecycle::after_unasked_stop` decides (reboot window,
     /// back-off, run strategy).
     pub(super) fn stopped_by_itself(&self, failed: bool, now: Instant) {
@@ -350,6 +405,9 @@ impl Launcher {
         });
     }
 }
+
+/// Queued events handled together before the state is read again.
+const EVENT_BATCH: usize = 1024;
 
 /// Follows libvirt's events for as long as the launcher lives: after every event (and on the
 /// periodic resync, and when a timer falls due) it re-reads the real state and reconciles.
@@ -369,17 +427,28 @@ pub(super) async fn reconciler(
         };
         let timer = l.state.lock().expect("state lock").timer();
         let sleep_until = timer.unwrap_or_else(Instant::now);
+        let io_due = l.io_errors.lock().expect("io errors lock").due();
+        let io_due_at = io_due.unwrap_or_else(Instant::now);
         let look = tokio::select! {
             event = events.recv() => match event {
                 Some(event) => {
                     tracing::debug!(?event, "libvirt event");
-                    l.on_event(event).await
+                    let mut look = l.on_event(event).await;
+                    // What else is queued is handled now, with one state read for all of it: a
+                    // storm of events costs a read per batch, not one each (review L4).
+                    for _ in 0..EVENT_BATCH {
+                        let Ok(event) = events.try_recv() else { break };
+                        tracing::debug!(?event, "libvirt event");
+                        look |= l.on_event(event).await;
+                    }
+                    look
                 }
                 None => return,
             },
             _ = resync.tick() => true,
             _ = l.wake.notified() => true,
             _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => true,
+            _ = tokio::time::sleep_until(io_due_at.into()), if io_due.is_some() => l.flush_io_errors(),
         };
         if look {
             l.refresh().await;

@@ -432,6 +432,16 @@ impl Launcher {
             .iter()
             .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
         set_phase(VolumePhase::Detaching, "", String::new());
+        // The node this detach is about (an earlier, unfinished detach of it began already).
+        let generation = self.block.generation(&volume);
+        {
+            let mut detaching = self.detaching.lock().expect("detaching lock");
+            if was_detaching {
+                detaching.entry(volume.clone()).or_insert(generation);
+            } else {
+                detaching.insert(volume.clone(), generation);
+            }
+        }
         let removed = self.expect_removal(&alias);
         let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
         if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)).await {
@@ -443,6 +453,10 @@ impl Launcher {
                 // libvirt still works on the earlier request: keep waiting for its event.
                 set_phase(VolumePhase::Detaching, "DetachPending", libvirt_message(&e));
             } else {
+                self.detaching
+                    .lock()
+                    .expect("detaching lock")
+                    .remove(&volume);
                 set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
             }
             return;
@@ -471,9 +485,22 @@ impl Launcher {
         }
     }
 
-    /// The device is gone from the domain: clean the host side, forget the volume.
+    /// The device is gone from the domain: clean the host side of what the detach was about
+    /// (a node plugged again since is not), forget the volume.
     pub(super) fn finish_detach(&self, volume: &str) {
-        match super::host_work(|| self.block.release(volume)) {
+        let generation = self
+            .detaching
+            .lock()
+            .expect("detaching lock")
+            .remove(volume)
+            .flatten();
+        let released = match generation {
+            Some(generation) => {
+                super::host_work(|| self.block.release_plug(volume, generation)).map(drop)
+            }
+            None => Ok(()),
+        };
+        match released {
             Ok(()) => self.update(|s| {
                 s.volumes.remove(volume);
             }),

@@ -51,10 +51,40 @@ impl Work for Lifecycle {
     }
 }
 
-/// Holds the task slot for one command; `Launcher::end_task` records how it went.
+/// Holds the task slot for one command; `Launcher::end_task` records how it went. A task that
+/// never gets there (its future panicked, or was dropped part-way) is ended when the guard goes:
+/// as failed, so that status never shows a task no one runs (review, panic inventory).
 pub(super) struct TaskGuard<'a> {
-    _slot: tokio::sync::MutexGuard<'a, ()>,
+    launcher: &'a Launcher,
+    /// Taken by `end_task`; still here on drop means the task did not end normally.
+    slot: Option<tokio::sync::MutexGuard<'a, ()>>,
     info: TaskInfo,
+}
+
+impl Drop for TaskGuard<'_> {
+    fn drop(&mut self) {
+        let Some(slot) = self.slot.take() else {
+            return;
+        };
+        let why = if std::thread::panicking() {
+            "the task panicked"
+        } else {
+            "the task was cancelled"
+        };
+        tracing::error!(
+            id = self.info.id,
+            command = self.info.command.as_str(),
+            "{why}"
+        );
+        // A panic under the state lock leaves it poisoned: settling would panic again while
+        // unwinding (an abort). The slot is freed either way.
+        if self.launcher.state.is_poisoned() {
+            return;
+        }
+        self.launcher.settle_task(self.info, Some(why.to_string()));
+        drop(slot);
+        self.launcher.wake.notify_one();
+    }
 }
 
 impl Launcher {
@@ -89,7 +119,11 @@ impl Launcher {
             command,
             outcome: TaskOutcome::Started,
         });
-        Ok(TaskGuard { _slot: slot, info })
+        Ok(TaskGuard {
+            launcher: self,
+            slot: Some(slot),
+            info,
+        })
     }
 
     /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
@@ -105,8 +139,15 @@ impl Launcher {
     }
 
     /// Settles the vm_state by how the task went (`failure` is its error, if any).
-    pub(super) fn end_task(&self, guard: TaskGuard<'_>, failure: Option<String>) {
-        let TaskGuard { _slot, info } = guard;
+    pub(super) fn end_task(&self, mut guard: TaskGuard<'_>, failure: Option<String>) {
+        let slot = guard.slot.take();
+        self.settle_task(guard.info, failure);
+        drop(slot);
+        self.wake.notify_one();
+    }
+
+    /// The bookkeeping of a task's end: vm_state settled, the task cleared and announced.
+    fn settle_task(&self, info: TaskInfo, failure: Option<String>) {
         let final_stop =
             lifecycle::owner_stop_is_final(info.command, failure.is_none(), self.options.strategy);
         self.update(|s| {
@@ -122,8 +163,6 @@ impl Launcher {
                 Some(message) => TaskOutcome::Failed(message),
             },
         });
-        drop(_slot);
-        self.wake.notify_one();
     }
 
     /// Runs an owner's command as a task. `grace` overrides the grace period of a Shutdown.

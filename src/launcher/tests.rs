@@ -1,0 +1,291 @@
+//! The launcher's own bookkeeping (tasks, events), driven against libvirt's `test:///default`
+//! driver: a real libvirt connection whose domains run nothing, so these run in milliseconds and
+//! need no guest. What a guest must show is proven by the e2e tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::tasks::Work;
+use super::*;
+use crate::domain::{Bus, DiskDef};
+use crate::host::cgroup::CgroupMount;
+use crate::host::devnode::NodeOwner;
+use crate::libvirt::events::lifecycle_event;
+
+/// A launcher of a running domain on the test driver, the sending end of its event channel (as
+/// libvirt's callbacks use it), and its runtime dir.
+pub(super) struct TestLauncher {
+    pub launcher: Arc<Launcher>,
+    pub events: mpsc::UnboundedSender<HypervisorEvent>,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for TestLauncher {
+    fn drop(&mut self) {
+        // The test driver's state is shared by the whole process: leave no domain behind.
+        if let Ok(hv) = self.launcher.hypervisor() {
+            let _ = hv.destroy(&self.launcher.domain_name);
+            let _ = hv.undefine(&self.launcher.domain_name);
+        }
+    }
+}
+
+/// `name` must be unique in the test binary (the test driver's domains are process-wide).
+pub(super) async fn test_launcher(name: &str) -> TestLauncher {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: {name}}}\n\
+         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n    devices: {{}}\n"
+    );
+    let vmi = crate::spec::parse(&spec).unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let connector = Arc::new(Connector::new(
+        crate::libvirt::Backend::Uri("test:///default".into()),
+        tx.clone(),
+    ));
+    let convert = ConvertOptions::new(domain::VirtType::Qemu, dir.path().join("console.log"));
+    let options = LaunchOptions {
+        strategy: RunStrategy::Always,
+        convert,
+        resync_interval: Duration::from_secs(3600),
+        hotplug: HotplugOptions {
+            node_owner: NodeOwner { uid: 0, gid: 0 },
+            cgroup_roots: CgroupRoots {
+                v1_devices: Some(CgroupMount::whole(dir.path().join("devices"))),
+                unified: None,
+            },
+            sys_dev_block: dir.path().join("sys-dev-block"),
+            proc_root: dir.path().join("proc"),
+            qemu_pid_dir: dir.path().join("run"),
+            records: dir.path().join("records.json"),
+            last_sync: dir.path().join("last-sync.json"),
+            missing_capabilities: Vec::new(),
+        },
+        spec_text: spec,
+        reconnect_timeout: Some(Duration::from_secs(5)),
+    };
+    let (launcher, kind) = Launcher::start(connector, vmi, options, rx).await.unwrap();
+    assert_eq!(kind, StartKind::Created);
+    // "QEMU" (pid 4242) in cgroup /pod/qemu of a v1 devices hierarchy: block volumes' rules
+    // are written there, their nodes made in the hotplug dir.
+    let cgroup = dir.path().join("devices/pod/qemu");
+    std::fs::create_dir_all(&cgroup).unwrap();
+    for f in ["devices.allow", "devices.deny"] {
+        std::fs::write(cgroup.join(f), "").unwrap();
+    }
+    let proc = dir.path().join("proc/4242");
+    std::fs::create_dir_all(&proc).unwrap();
+    std::fs::write(proc.join("cgroup"), "5:devices:/pod/qemu\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("run")).unwrap();
+    let pid_file = format!("run/{}.pid", launcher.domain_name());
+    std::fs::write(dir.path().join(pid_file), "4242\n").unwrap();
+    TestLauncher {
+        launcher,
+        events: tx,
+        dir,
+    }
+}
+
+/// A task whose work panics (a bug anywhere below it).
+struct Panics;
+
+impl Work for Panics {
+    type Output = ();
+
+    fn command(&self) -> Command {
+        Command::Sync
+    }
+
+    async fn perform(self, _: &Launcher) -> Result<(), LauncherError> {
+        panic!("a bug in a task")
+    }
+}
+
+/// Review, panic inventory: a panic inside a task (as in a gRPC handler's detached call) left
+/// `State.task` set for good, a phantom task in status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_panics_ends_as_failed() {
+    let t = test_launcher("task-panics").await;
+    let (_, mut stream) = t.launcher.watch_events();
+    let l = t.launcher.clone();
+    let joined = tokio::spawn(async move { l.run(Panics).await }).await;
+    assert!(joined.unwrap_err().is_panic());
+    assert_eq!(t.launcher.status().task, None, "no phantom task");
+    let failed = loop {
+        let event = tokio::time::timeout(Duration::from_secs(10), stream.recv())
+            .await
+            .expect("the task's end is announced")
+            .unwrap();
+        if let EventKind::Task {
+            command: Command::Sync,
+            outcome: TaskOutcome::Failed(why),
+            ..
+        } = event.kind
+        {
+            break why;
+        }
+    };
+    assert_eq!(failed, "the task panicked");
+    // The slot is free: the next command runs.
+    t.launcher.command(Command::Pause, None).await.unwrap();
+    assert_eq!(t.launcher.status().task, None);
+}
+
+/// Review L4: a guest storming I/O errors (`errorPolicy: report`) made a log line, an event on
+/// the stream and a state read for each one. Sent on the channel libvirt's callbacks use: the
+/// first is reported at once, the rest together, by the latest and their count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_io_error_storm_is_reported_at_a_bounded_rate() {
+    const STORM: u64 = 10_000;
+    let t = test_launcher("io-storm").await;
+    let domain = t.launcher.domain_name().to_string();
+    let (_, mut stream) = t.launcher.watch_events();
+    for i in 0..STORM {
+        t.events
+            .send(HypervisorEvent::IoError {
+                domain: domain.clone(),
+                alias: "ua-data".into(),
+                path: "/dev/data".into(),
+                action: "report",
+                reason: format!("eio {i}"),
+            })
+            .unwrap();
+    }
+    let mut reports = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !reports
+        .last()
+        .is_some_and(|d: &String| d.contains(&format!("eio {}", STORM - 1)))
+    {
+        let event = tokio::time::timeout_at(deadline, stream.recv())
+            .await
+            .expect("the last I/O error is reported")
+            .expect("the stream keeps up (no resync)");
+        if let EventKind::Hypervisor { event, detail } = event.kind {
+            if event == "IOError" {
+                reports.push(detail);
+            }
+        }
+    }
+    assert!(reports.len() <= 3, "{} reports: {reports:?}", reports.len());
+    assert_eq!(
+        reports[0],
+        "I/O error on ua-data (/dev/data): eio 0; action report"
+    );
+    let suppressed: u64 = reports[1..]
+        .iter()
+        .map(|d| {
+            let more = d.rsplit_once(" (").unwrap().1;
+            more.split(' ').next().unwrap().parse::<u64>().unwrap() + 1
+        })
+        .sum();
+    assert_eq!(1 + suppressed, STORM, "every error counted: {reports:?}");
+    assert_eq!(
+        t.launcher.state.lock().unwrap().io_error.as_deref(),
+        Some(&*format!(
+            "I/O error on ua-data (/dev/data): eio {}; action report",
+            STORM - 1
+        )),
+        "the latest error is kept"
+    );
+}
+
+async fn next(stream: &mut broadcast::Receiver<LauncherEvent>) -> LauncherEvent {
+    tokio::time::timeout(Duration::from_secs(10), stream.recv())
+        .await
+        .expect("an event")
+        .unwrap()
+}
+
+/// Review L3: a device-removed event that comes after its detach stopped waiting was finished at
+/// once, beside a Sync in flight that might plug the same name again: it unlinked the new node
+/// and revoked its rule. It now waits for the task slot, and releases only the node its detach
+/// was about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_device_removal_waits_for_the_task_and_spares_a_volume_plugged_again() {
+    const LOOP1: DevNumber = DevNumber { major: 7, minor: 1 };
+    const LOOP2: DevNumber = DevNumber { major: 7, minor: 2 };
+    let t = test_launcher("late-removal").await;
+    let l = &t.launcher;
+    let domain = l.domain_name().to_string();
+    let hotplug = l.options.convert.paths.hotplug_dir.clone();
+    let disk = |volume: &str| DiskDef {
+        volume: volume.into(),
+        target: format!("sd-{volume}"),
+        bus: Bus::Scsi,
+        ..DiskDef::default()
+    };
+    // Two block volumes whose detach stopped waiting (as after DETACH_TIMEOUT): "again" is
+    // plugged again by the Sync below, "gone" is not.
+    for (volume, dev) in [("again", LOOP1), ("gone", LOOP2)] {
+        l.block.plug(volume, dev).unwrap().keep();
+        l.set_volume(
+            &disk(volume),
+            VolumePhase::Detaching,
+            "DetachTimeout",
+            String::new(),
+        );
+        l.detaching
+            .lock()
+            .unwrap()
+            .insert(volume.into(), l.block.generation(volume));
+    }
+    let (_, mut stream) = l.watch_events();
+    // A Sync in flight holds the slot while both removals come.
+    let slot = l.task_slot.lock().await;
+    for volume in ["again", "gone"] {
+        let alias = format!("{}{volume}", domain::USER_ALIAS_PREFIX);
+        t.events
+            .send(HypervisorEvent::DeviceRemoved {
+                domain: domain.clone(),
+                alias,
+            })
+            .unwrap();
+    }
+    // Handled in order: once this one is on the stream, so were the removals.
+    t.events
+        .send(HypervisorEvent::Lifecycle {
+            domain: domain.clone(),
+            event: lifecycle_event::DEFINED,
+            detail: 0,
+        })
+        .unwrap();
+    while !matches!(next(&mut stream).await.kind, EventKind::Hypervisor { .. }) {}
+    for volume in ["again", "gone"] {
+        assert!(
+            hotplug.join(volume).exists(),
+            "{volume}: nothing is released beside a task"
+        );
+    }
+    // The Sync plugs "again" once more (the node there is taken as it is), then ends.
+    l.block.plug("again", LOOP1).unwrap().keep();
+    l.set_volume(&disk("again"), VolumePhase::Ready, "", String::new());
+    drop(slot);
+    l.wake.notify_one();
+
+    // Both late removals are finished together, under the slot.
+    loop {
+        if let EventKind::VolumeRemoved(volume) = next(&mut stream).await.kind {
+            assert_eq!(volume, "gone");
+            break;
+        }
+    }
+    assert!(!hotplug.join("gone").exists());
+    assert_eq!(
+        devnode::device_of(&hotplug.join("again")).unwrap(),
+        LOOP1,
+        "the node plugged again stays"
+    );
+    assert_eq!(l.block.nodes(), [("again".to_string(), LOOP1)].into());
+    let cgroup = t.dir.path().join("devices/pod/qemu");
+    assert_eq!(
+        std::fs::read_to_string(cgroup.join("devices.deny")).unwrap(),
+        "b 7:2 rwm",
+        "only the released device is denied"
+    );
+    let volumes = l.status().volumes;
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(volumes[0].phase, VolumePhase::Ready);
+}
