@@ -100,8 +100,8 @@ type IoErrorCallback = unsafe extern "C" fn(
 );
 
 impl EventRegistration {
-    /// Subscribes to lifecycle, device-added and device-removed events of every domain on `conn`,
-    /// and to the connection-close callback.
+    /// Subscribes to lifecycle, reboot, control-error, I/O-error and device-removed events of every
+    /// domain on `conn`, and to the connection-close callback.
     pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {
         let mut reg = EventRegistration {
             conn: conn.clone(),

@@ -5,7 +5,7 @@
 
 pub mod capcache;
 pub mod daemon;
-pub(crate) mod events;
+pub mod events;
 mod states;
 
 use std::path::PathBuf;

@@ -1,0 +1,707 @@
+//! The launcher beside raw libvirt, in one run, on the same domain and the same daemon:
+//! `cargo bench --bench side_by_side [-- --json FILE]`.
+//!
+//! It boots the test guest (scripts/setup.sh builds it) through the real binary of this build and
+//! its private libvirtd, connects to that libvirtd's socket itself with the `virt` crate, and then
+//! alternates each launcher operation with the same operation done directly through libvirt's
+//! API (the side that goes first swaps every cycle):
+//!
+//! - start → phase Running with an empty and with a warm QEMU capability cache (launcher only:
+//!   raw libvirt has no daemon to start);
+//! - one scsi disk: Sync attach (until its reply) / `attachDeviceFlags`; the same until the guest
+//!   prints the disk's serial on its console; Sync detach (until its reply, which waits for
+//!   libvirt's DEVICE_REMOVED) / `detachDeviceFlags` and DEVICE_REMOVED; a Sync that changes
+//!   nothing (launcher only);
+//! - 64 disks: one Sync / 64 sequential `attachDeviceFlags`; the same until the guest prints all
+//!   64 serials; and the 64 detaches;
+//! - memory with 16 disks attached: RSS, RssAnon and PSS of the launcher and of every other
+//!   non-QEMU process of the VM (its descendants and the daemons whose pid files it keeps).
+//!
+//! The raw side's disks carry no `ua-` alias: the launcher plans only disks with its own alias
+//! (`ua-<volume>`), keeps the units and targets of other disks free of its own, and ignores their
+//! DEVICE_REMOVED events; a raw disk is detached before the launcher's next Sync all the same, and
+//! both sides use the same unit, so each starts from the same domain.
+//!
+//! It prints a markdown table and, with `--json FILE`, writes the same numbers as JSON. Numbers
+//! are printed, never asserted. Outside `cargo bench` (e.g. `cargo test --all-targets`) it does
+//! nothing.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{guest_spec, Launched, BOOT_DEADLINE};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc::UnboundedReceiver;
+use vmlauncher::api::{self, proto};
+use vmlauncher::console::ConsoleLog;
+use vmlauncher::domain::{live_disks, target_name};
+use vmlauncher::libvirt::events::{ensure_event_loop, EventRegistration, HypervisorEvent};
+
+/// Alternating cycles for each one-disk row.
+const ONE_DISK_CYCLES: usize = 30;
+/// Disks per round of the many-disks rows, and rounds per side.
+const MANY_DISKS: usize = 64;
+const MANY_ROUNDS: usize = 3;
+const COLD_STARTS: usize = 3;
+const WARM_STARTS: usize = 5;
+/// Disks attached while memory is read.
+const MEMORY_DISKS: usize = 16;
+const NAME: &str = "bench";
+/// The guest rescans its disks every 0.2 s; 64 disks under TCG on a loaded host take longer.
+const GUEST_DEADLINE: Duration = Duration::from_secs(180);
+const REMOVAL_DEADLINE: Duration = Duration::from_secs(60);
+
+type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
+
+/// One row of the table: the launcher's samples and, where libvirt has the same operation, raw
+/// libvirt's.
+struct Row {
+    what: &'static str,
+    launcher: Vec<Duration>,
+    raw: Option<Vec<Duration>>,
+}
+
+/// The value at quantile `q` of `samples` (nearest rank on the sorted samples).
+fn quantile(samples: &[Duration], q: f64) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn human(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{:.2} s", d.as_secs_f64())
+    } else {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        let raw = quantile(self.raw.as_ref()?, 0.5).as_secs_f64();
+        Some(quantile(&self.launcher, 0.5).as_secs_f64() / raw)
+    }
+
+    fn markdown(&self) -> String {
+        let (raw_median, raw_p90) = match &self.raw {
+            Some(raw) => (human(quantile(raw, 0.5)), human(quantile(raw, 0.9))),
+            None => ("—".into(), "—".into()),
+        };
+        format!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            self.what,
+            self.launcher.len(),
+            raw_median,
+            raw_p90,
+            human(quantile(&self.launcher, 0.5)),
+            human(quantile(&self.launcher, 0.9)),
+            self.ratio().map_or("—".into(), |r| format!("{r:.2}")),
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let side = |s: &[Duration]| {
+            serde_json::json!({
+                "median_ms": ms(quantile(s, 0.5)),
+                "p90_ms": ms(quantile(s, 0.9)),
+                "samples_ms": s.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+            })
+        };
+        serde_json::json!({
+            "what": self.what,
+            "n": self.launcher.len(),
+            "launcher": side(&self.launcher),
+            "raw": self.raw.as_deref().map(side),
+            "ratio": self.ratio().map(|r| (r * 1000.0).round() / 1000.0),
+        })
+    }
+}
+
+/// Memory of one process, in KiB, from /proc.
+struct ProcessMemory {
+    pid: i32,
+    name: String,
+    rss: u64,
+    anon: u64,
+    pss: u64,
+}
+
+/// The `field:` value (kB) of a /proc file in the `status` format.
+fn proc_kib(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in\n{text}"))
+}
+
+fn memory_of(pid: i32) -> ProcessMemory {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+    ProcessMemory {
+        pid,
+        name: name.trim().into(),
+        rss: proc_kib(&status, "VmRSS"),
+        anon: proc_kib(&status, "RssAnon"),
+        pss: proc_kib(&rollup, "Pss"),
+    }
+}
+
+/// Parent pid of every process, from /proc/PID/stat (the fields after the command's `)`).
+fn parents() -> BTreeMap<i32, i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let after = &stat[stat.rfind(')')? + 1..];
+            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+fn is_qemu(pid: i32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|exe| Some(exe.file_name()?.to_str()?.starts_with("qemu-system")))
+        .unwrap_or(false)
+}
+
+/// The launcher, every process it started or that descends from it, and every process whose pid
+/// file is under its runtime dir (a daemon that detached itself) — QEMU left out.
+fn vm_processes(launcher: i32, runtime_dir: &Path) -> Vec<i32> {
+    let parents = parents();
+    let mut found = BTreeSet::from([launcher]);
+    loop {
+        let more: Vec<i32> = parents
+            .iter()
+            .filter(|(pid, ppid)| found.contains(ppid) && !found.contains(pid))
+            .map(|(pid, _)| *pid)
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        found.extend(more);
+    }
+    for dir in [runtime_dir.to_path_buf(), runtime_dir.join("libvirt")] {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|x| x == "pid") {
+                let pid = std::fs::read_to_string(entry.path())
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok());
+                if let Some(pid) = pid.filter(|p| common::alive(*p)) {
+                    found.insert(pid);
+                }
+            }
+        }
+    }
+    found.into_iter().filter(|p| !is_qemu(*p)).collect()
+}
+
+/// The serials in a `VMLTEST-DISKS dev:serial:sectors ...` line.
+fn serials(line: &str) -> BTreeSet<&str> {
+    line.split_whitespace()
+        .skip(1)
+        .filter_map(|d| d.split(':').nth(1))
+        .collect()
+}
+
+/// Waits until the guest prints a disk list with every serial in `wanted`.
+fn wait_serials(console: &mut ConsoleLog, wanted: &[String]) {
+    let what = format!("the guest listing {} serial(s)", wanted.len());
+    console
+        .wait_for(&what, Instant::now() + GUEST_DEADLINE, |l| {
+            l.starts_with("VMLTEST-DISKS") && {
+                let seen = serials(l);
+                wanted.iter().all(|s| seen.contains(s.as_str()))
+            }
+        })
+        .unwrap();
+}
+
+/// The same disk the launcher attaches for a `hostDisk` on scsi (`vmlauncher convert` shows it),
+/// without the launcher's `ua-` alias: libvirt names it `scsi0-0-0-<unit>` itself.
+fn raw_disk_xml(path: &Path, serial: &str, unit: u32) -> String {
+    format!(
+        "<disk type='file' device='disk'><driver name='qemu' type='raw' error_policy='stop'/>\
+         <source file='{}'/><target dev='{}' bus='scsi'/><serial>{serial}</serial>\
+         <address type='drive' controller='0' bus='0' target='0' unit='{unit}'/></disk>",
+        path.display(),
+        target_name("sd", unit)
+    )
+}
+
+/// libvirt used directly, as a program without the launcher would: one connection to the
+/// launcher's private libvirtd, the domain's device calls, and its DEVICE_REMOVED events
+/// (through vmlauncher's event module: the `virt` crate has no event registration).
+struct Raw {
+    domain_name: String,
+    domain: virt::domain::Domain,
+    events: UnboundedReceiver<HypervisorEvent>,
+    // Dropped before the connection it holds a clone of.
+    _registration: EventRegistration,
+    conn: virt::connect::Connect,
+}
+
+impl Raw {
+    fn open(uri: &str, domain_name: &str) -> Raw {
+        ensure_event_loop().unwrap();
+        let conn = virt::connect::Connect::open(Some(uri)).unwrap();
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let registration = EventRegistration::register(&conn, tx).unwrap();
+        let domain = conn.lookup_domain_by_name(domain_name).unwrap();
+        Raw {
+            domain_name: domain_name.into(),
+            domain,
+            events,
+            _registration: registration,
+            conn,
+        }
+    }
+
+    /// The launcher's definition of the domain, renamed, without its uuid, and with every path
+    /// under `runtime_dir` (console log, VNC socket) moved under `elsewhere`.
+    fn definition_copy(&self, runtime_dir: &Path, elsewhere: &Path, name: &str) -> String {
+        let xml = self
+            .domain
+            .xml_desc(virt::sys::VIR_DOMAIN_XML_INACTIVE)
+            .unwrap();
+        let uuid = xml.find("<uuid>").expect("a uuid")
+            ..xml.find("</uuid>").expect("a uuid") + "</uuid>".len();
+        let mut copy = xml.clone();
+        copy.replace_range(uuid, "");
+        copy.replace(
+            &format!("<name>{}</name>", self.domain_name),
+            &format!("<name>{name}</name>"),
+        )
+        .replace(runtime_dir.to_str().unwrap(), elsewhere.to_str().unwrap())
+    }
+
+    /// `defineXML` and `create` (what the launcher calls), until `create` returns with the
+    /// domain running; then destroyed and undefined, untimed.
+    fn start_copy(&self, xml: &str) -> Duration {
+        let started = Instant::now();
+        let domain = self
+            .conn
+            .define_domain_xml(xml)
+            .unwrap_or_else(|e| panic!("defineXML: {e}\n{xml}"));
+        domain.create().unwrap_or_else(|e| panic!("create: {e}"));
+        let took = started.elapsed();
+        domain.destroy().unwrap();
+        domain.undefine().unwrap();
+        took
+    }
+
+    fn attach(&self, xml: &str) {
+        self.domain
+            .attach_device_flags(xml, virt::sys::VIR_DOMAIN_AFFECT_LIVE)
+            .unwrap_or_else(|e| panic!("attachDeviceFlags: {e}\n{xml}"));
+    }
+
+    fn detach(&self, xml: &str) {
+        self.domain
+            .detach_device_flags(xml, virt::sys::VIR_DOMAIN_AFFECT_LIVE)
+            .unwrap_or_else(|e| panic!("detachDeviceFlags: {e}\n{xml}"));
+    }
+
+    /// The alias libvirt gave each disk, by serial (read outside any timing).
+    fn aliases(&self) -> BTreeMap<String, String> {
+        let xml = self.domain.xml_desc(0).unwrap();
+        live_disks(&xml)
+            .unwrap()
+            .into_iter()
+            .filter_map(|d| Some((d.serial?, d.alias?)))
+            .collect()
+    }
+
+    /// Waits for DEVICE_REMOVED of `alias` on the domain; earlier events (the launcher's own
+    /// detaches reach every connection) are passed over.
+    fn wait_removed(&mut self, rt: &Runtime, alias: &str) {
+        let deadline = tokio::time::Instant::now() + REMOVAL_DEADLINE;
+        loop {
+            let event = rt
+                .block_on(async { tokio::time::timeout_at(deadline, self.events.recv()).await })
+                .unwrap_or_else(|_| {
+                    panic!("no DEVICE_REMOVED for {alias} within {REMOVAL_DEADLINE:?}")
+                })
+                .expect("the event channel stays open");
+            if let HypervisorEvent::DeviceRemoved { domain, alias: a } = event {
+                if domain == self.domain_name && a == alias {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn sync(rt: &Runtime, client: &mut Client, spec: &str) -> proto::SyncResponse {
+    rt.block_on(client.sync(proto::SyncRequest {
+        spec: spec.into(),
+        ..Default::default()
+    }))
+    .unwrap_or_else(|e| panic!("Sync: {e}"))
+    .into_inner()
+}
+
+/// Panics unless the reply lists exactly `n` volumes, all Ready.
+fn all_ready(reply: &proto::SyncResponse, n: usize) {
+    let ready = proto::volume_status::Phase::Ready as i32;
+    assert!(
+        reply.volumes.len() == n && reply.volumes.iter().all(|v| v.phase == ready),
+        "expected {n} Ready volumes: {:?}",
+        reply.volumes
+    );
+}
+
+/// `vmlauncher run` until phase Running, on QEMU capability cache `caps`; then Kill, and its exit.
+fn time_to_running(spec: &str, caps: &Path) -> Duration {
+    let started = Instant::now();
+    let mut vm = Launched::start(spec, &["--qemu-cache-dir", caps.to_str().unwrap()]);
+    vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    let took = started.elapsed();
+    let out = Command::new(common::bin())
+        .args(["kill", "--socket"])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vmlauncher kill: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vm.wait_exit(Duration::from_secs(120));
+    took
+}
+
+fn sparse_files(dir: &Path, prefix: &str, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|k| {
+            let path = dir.join(format!("{prefix}-{k}.img"));
+            common::sparse_file(&path, 1);
+            path
+        })
+        .collect()
+}
+
+fn shell(command: &str) -> String {
+    Command::new("sh")
+        .args(["-c", command])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
+    // The launchers log as they would in production (warn), not as tests ask them to (info).
+    std::env::set_var("VMLAUNCHER_TEST_LOG", "warn");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let work = tempfile::Builder::new()
+        .prefix("vml-bench-")
+        .tempdir()
+        .unwrap();
+    let base = guest_spec(NAME, "", &[]);
+    let mut rows = Vec::new();
+
+    // The VM the rest runs on boots first, on a cache directory of its own that it fills: the
+    // warm starts use that one, each cold start a new empty one.
+    eprintln!("side_by_side: booting the VM the rest runs on");
+    let warm_caps = work.path().join("caps-warm");
+    std::fs::create_dir_all(&warm_caps).unwrap();
+    let mut vm = Launched::start(&base, &["--qemu-cache-dir", warm_caps.to_str().unwrap()]);
+    let mut console = vm.boot();
+    console
+        .wait_for(
+            "the guest's first disk report",
+            Instant::now() + GUEST_DEADLINE,
+            |l| l.starts_with("VMLTEST-DISKS"),
+        )
+        .unwrap();
+    let mut client = rt.block_on(api::connect(&vm.socket())).unwrap();
+    let mut raw = Raw::open(&vm.libvirt_uri(), &format!("default_{NAME}"));
+
+    // Start. Raw libvirt has no daemon to start: its side defines and starts a copy of the
+    // launcher's own domain definition on the launcher's running libvirtd (another name, no
+    // uuid, its console and VNC socket elsewhere), then destroys and undefines it.
+    eprintln!(
+        "side_by_side: start → running, {COLD_STARTS} cold and {WARM_STARTS} warm, alternating"
+    );
+    let raw_dir = work.path().join("raw-start");
+    std::fs::create_dir_all(raw_dir.join("private")).unwrap();
+    let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
+    let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..COLD_STARTS.max(WARM_STARTS) {
+        if i < COLD_STARTS {
+            let caps = work.path().join(format!("caps-cold-{i}"));
+            std::fs::create_dir_all(&caps).unwrap();
+            cold.push(time_to_running(&base, &caps));
+        }
+        if i % 2 == 0 {
+            warm.push(time_to_running(&base, &warm_caps));
+            raw_start.push(raw.start_copy(&raw_xml));
+        } else {
+            raw_start.push(raw.start_copy(&raw_xml));
+            warm.push(time_to_running(&base, &warm_caps));
+        }
+    }
+    rows.push(Row {
+        what: "start → phase Running, empty capability cache (launcher only)",
+        launcher: cold,
+        raw: None,
+    });
+    rows.push(Row {
+        what: "start → running: `vmlauncher run`, warm cache / `defineXML` + `create` on a running libvirtd",
+        launcher: warm,
+        raw: Some(raw_start),
+    });
+
+    eprintln!("side_by_side: one disk, {ONE_DISK_CYCLES} alternating cycles");
+    let launcher_image = vm.dir().join("launcher-one.img");
+    let raw_image = vm.dir().join("raw-one.img");
+    common::sparse_file(&launcher_image, 8);
+    common::sparse_file(&raw_image, 8);
+    let (mut l_attach, mut l_seen, mut l_detach, mut noop) = (vec![], vec![], vec![], vec![]);
+    let (mut r_attach, mut r_seen, mut r_detach) = (vec![], vec![], vec![]);
+    for cycle in 0..ONE_DISK_CYCLES {
+        for launcher_turn in [cycle % 2 == 0, cycle % 2 == 1] {
+            if launcher_turn {
+                let serial = format!("BL-{cycle}");
+                let spec = guest_spec(NAME, "", &[("one", &serial, &launcher_image)]);
+                let t = Instant::now();
+                let reply = sync(&rt, &mut client, &spec);
+                l_attach.push(t.elapsed());
+                all_ready(&reply, 1);
+                wait_serials(&mut console, std::slice::from_ref(&serial));
+                l_seen.push(t.elapsed());
+                let t = Instant::now();
+                let reply = sync(&rt, &mut client, &base);
+                l_detach.push(t.elapsed());
+                all_ready(&reply, 0);
+                let t = Instant::now();
+                let reply = sync(&rt, &mut client, &base);
+                noop.push(t.elapsed());
+                assert!(
+                    reply.plan.is_empty(),
+                    "a no-op Sync planned {:?}",
+                    reply.plan
+                );
+            } else {
+                let serial = format!("BR-{cycle}");
+                let xml = raw_disk_xml(&raw_image, &serial, 0);
+                let t = Instant::now();
+                raw.attach(&xml);
+                r_attach.push(t.elapsed());
+                wait_serials(&mut console, std::slice::from_ref(&serial));
+                r_seen.push(t.elapsed());
+                let alias = raw.aliases().remove(&serial).expect("the raw disk's alias");
+                let t = Instant::now();
+                raw.detach(&xml);
+                raw.wait_removed(&rt, &alias);
+                r_detach.push(t.elapsed());
+            }
+        }
+    }
+    rows.push(Row {
+        what: "attach 1 scsi disk: Sync reply / `attachDeviceFlags`",
+        launcher: l_attach,
+        raw: Some(r_attach),
+    });
+    rows.push(Row {
+        what: "attach 1 scsi disk until the guest lists its serial",
+        launcher: l_seen,
+        raw: Some(r_seen),
+    });
+    rows.push(Row {
+        what: "detach 1 scsi disk: Sync reply / `detachDeviceFlags` + DEVICE_REMOVED",
+        launcher: l_detach,
+        raw: Some(r_detach),
+    });
+    rows.push(Row {
+        what: "Sync that changes nothing",
+        launcher: noop,
+        raw: None,
+    });
+
+    eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
+    let launcher_images = sparse_files(vm.dir(), "launcher-many", MANY_DISKS);
+    let raw_images = sparse_files(vm.dir(), "raw-many", MANY_DISKS);
+    let (mut l_attach, mut l_seen, mut l_detach) = (vec![], vec![], vec![]);
+    let (mut r_attach, mut r_seen, mut r_detach) = (vec![], vec![], vec![]);
+    for round in 0..MANY_ROUNDS {
+        for launcher_turn in [round % 2 == 0, round % 2 == 1] {
+            if launcher_turn {
+                let serials: Vec<String> =
+                    (0..MANY_DISKS).map(|k| format!("L{round}-{k}")).collect();
+                let volumes: Vec<String> = (0..MANY_DISKS).map(|k| format!("d{k}")).collect();
+                let disks: Vec<(&str, &str, &Path)> = (0..MANY_DISKS)
+                    .map(|k| {
+                        (
+                            volumes[k].as_str(),
+                            serials[k].as_str(),
+                            launcher_images[k].as_path(),
+                        )
+                    })
+                    .collect();
+                let spec = guest_spec(NAME, "", &disks);
+                let t = Instant::now();
+                let reply = sync(&rt, &mut client, &spec);
+                l_attach.push(t.elapsed());
+                all_ready(&reply, MANY_DISKS);
+                wait_serials(&mut console, &serials);
+                l_seen.push(t.elapsed());
+                let t = Instant::now();
+                let reply = sync(&rt, &mut client, &base);
+                l_detach.push(t.elapsed());
+                all_ready(&reply, 0);
+            } else {
+                let serials: Vec<String> =
+                    (0..MANY_DISKS).map(|k| format!("R{round}-{k}")).collect();
+                let xmls: Vec<String> = (0..MANY_DISKS)
+                    .map(|k| raw_disk_xml(&raw_images[k], &serials[k], k as u32))
+                    .collect();
+                let t = Instant::now();
+                for xml in &xmls {
+                    raw.attach(xml);
+                }
+                r_attach.push(t.elapsed());
+                wait_serials(&mut console, &serials);
+                r_seen.push(t.elapsed());
+                let mut aliases = raw.aliases();
+                let t = Instant::now();
+                for (xml, serial) in xmls.iter().zip(&serials) {
+                    let alias = aliases.remove(serial).expect("the raw disk's alias");
+                    raw.detach(xml);
+                    raw.wait_removed(&rt, &alias);
+                }
+                r_detach.push(t.elapsed());
+            }
+        }
+    }
+    rows.push(Row {
+        what: "64 scsi disks: one Sync reply / 64 sequential `attachDeviceFlags`",
+        launcher: l_attach,
+        raw: Some(r_attach),
+    });
+    rows.push(Row {
+        what: "64 scsi disks until the guest lists all 64 serials",
+        launcher: l_seen,
+        raw: Some(r_seen),
+    });
+    rows.push(Row {
+        what: "64 scsi disks detached: one Sync reply / 64 × (detach + DEVICE_REMOVED)",
+        launcher: l_detach,
+        raw: Some(r_detach),
+    });
+
+    eprintln!("side_by_side: memory with {MEMORY_DISKS} disks attached");
+    let serials: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("M-{k}")).collect();
+    let volumes: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("m{k}")).collect();
+    let disks: Vec<(&str, &str, &Path)> = (0..MEMORY_DISKS)
+        .map(|k| {
+            (
+                volumes[k].as_str(),
+                serials[k].as_str(),
+                launcher_images[k].as_path(),
+            )
+        })
+        .collect();
+    all_ready(
+        &sync(&rt, &mut client, &guest_spec(NAME, "", &disks)),
+        MEMORY_DISKS,
+    );
+    wait_serials(&mut console, &serials);
+    let memory: Vec<ProcessMemory> = vm_processes(vm.child.id() as i32, vm.dir())
+        .into_iter()
+        .map(memory_of)
+        .collect();
+
+    drop(raw);
+    drop(client);
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    vm.wait_exit(Duration::from_secs(120));
+
+    let date = shell("date -u '+%Y-%m-%d %H:%M UTC'");
+    let host = format!(
+        "{} cores, {}, {} build",
+        shell("nproc"),
+        shell("uname -r"),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+    );
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    println!("\nvmlauncher beside raw libvirt, {date}, {host}, TCG guest\n");
+    println!("| what | n | raw median | raw p90 | launcher median | launcher p90 | launcher / raw (median) |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in &rows {
+        println!("{}", row.markdown());
+    }
+    println!(
+        "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
+    );
+    println!("|---|---|---|---|---|");
+    for p in &memory {
+        println!(
+            "| {} | {} | {} | {} | {} |",
+            p.name,
+            p.pid,
+            mib(p.rss),
+            mib(p.anon),
+            mib(p.pss)
+        );
+    }
+    let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
+    println!(
+        "| all non-QEMU processes of the VM | | {} | {} | {} |",
+        mib(total(|p| p.rss)),
+        mib(total(|p| p.anon)),
+        mib(total(|p| p.pss))
+    );
+
+    if let Some(path) = json_path {
+        let json = serde_json::json!({
+            "date": date,
+            "host": host,
+            "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
+            "memory": {
+                "disks_attached": MEMORY_DISKS,
+                "processes": memory.iter().map(|p| serde_json::json!({
+                    "name": p.name, "pid": p.pid,
+                    "rss_kib": p.rss, "rss_anon_kib": p.anon, "pss_kib": p.pss,
+                })).collect::<Vec<_>>(),
+                "total": {
+                    "rss_kib": total(|p| p.rss),
+                    "rss_anon_kib": total(|p| p.anon),
+                    "pss_kib": total(|p| p.pss),
+                },
+            },
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap() + "\n")
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        eprintln!("side_by_side: wrote {}", path.display());
+    }
+}
