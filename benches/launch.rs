@@ -46,6 +46,21 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
     );
 }
 
+/// SIGTERM to the launcher once the guest can answer ACPI, so that the stop is quick.
+fn sigterm_once_booted(child: &std::process::Child, rt: &std::path::Path) {
+    ConsoleLog::from_start(&rt.join("console.log"))
+        .unwrap()
+        .wait_for("boot", Instant::now() + DEADLINE, |l| {
+            l.contains("VMLTEST-BOOTED")
+        })
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+}
+
 /// `vmlauncher run` with the shared capability cache `caps`, until phase Running; then SIGTERM and
 /// wait for it to end.
 fn time_to_running(
@@ -72,18 +87,7 @@ fn time_to_running(
             break started.elapsed();
         }
     };
-    // Stopped once the guest can answer ACPI, so that the stop is quick.
-    ConsoleLog::from_start(&rt.join("console.log"))
-        .unwrap()
-        .wait_for("boot", Instant::now() + DEADLINE, |l| {
-            l.contains("VMLTEST-BOOTED")
-        })
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm_once_booted(&child, rt);
     for _ in lines.by_ref() {}
     child.wait().unwrap();
     running
@@ -184,18 +188,7 @@ fn main() {
     summary("Sync detach 1 scsi disk (until DEVICE_REMOVED)", detach);
 
     let t = Instant::now();
-    // Stopped once the guest can answer ACPI, so that the stop is quick.
-    ConsoleLog::from_start(&rt.join("console.log"))
-        .unwrap()
-        .wait_for("boot", Instant::now() + DEADLINE, |l| {
-            l.contains("VMLTEST-BOOTED")
-        })
-        .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    sigterm_once_booted(&child, &rt);
     let status = child.wait().unwrap();
     println!(
         "{:<44} {:>8.2} s (exit {status})",
