@@ -219,7 +219,7 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input` and the lock inside `block` are leaves: taken alone, never while
+/// `last_input`, `live_disks`, `observed_at` and the lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -248,6 +248,12 @@ pub struct Launcher {
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
     /// Set when the launcher is going away: event streams end, so the API can stop.
     closing: watch::Sender<bool>,
+    /// The live disks last read from libvirt, with `events::delivered()` as it was just before
+    /// that read: still the truth while no event has come since and the launcher changed no
+    /// device itself (a no-op Sync then costs no libvirt call; see `live_disks`).
+    live_disks: Mutex<Option<(u64, Vec<domain::LiveDisk>)>>,
+    /// `events::delivered()` just before the last successful read of the power state.
+    observed_at: Mutex<Option<u64>>,
 }
 
 impl Launcher {
@@ -348,6 +354,8 @@ impl Launcher {
             }),
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
+            live_disks: Mutex::new(None),
+            observed_at: Mutex::new(None),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -528,6 +536,29 @@ impl Launcher {
             }
         }
         drop(state);
+    }
+
+    /// The `<disk>` elements of the live domain. Read from libvirt (a round trip and a parse of
+    /// the whole domain XML) only when something may have changed them since the last read: an
+    /// event from libvirt (a device added or removed, a lifecycle change, a reconnect), the
+    /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync.
+    async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
+        let seen = crate::libvirt::events::delivered();
+        if let Some((at, disks)) = &*self.live_disks.lock().expect("live disks lock") {
+            if *at == seen {
+                return Ok(disks.clone());
+            }
+        }
+        let n = self.domain_name.clone();
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let live = domain::live_disks(&xml)?;
+        *self.live_disks.lock().expect("live disks lock") = Some((seen, live.clone()));
+        Ok(live)
+    }
+
+    /// The launcher is about to change the domain's devices (or lost track of them).
+    fn forget_live_disks(&self) {
+        *self.live_disks.lock().expect("live disks lock") = None;
     }
 
     fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {

@@ -68,8 +68,9 @@ impl Launcher {
         // Fail fast, before waiting for the slot...
         lifecycle::admit(command, &self.observation())?;
         let slot = self.task_slot.lock().await;
-        // ...and check again: the state may have moved while we waited.
-        self.refresh().await;
+        // ...and check again: the state may have moved while we waited (if it did, libvirt
+        // sent an event, and the state is read again).
+        self.refresh_if_stale().await;
         let admitted = self
             .refuse_while_terminating(command)
             .and_then(|()| Ok(lifecycle::admit(command, &self.observation())?));
@@ -260,6 +261,7 @@ impl Launcher {
             }
         }
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
+        self.forget_live_disks();
         self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
         self.update(|s| {
             s.undefined_by_us = false;
