@@ -39,7 +39,7 @@ pub mod domain;
 pub mod exit;
 pub mod fuzzing;
 pub mod host;
-pub(crate) mod hotplug;
+pub mod hotplug;
 pub mod init;
 pub(crate) mod launcher;
 pub mod libvirt;
