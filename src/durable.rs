@@ -1,5 +1,5 @@
 //! The launcher's own small state files (the hotplug records, the last Sync, the shared capability
-//! cache): replaced whole or not at all, durably, and read back bounded and never through a
+//! cache): replaced whole or not at all (durably where a machine crash matters), and read back bounded and never through a
 //! symlink. One place for the crash-safety rules, so no file gets them half right.
 
 use std::fs;
@@ -42,6 +42,17 @@ pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
 /// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
 /// of the directory (which makes the rename itself durable).
 pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, true)
+}
+
+/// Like [`write_durably`] without the two fsyncs: a *process* killed at any point leaves the old
+/// content or the new, a machine crash may leave either or none. For files read only while the
+/// kernel that wrote them still runs (see `launcher::saved` for the one user and the cost saved).
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    replace(path, bytes, false)
+}
+
+fn replace(path: &Path, bytes: &[u8], sync: bool) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -51,9 +62,14 @@ pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
         .tempfile_in(dir)?;
     tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
+    if sync {
+        tmp.as_file().sync_all()?;
+    }
     tmp.persist(path).map_err(|e| e.error)?;
-    fs::File::open(dir)?.sync_all()
+    if sync {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -92,6 +108,8 @@ mod tests {
         fs::write(&path, b"old").unwrap();
         write_durably(&path, b"new").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"new");
+        write_atomically(&path, b"newer").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"newer");
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600

@@ -41,7 +41,7 @@ pub(crate) mod durable;
 pub mod exit;
 pub mod fuzzing;
 pub mod host;
-pub(crate) mod hotplug;
+pub mod hotplug;
 pub mod init;
 pub(crate) mod launcher;
 pub mod libvirt;

@@ -24,7 +24,7 @@ mod tests;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,9 @@ pub use status::{
 };
 use sync::pending_watcher;
 pub use sync::{BlockSource, PlannedAction, SyncInput};
+
+/// When the live disks were read: `events::delivered()` and `own_device_changes` just before.
+type LiveKey = (u64, u64);
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -224,8 +227,8 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `last_input`, `io_errors`, `detaching`, `late_removals` and the lock inside `block` are
-/// leaves: taken alone, never while
+/// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
+/// lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
@@ -262,6 +265,16 @@ pub struct Launcher {
     closing: watch::Sender<bool>,
     /// Disk I/O errors, reported at a bounded rate (a leaf lock).
     io_errors: Mutex<io_errors::IoErrorReports>,
+    /// The live disks last read from libvirt, with `events::delivered()` as it was just before
+    /// that read: still the truth while no event has come since and the launcher changed no
+    /// device itself (a no-op Sync then costs no libvirt call; see `live_disks`).
+    live_disks: Mutex<Option<(LiveKey, Vec<domain::LiveDisk>)>>,
+    /// Bumped before each attach or detach of the launcher's own: with `events::delivered()`,
+    /// the key under which `live_disks` are kept (a read that overlapped a change is never
+    /// taken for current).
+    own_device_changes: AtomicU64,
+    /// `events::delivered()` just before the last successful read of the power state.
+    observed_at: Mutex<Option<u64>>,
 }
 
 impl Launcher {
@@ -366,6 +379,9 @@ impl Launcher {
             closing: watch::channel(false).0,
             pending: watch::channel(BTreeMap::new()).0,
             io_errors: Mutex::default(),
+            live_disks: Mutex::new(None),
+            own_device_changes: AtomicU64::new(0),
+            observed_at: Mutex::new(None),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -546,6 +562,34 @@ impl Launcher {
             }
         }
         drop(state);
+    }
+
+    /// The `<disk>` elements of the live domain. Read from libvirt (a round trip and a parse of
+    /// the whole domain XML) only when something may have changed them since the last read: an
+    /// event from libvirt (a device added or removed, a lifecycle change, a reconnect), the
+    /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync.
+    async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
+        // Taken before the read: anything that happens during it moves the key.
+        let key = (
+            crate::libvirt::events::delivered(),
+            self.own_device_changes.load(Ordering::SeqCst),
+        );
+        if let Some((at, disks)) = &*self.live_disks.lock().expect("live disks lock") {
+            if *at == key {
+                return Ok(disks.clone());
+            }
+        }
+        let n = self.domain_name.clone();
+        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let live = domain::live_disks(&xml)?;
+        *self.live_disks.lock().expect("live disks lock") = Some((key, live.clone()));
+        Ok(live)
+    }
+
+    /// The launcher is about to change the domain's devices (or lost track of them).
+    fn forget_live_disks(&self) {
+        self.own_device_changes.fetch_add(1, Ordering::SeqCst);
+        *self.live_disks.lock().expect("live disks lock") = None;
     }
 
     fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {

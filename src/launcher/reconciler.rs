@@ -23,12 +23,14 @@ impl Launcher {
             // Shutting down: the domain is being removed on purpose; nothing to learn.
             return;
         }
+        let seen = crate::libvirt::events::delivered();
         let n = self.domain_name.clone();
         let read = self.call(move |hv| hv.power_state(&n)).await;
         if *self.closing.borrow() {
             // The launcher removed the domain meanwhile, on purpose.
             return;
         }
+        *self.observed_at.lock().expect("observed lock") = read.is_ok().then_some(seen);
         let observation = match read {
             Ok(power) => Observation::Domain(power),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
@@ -52,6 +54,18 @@ impl Launcher {
             }
             s.observation = observation;
         });
+    }
+
+    /// Re-reads the real state unless it is known to be current: read after the last event libvirt
+    /// delivered, and found a domain. Every change of a domain's state comes with an event (a
+    /// lost connection too), so a state read since the last event is still the truth.
+    pub(super) async fn refresh_if_stale(&self) {
+        let seen = crate::libvirt::events::delivered();
+        let current = *self.observed_at.lock().expect("observed lock") == Some(seen)
+            && matches!(self.observation(), Observation::Domain(_));
+        if !current {
+            self.refresh().await;
+        }
     }
 
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
@@ -260,6 +274,8 @@ impl Launcher {
     /// died), then rebuilds what it knows from libvirt.
     pub(super) async fn reconnect(&self) {
         let old = self.hv.write().expect("hv lock").take();
+        self.forget_live_disks();
+        *self.observed_at.lock().expect("observed lock") = None;
         self.update(|s| s.observation = Observation::Unreachable);
         // Dropping the old connection deregisters its callbacks; off the async threads.
         if let Some(old) = old {
@@ -429,7 +445,9 @@ pub(super) async fn reconciler(
         let sleep_until = timer.unwrap_or_else(Instant::now);
         let io_due = l.io_errors.lock().expect("io errors lock").due();
         let io_due_at = io_due.unwrap_or_else(Instant::now);
-        let look = tokio::select! {
+        // The periodic resync reads everything again, whatever the events said: the safety net
+        // for an event lost; anything else reads the state only if an event came since.
+        let (look, resyncing) = tokio::select! {
             event = events.recv() => match event {
                 Some(event) => {
                     tracing::debug!(?event, "libvirt event");
@@ -441,17 +459,22 @@ pub(super) async fn reconciler(
                         tracing::debug!(?event, "libvirt event");
                         look |= l.on_event(event).await;
                     }
-                    look
+                    (look, false)
                 }
                 None => return,
             },
-            _ = resync.tick() => true,
-            _ = l.wake.notified() => true,
-            _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => true,
-            _ = tokio::time::sleep_until(io_due_at.into()), if io_due.is_some() => l.flush_io_errors(),
+            _ = resync.tick() => (true, true),
+            _ = l.wake.notified() => (true, false),
+            _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => (true, false),
+            _ = tokio::time::sleep_until(io_due_at.into()), if io_due.is_some() => (l.flush_io_errors(), false),
         };
-        if look {
+        if resyncing {
+            l.forget_live_disks();
             l.refresh().await;
+        } else if look {
+            l.refresh_if_stale().await;
+        }
+        if look {
             if matches!(l.observation(), Observation::Unreachable) {
                 l.reconnect().await;
                 l.refresh().await;

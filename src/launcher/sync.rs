@@ -218,9 +218,7 @@ impl Launcher {
         if !frozen.is_empty() {
             return Err(LauncherError::FrozenFieldsChanged { fields: frozen });
         }
-        let n = self.domain_name.clone();
-        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
-        let live = domain::live_disks(&xml)?;
+        let live = self.live_disks().await?;
         let plan = hotplug::plan(&live, desired)?;
         let planned = planned_changes(&plan);
         if dry_run {
@@ -365,6 +363,7 @@ impl Launcher {
     pub(super) async fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let (n, xml) = (self.domain_name.clone(), disk.to_xml());
+        self.forget_live_disks();
         match self.call(move |hv| hv.attach(&n, &xml, persist)).await {
             Ok(()) => {
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
@@ -444,6 +443,7 @@ impl Launcher {
         }
         let removed = self.expect_removal(&alias);
         let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
+        self.forget_live_disks();
         if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)).await {
             self.removal_waiters
                 .lock()

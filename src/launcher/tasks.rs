@@ -98,8 +98,15 @@ impl Launcher {
         // Fail fast, before waiting for the slot...
         lifecycle::admit(command, &self.observation())?;
         let slot = self.task_slot.lock().await;
-        // ...and check again: the state may have moved while we waited.
-        self.refresh().await;
+        // ...and check again: the state may have moved while we waited (if it did, libvirt
+        // sent an event, and the state is read again). A Sync reads the live disks next: both
+        // reads (each only if something changed) go to libvirt at once; an error of the second
+        // is met again, and reported, by the Sync itself.
+        if command == Command::Sync {
+            let (_, _) = tokio::join!(self.refresh_if_stale(), self.live_disks());
+        } else {
+            self.refresh_if_stale().await;
+        }
         let admitted = self
             .refuse_while_terminating(command)
             .and_then(|()| Ok(lifecycle::admit(command, &self.observation())?));
@@ -299,6 +306,7 @@ impl Launcher {
             }
         }
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
+        self.forget_live_disks();
         self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
         self.update(|s| {
             s.undefined_by_us = false;

@@ -8,6 +8,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -25,6 +26,8 @@ pub enum HypervisorEvent {
     },
     /// The truth about a detach: QEMU and the guest are done with the device.
     DeviceRemoved { domain: String, alias: String },
+    /// A device was added to the running domain (by the launcher, or by anyone else).
+    DeviceAdded { domain: String, alias: String },
     /// The guest reset itself (or was reset).
     Reboot { domain: String },
     /// A disk I/O error; `action` is libvirt's (`none`, `pause`, `report`).
@@ -55,6 +58,17 @@ pub enum EventError {
         #[source]
         source: virt::error::Error,
     },
+}
+
+/// How many events libvirt's callbacks have handed over so far, in this process. Counted in the
+/// callback itself, before the event is queued: whoever read libvirt's state when the count was
+/// `n` knows it is still true while the count is `n` (nothing came since), even if the event has
+/// not been handled yet.
+static DELIVERED: AtomicU64 = AtomicU64::new(0);
+
+/// The number of events delivered so far (see [`DELIVERED`]).
+pub fn delivered() -> u64 {
+    DELIVERED.load(Ordering::SeqCst)
 }
 
 /// Registers libvirt's default event loop implementation and runs it on a thread of its own.
@@ -110,7 +124,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 5] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 6] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -150,6 +164,18 @@ impl EventRegistration {
                         ),
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_device_removed)),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
+                    Some(std::mem::transmute::<
+                        unsafe extern "C" fn(
+                            sys::virConnectPtr,
+                            sys::virDomainPtr,
+                            *const c_char,
+                            *mut c_void,
+                        ),
+                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
+                    >(on_device_added)),
                 ),
             ]
         };
@@ -222,6 +248,7 @@ unsafe extern "C" fn free_sender(opaque: *mut c_void) {
 unsafe fn send(opaque: *mut c_void, event: HypervisorEvent) {
     // SAFETY: guaranteed by the caller; libvirt keeps it alive until `free_sender`.
     let tx = unsafe { &*(opaque as *const Sender) };
+    DELIVERED.fetch_add(1, Ordering::SeqCst);
     // A closed receiver means the launcher is shutting down: nothing is left to tell.
     let _ = tx.send(event);
 }
@@ -283,6 +310,22 @@ unsafe extern "C" fn on_lifecycle(
         );
     }
     0
+}
+
+unsafe extern "C" fn on_device_added(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    alias: *const c_char,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
+    unsafe {
+        let event = HypervisorEvent::DeviceAdded {
+            domain: domain_name(dom),
+            alias: c_string(alias),
+        };
+        send(opaque, event);
+    }
 }
 
 unsafe extern "C" fn on_device_removed(

@@ -90,6 +90,11 @@ pub struct Hypervisor {
     uri: String,
     // Dropped before `conn`: deregisters the callbacks while the connection is still open.
     _events: EventRegistration,
+    /// The handle of the domain last looked up, by name: every call on it would otherwise cost
+    /// a lookup round trip to libvirtd first (one of the launcher's extra calls per attach).
+    /// A handle names the domain by UUID, so one made stale by an undefine and define is met by
+    /// `NoDomain` and looked up again.
+    last_domain: Mutex<Option<(String, Domain)>>,
     conn: Connect,
 }
 
@@ -108,6 +113,7 @@ impl Hypervisor {
         Ok(Hypervisor {
             uri: uri.into(),
             _events: registration,
+            last_domain: Mutex::new(None),
             conn,
         })
     }
@@ -143,22 +149,49 @@ impl Hypervisor {
         }
     }
 
+    /// Looks `name` up in libvirt (a round trip) and keeps the handle for later calls.
     fn domain(&self, name: &str) -> Result<Domain, LibvirtError> {
-        self.conn
+        let dom = self
+            .conn
             .lookup_domain_by_name(name)
-            .map_err(Self::call_err("lookup", name))
+            .map_err(Self::call_err("lookup", name))?;
+        *self.last_domain.lock().expect("domain handle lock") = Some((name.into(), dom.clone()));
+        Ok(dom)
     }
 
-    /// One libvirt call on domain `name`; its error names the call and the domain.
+    /// The kept handle of `name`, if there is one.
+    fn cached_domain(&self, name: &str) -> Option<Domain> {
+        let cached = self.last_domain.lock().expect("domain handle lock");
+        cached
+            .as_ref()
+            .filter(|(n, _)| n == name)
+            .map(|(_, d)| d.clone())
+    }
+
+    fn forget_domain(&self) {
+        *self.last_domain.lock().expect("domain handle lock") = None;
+    }
+
+    /// One libvirt call on domain `name`; its error names the call and the domain. The kept
+    /// handle is used when there is one; if libvirt no longer knows it (the domain was undefined,
+    /// perhaps defined again with another UUID), the call did nothing and is made once more on a
+    /// fresh lookup.
     fn on_domain<T>(
         &self,
         name: &str,
         call: &'static str,
-        op: impl FnOnce(&Domain) -> Result<T, virt::error::Error>,
+        mut op: impl FnMut(&Domain) -> Result<T, virt::error::Error>,
     ) -> Result<T, LibvirtError> {
+        if let Some(dom) = self.cached_domain(name) {
+            match op(&dom).map_err(Self::call_err(call, name)) {
+                Err(LibvirtError::NoDomain { .. }) => self.forget_domain(),
+                done => return done,
+            }
+        }
         op(&self.domain(name)?).map_err(Self::call_err(call, name))
     }
 
+    /// Whether libvirt has `name` now: always asked, never answered from the kept handle.
     pub fn exists(&self, name: &str) -> Result<bool, LibvirtError> {
         match self.domain(name) {
             Ok(_) => Ok(true),
@@ -170,6 +203,7 @@ impl Hypervisor {
     /// Defines the domain persistently and starts it (what KubeVirt does; a persistent domain
     /// keeps its state and reason after it stops, so the launcher can read how it ended).
     pub fn define_and_start(&self, name: &str, xml: &str) -> Result<(), LibvirtError> {
+        self.forget_domain();
         let dom = self
             .conn
             .define_domain_xml(xml)
@@ -188,6 +222,7 @@ impl Hypervisor {
 
     /// Checks an XML the way a define would, then removes the definition again.
     pub fn define_and_undefine(&self, name: &str, xml: &str) -> Result<(), LibvirtError> {
+        self.forget_domain();
         let dom = self
             .conn
             .define_domain_xml(xml)
@@ -197,16 +232,16 @@ impl Hypervisor {
 
     /// State and reason, with libvirt errors reported (the `virt` crate's `state()` hides them).
     pub fn power_state(&self, name: &str) -> Result<PowerState, LibvirtError> {
-        let dom = self.domain(name)?;
-        let (mut state, mut reason) = (-1, -1);
-        // SAFETY: `dom` is a valid domain for the duration of the call; both out-pointers are valid.
-        let rc = unsafe { sys::virDomainGetState(dom.as_ptr(), &mut state, &mut reason, 0) };
-        if rc < 0 {
-            return Err(Self::call_err("get state", name)(
-                virt::error::Error::last_error(),
-            ));
-        }
-        Ok(power_state_from_raw(state, reason))
+        self.on_domain(name, "get state", |dom| {
+            let (mut state, mut reason) = (-1, -1);
+            // SAFETY: `dom` is a valid domain for the duration of the call; both out-pointers
+            // are valid.
+            let rc = unsafe { sys::virDomainGetState(dom.as_ptr(), &mut state, &mut reason, 0) };
+            if rc < 0 {
+                return Err(virt::error::Error::last_error());
+            }
+            Ok(power_state_from_raw(state, reason))
+        })
     }
 
     /// The host's capabilities XML (`virConnectGetCapabilities`): among others, which versioned
@@ -269,17 +304,17 @@ impl Hypervisor {
     /// The live detach; a disk that an attach also wrote to the persistent definition (a user
     /// alias there) leaves that definition too, so a later start does not bring it back.
     pub fn detach(&self, name: &str, disk_xml: &str, alias: &str) -> Result<(), LibvirtError> {
-        let dom = self.domain(name)?;
-        let inactive = dom
-            .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
-            .map_err(Self::call_err("get inactive XML", name))?;
+        let inactive = self.on_domain(name, "get inactive XML", |dom| {
+            dom.xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
+        })?;
         let persisted = !alias.is_empty() && inactive.contains(&format!("<alias name='{alias}'/>"));
         let mut flags = sys::VIR_DOMAIN_AFFECT_LIVE;
         if persisted {
             flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
         }
-        dom.detach_device_flags(disk_xml, flags)
-            .map_err(Self::call_err("detach", name))
+        self.on_domain(name, "detach", |dom| {
+            dom.detach_device_flags(disk_xml, flags)
+        })
     }
 
     /// Presses the ACPI power button.
@@ -315,7 +350,9 @@ impl Hypervisor {
 
     /// Removes the persistent definition (the domain must be stopped).
     pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
-        self.on_domain(name, "undefine", Domain::undefine)
+        let undefined = self.on_domain(name, "undefine", Domain::undefine);
+        self.forget_domain();
+        undefined
     }
 }
 
