@@ -61,21 +61,22 @@ fn sigterm_once_booted(child: &std::process::Child, rt: &std::path::Path) {
     .unwrap();
 }
 
-/// `vmlauncher run` with the shared capability cache `caps`, until phase Running; then SIGTERM and
-/// wait for it to end.
-fn time_to_running(
+type Lines = std::io::Lines<BufReader<std::process::ChildStdout>>;
+
+/// `vmlauncher run` of `spec` (with the shared capability cache `caps`, if given), until it
+/// prints phase Running: the child, the rest of its output, and how long that took.
+fn run_until_running(
     spec: &std::path::Path,
     rt: &std::path::Path,
-    caps: &std::path::Path,
-) -> std::time::Duration {
+    caps: Option<&std::path::Path>,
+) -> (std::process::Child, Lines, Duration) {
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmlauncher"))
-        .arg("run")
-        .arg(spec)
-        .arg("--runtime-dir")
-        .arg(rt)
-        .arg("--qemu-cache-dir")
-        .arg(caps)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vmlauncher"));
+    command.arg("run").arg(spec).arg("--runtime-dir").arg(rt);
+    if let Some(caps) = caps {
+        command.arg("--qemu-cache-dir").arg(caps);
+    }
+    let mut child = command
         .args(["--emulation", "tcg"])
         .stdout(Stdio::piped())
         .spawn()
@@ -87,6 +88,17 @@ fn time_to_running(
             break started.elapsed();
         }
     };
+    (child, lines, running)
+}
+
+/// `vmlauncher run` with the shared capability cache `caps`, until phase Running; then SIGTERM and
+/// wait for it to end.
+fn time_to_running(
+    spec: &std::path::Path,
+    rt: &std::path::Path,
+    caps: &std::path::Path,
+) -> Duration {
+    let (mut child, mut lines, running) = run_until_running(spec, rt, Some(caps));
     sigterm_once_booted(&child, rt);
     for _ in lines.by_ref() {}
     child.wait().unwrap();
@@ -122,22 +134,7 @@ fn main() {
     }
 
     let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_vmlauncher"))
-        .arg("run")
-        .arg(&spec_path)
-        .arg("--runtime-dir")
-        .arg(&rt)
-        .args(["--emulation", "tcg"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let running = loop {
-        let line = lines.next().expect("launcher output").unwrap();
-        if line.contains("phase Running") {
-            break started.elapsed();
-        }
-    };
+    let (mut child, _lines, running) = run_until_running(&spec_path, &rt, None);
     let mut console = ConsoleLog::from_start(&rt.join("console.log")).unwrap();
     console
         .wait_for("boot", Instant::now() + DEADLINE, |l| {
