@@ -12,7 +12,8 @@ pub enum ExitCode {
     Succeeded = 0,
     /// The launcher itself failed (see its log).
     Internal = 1,
-    /// The spec is invalid; every problem is printed with its field path.
+    /// The spec is invalid; every problem is printed with its field path. Also a runtime dir
+    /// that cannot be the launcher's (someone else's, or another launcher's): refused input.
     BadSpec = 2,
     /// libvirt could not be reached or started.
     HypervisorUnavailable = 3,
@@ -45,6 +46,15 @@ impl ExitCode {
             e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
             LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
             _ => ExitCode::Internal,
+        }
+    }
+
+    /// How a launcher exits when its runtime dir cannot be its own.
+    pub fn from_runtime_dir_error(e: &crate::runtime_dir::RuntimeDirError) -> ExitCode {
+        if e.is_refusal() {
+            ExitCode::BadSpec
+        } else {
+            ExitCode::Internal
         }
     }
 
@@ -91,6 +101,37 @@ mod tests {
             ExitCode::from_final_phase(Phase::Unknown, None),
             ExitCode::HypervisorUnavailable
         );
+    }
+
+    #[test]
+    fn a_refused_runtime_dir_is_refused_input_and_an_io_error_a_failure() {
+        use crate::runtime_dir::RuntimeDirError;
+        let table = [
+            (
+                RuntimeDirError::Busy {
+                    path: "/rt".into(),
+                    holder: "42".into(),
+                },
+                ExitCode::BadSpec,
+            ),
+            (
+                RuntimeDirError::Unsafe {
+                    path: "/rt".into(),
+                    why: "a symlink".into(),
+                },
+                ExitCode::BadSpec,
+            ),
+            (
+                RuntimeDirError::Io {
+                    path: "/rt".into(),
+                    source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                },
+                ExitCode::Internal,
+            ),
+        ];
+        for (error, code) in table {
+            assert_eq!(ExitCode::from_runtime_dir_error(&error), code, "{error}");
+        }
     }
 
     #[test]

@@ -127,7 +127,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         Ok(claimed) => claimed,
         Err(e) => {
             eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::Internal;
+            return ExitCode::from_runtime_dir_error(&e);
         }
     };
 

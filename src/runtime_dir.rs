@@ -21,10 +21,18 @@ pub enum RuntimeDirError {
         #[source]
         source: io::Error,
     },
-    #[error("the runtime dir {path} is not safe to use: {why}")]
+    #[error("--runtime-dir: {path} is not safe to use: {why}")]
     Unsafe { path: PathBuf, why: String },
-    #[error("another vmlauncher (pid {holder}) runs on the runtime dir {path}")]
+    #[error("--runtime-dir: another vmlauncher (pid {holder}) runs on {path}")]
     Busy { path: PathBuf, holder: String },
+}
+
+impl RuntimeDirError {
+    /// The dir given cannot be this launcher's (someone else's, or in use): the operator's input
+    /// is refused, as a bad spec is, not a failure of the launcher.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Unsafe { .. } | Self::Busy { .. })
+    }
 }
 
 /// Where the launcher keeps what it owns for one VM.

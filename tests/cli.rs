@@ -113,6 +113,34 @@ fn run_with_a_bad_spec_fails_before_reaching_libvirt() {
     assert!(!rt.exists(), "a bad spec must not create anything");
 }
 
+/// Review H2: a runtime dir that is not the launcher's own (here a symlink to a directory) is
+/// refused before anything is started, as input, naming the option; the target is untouched.
+#[test]
+fn run_refuses_a_runtime_dir_that_is_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let target = dir.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    let rt = dir.path().join("rt");
+    std::os::unix::fs::symlink(&target, &rt).unwrap();
+    let out = vmlauncher(
+        &[
+            "run",
+            example,
+            "--runtime-dir",
+            rt.to_str().unwrap(),
+            "--emulation",
+            "tcg",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--runtime-dir:"), "{stderr}");
+    assert!(stderr.contains("not a directory"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+}
+
 #[test]
 fn convert_prints_deterministic_xml() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");

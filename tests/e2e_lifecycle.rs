@@ -484,3 +484,34 @@ async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
     drop(vm);
     drop(owned);
 }
+
+/// Review M11: a second `run` on the runtime dir of a running launcher is refused (exit 2, naming
+/// the option and the launcher that holds it) and changes nothing; it used to adopt the first
+/// launcher's VM and shut it down when it was itself stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
+    let name = "busy-dir";
+    let (mut vm, qemu) = booted(name, "");
+    let before = common::cli_status(&vm.socket());
+    let spec = std::fs::read_to_string(vm.dir().join("spec.yaml")).unwrap();
+
+    let mut second = Launched::start_in(vm.dir(), &spec, &["--run-strategy", "halted"]);
+    assert_eq!(second.wait_exit(GUEST_DEADLINE).code(), Some(2));
+    let stderr = std::fs::read_to_string(vm.dir().join("launcher.stderr")).unwrap();
+    let refusal = format!(
+        "--runtime-dir: another vmlauncher (pid {}) runs on",
+        vm.child.id()
+    );
+    assert!(stderr.contains(&refusal), "{stderr}");
+
+    assert!(alive(qemu));
+    assert_eq!(vm.qemu_pid(name), qemu, "the same QEMU");
+    let after = common::cli_status(&vm.socket());
+    assert_eq!(after["phase"], "Running", "{after}");
+    assert_eq!(after["phase"], before["phase"]);
+    assert!(before["vmState"].is_string(), "{before}");
+    assert_eq!(after["vmState"], before["vmState"], "{after}");
+    assert_eq!(after["powerState"], before["powerState"], "{after}");
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
