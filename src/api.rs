@@ -35,7 +35,7 @@ use proto::launcher_server::LauncherServer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("cannot listen on {path}")]
+    #[error("--socket: cannot listen on {path}")]
     Listen {
         path: PathBuf,
         #[source]
@@ -51,6 +51,15 @@ pub enum ApiError {
     Serve(#[source] tonic::transport::Error),
     #[error("cannot build the reflection service")]
     Reflection(#[source] tonic_reflection::server::Error),
+}
+
+impl ApiError {
+    /// The socket path given is refused (something that is not a stale socket is there), rather
+    /// than the launcher failing to listen.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self, Self::Listen { source, .. }
+            if matches!(source.kind(), io::ErrorKind::AlreadyExists | io::ErrorKind::AddrInUse))
+    }
 }
 
 fn to_status(e: LauncherError) -> tonic::Status {

@@ -13,7 +13,8 @@ pub enum ExitCode {
     /// The launcher itself failed (see its log).
     Internal = 1,
     /// The spec is invalid; every problem is printed with its field path. Also a runtime dir
-    /// that cannot be the launcher's (someone else's, or another launcher's): refused input.
+    /// that cannot be the launcher's (someone else's, or another launcher's) or a `--socket`
+    /// path that is not a stale socket: refused input.
     BadSpec = 2,
     /// libvirt could not be reached or started.
     HypervisorUnavailable = 3,
@@ -51,6 +52,15 @@ impl ExitCode {
 
     /// How a launcher exits when its runtime dir cannot be its own.
     pub fn from_runtime_dir_error(e: &crate::runtime_dir::RuntimeDirError) -> ExitCode {
+        if e.is_refusal() {
+            ExitCode::BadSpec
+        } else {
+            ExitCode::Internal
+        }
+    }
+
+    /// How a launcher exits when it cannot listen on its API socket.
+    pub fn from_bind_error(e: &crate::api::ApiError) -> ExitCode {
         if e.is_refusal() {
             ExitCode::BadSpec
         } else {
@@ -131,6 +141,26 @@ mod tests {
         ];
         for (error, code) in table {
             assert_eq!(ExitCode::from_runtime_dir_error(&error), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_refused_socket_path_is_refused_input_and_other_errors_a_failure() {
+        use crate::api::ApiError;
+        let listen = |kind: std::io::ErrorKind| ApiError::Listen {
+            path: "/s".into(),
+            source: kind.into(),
+        };
+        let table = [
+            (listen(std::io::ErrorKind::AlreadyExists), ExitCode::BadSpec),
+            (listen(std::io::ErrorKind::AddrInUse), ExitCode::BadSpec),
+            (
+                listen(std::io::ErrorKind::PermissionDenied),
+                ExitCode::Internal,
+            ),
+        ];
+        for (error, code) in table {
+            assert_eq!(ExitCode::from_bind_error(&error), code, "{error}");
         }
     }
 

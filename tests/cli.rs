@@ -141,6 +141,35 @@ fn run_refuses_a_runtime_dir_that_is_a_symlink() {
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
 }
 
+/// Review M11: `--socket` naming a file that is not a socket (here a regular file) is refused
+/// before anything starts, as input naming the option, and the file is left as it was.
+#[test]
+fn run_refuses_a_socket_path_that_is_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let precious = dir.path().join("precious");
+    std::fs::write(&precious, "keep me").unwrap();
+    let rt = dir.path().join("rt");
+    let out = vmlauncher(
+        &[
+            "run",
+            example,
+            "--runtime-dir",
+            rt.to_str().unwrap(),
+            "--socket",
+            precious.to_str().unwrap(),
+            "--emulation",
+            "tcg",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--socket: cannot listen on"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(!rt.join("libvirt").exists(), "no libvirtd was started");
+}
+
 #[test]
 fn convert_prints_deterministic_xml() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
