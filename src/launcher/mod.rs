@@ -227,6 +227,7 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
+/// `live_read` (async, held for one read of the live XML) after `task_slot` when both are held.
 /// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
 /// lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
@@ -269,6 +270,9 @@ pub struct Launcher {
     /// that read: still the truth while no event has come since and the launcher changed no
     /// device itself (a no-op Sync then costs no libvirt call; see `live_disks`).
     live_disks: Mutex<Option<(LiveKey, Vec<domain::LiveDisk>)>>,
+    /// Held while the live disks are read from libvirt: a Sync that needs them while the
+    /// reconciler reads them (after an event) waits for that read instead of making its own.
+    live_read: tokio::sync::Mutex<()>,
     /// Bumped before each attach or detach of the launcher's own: with `events::delivered()`,
     /// the key under which `live_disks` are kept (a read that overlapped a change is never
     /// taken for current).
@@ -380,6 +384,7 @@ impl Launcher {
             pending: watch::channel(BTreeMap::new()).0,
             io_errors: Mutex::default(),
             live_disks: Mutex::new(None),
+            live_read: tokio::sync::Mutex::new(()),
             own_device_changes: AtomicU64::new(0),
             observed_at: Mutex::new(None),
         });
@@ -569,21 +574,37 @@ impl Launcher {
     /// event from libvirt (a device added or removed, a lifecycle change, a reconnect), the
     /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync.
     async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
-        // Taken before the read: anything that happens during it moves the key.
-        let key = (
-            crate::libvirt::events::delivered(),
-            self.own_device_changes.load(Ordering::SeqCst),
-        );
-        if let Some((at, disks)) = &*self.live_disks.lock().expect("live disks lock") {
-            if *at == key {
-                return Ok(disks.clone());
-            }
+        if let Some(disks) = self.current_live_disks() {
+            return Ok(disks);
         }
+        let _reading = self.live_read.lock().await;
+        // A read that ended while we waited may have brought them.
+        if let Some(disks) = self.current_live_disks() {
+            return Ok(disks);
+        }
+        // Taken before the read: anything that happens during it moves the key.
+        let key = self.live_key();
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n)).await?;
         let live = domain::live_disks(&xml)?;
         *self.live_disks.lock().expect("live disks lock") = Some((key, live.clone()));
         Ok(live)
+    }
+
+    /// The live disks last read, if nothing can have changed them since.
+    fn current_live_disks(&self) -> Option<Vec<domain::LiveDisk>> {
+        let key = self.live_key();
+        match &*self.live_disks.lock().expect("live disks lock") {
+            Some((at, disks)) if *at == key => Some(disks.clone()),
+            _ => None,
+        }
+    }
+
+    fn live_key(&self) -> LiveKey {
+        (
+            crate::libvirt::events::delivered(),
+            self.own_device_changes.load(Ordering::SeqCst),
+        )
     }
 
     /// The launcher is about to change the domain's devices (or lost track of them).

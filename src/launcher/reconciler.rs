@@ -68,6 +68,19 @@ impl Launcher {
         }
     }
 
+    /// After an event (which may have changed the disks, by anyone), reads the live disks now if
+    /// no task runs, so that the next Sync finds them current and plans without a libvirt round
+    /// trip on its path. Skipped while a task runs: a Sync reads them itself when it needs them,
+    /// and a read beside its attaches would only queue behind them in libvirt.
+    async fn read_live_disks_while_idle(&self) {
+        let idle = self.task_slot.try_lock().is_ok();
+        if idle && !*self.closing.borrow() && matches!(self.observation(), Observation::Domain(_)) {
+            if let Err(e) = self.live_disks().await {
+                tracing::debug!(error = %crate::error_chain(&e), "cannot read the live disks");
+            }
+        }
+    }
+
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
     pub(super) async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
@@ -480,6 +493,7 @@ pub(super) async fn reconciler(
                 l.refresh().await;
             }
             l.reconcile().await;
+            l.read_live_disks_while_idle().await;
         }
     }
 }
