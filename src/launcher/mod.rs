@@ -227,7 +227,8 @@ pub enum StartKind {
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
 /// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
 /// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `live_read` (async, held for one read of the live XML) after `task_slot` when both are held.
+/// `state_read` (async, held for one read of the power state and its update) after `task_slot`
+/// when both are held.
 /// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
 /// lock inside `block` are leaves: taken alone, never while
 /// calling out, and never with `state` held.
@@ -270,15 +271,15 @@ pub struct Launcher {
     /// that read: still the truth while no event has come since and the launcher changed no
     /// device itself (a no-op Sync then costs no libvirt call; see `live_disks`).
     live_disks: Mutex<Option<(LiveKey, Vec<domain::LiveDisk>)>>,
-    /// Held while the live disks are read from libvirt: a Sync that needs them while the
-    /// reconciler reads them (after an event) waits for that read instead of making its own.
-    live_read: tokio::sync::Mutex<()>,
     /// Bumped before each attach or detach of the launcher's own: with `events::delivered()`,
     /// the key under which `live_disks` are kept (a read that overlapped a change is never
     /// taken for current).
     own_device_changes: AtomicU64,
     /// `events::delivered()` just before the last successful read of the power state.
     observed_at: Mutex<Option<u64>>,
+    /// Held for one read of the power state and its update (`refresh`), so that reads never
+    /// interleave.
+    state_read: tokio::sync::Mutex<()>,
 }
 
 impl Launcher {
@@ -384,9 +385,9 @@ impl Launcher {
             pending: watch::channel(BTreeMap::new()).0,
             io_errors: Mutex::default(),
             live_disks: Mutex::new(None),
-            live_read: tokio::sync::Mutex::new(()),
             own_device_changes: AtomicU64::new(0),
             observed_at: Mutex::new(None),
+            state_read: tokio::sync::Mutex::new(()),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -572,18 +573,15 @@ impl Launcher {
     /// The `<disk>` elements of the live domain. Read from libvirt (a round trip and a parse of
     /// the whole domain XML) only when something may have changed them since the last read: an
     /// event from libvirt (a device added or removed, a lifecycle change, a reconnect), the
-    /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync.
+    /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync. Called with
+    /// the task slot held (by a task, or by the reconciler's read while idle), so no attach or
+    /// detach of the launcher's own overlaps the read.
     async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
-        if let Some(disks) = self.current_live_disks() {
-            return Ok(disks);
-        }
-        let _reading = self.live_read.lock().await;
-        // A read that ended while we waited may have brought them.
-        if let Some(disks) = self.current_live_disks() {
-            return Ok(disks);
-        }
         // Taken before the read: anything that happens during it moves the key.
         let key = self.live_key();
+        if let Some(disks) = self.current_live_disks(key) {
+            return Ok(disks);
+        }
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n)).await?;
         let live = domain::live_disks(&xml)?;
@@ -591,9 +589,8 @@ impl Launcher {
         Ok(live)
     }
 
-    /// The live disks last read, if nothing can have changed them since.
-    fn current_live_disks(&self) -> Option<Vec<domain::LiveDisk>> {
-        let key = self.live_key();
+    /// The live disks last read, if nothing can have changed them since (`key` is now).
+    fn current_live_disks(&self, key: LiveKey) -> Option<Vec<domain::LiveDisk>> {
         match &*self.live_disks.lock().expect("live disks lock") {
             Some((at, disks)) if *at == key => Some(disks.clone()),
             _ => None,

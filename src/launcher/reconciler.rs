@@ -23,6 +23,9 @@ impl Launcher {
             // Shutting down: the domain is being removed on purpose; nothing to learn.
             return;
         }
+        // One read and its update at a time: two interleaved (the reconciler's and a task's)
+        // could leave the older state under the newer event count, taken for current.
+        let _reading = self.state_read.lock().await;
         let seen = crate::libvirt::events::delivered();
         let n = self.domain_name.clone();
         let read = self.call(move |hv| hv.power_state(&n)).await;
@@ -70,14 +73,18 @@ impl Launcher {
 
     /// After an event (which may have changed the disks, by anyone), reads the live disks now if
     /// no task runs, so that the next Sync finds them current and plans without a libvirt round
-    /// trip on its path. Skipped while a task runs: a Sync reads them itself when it needs them,
-    /// and a read beside its attaches would only queue behind them in libvirt.
+    /// trip on its path. The task slot is held for the read: a Sync that comes meanwhile waits
+    /// for it (and takes it), and no attach or detach can overlap it. Skipped while a task runs:
+    /// a Sync reads them itself when it needs them.
     async fn read_live_disks_while_idle(&self) {
-        let idle = self.task_slot.try_lock().is_ok();
-        if idle && !*self.closing.borrow() && matches!(self.observation(), Observation::Domain(_)) {
-            if let Err(e) = self.live_disks().await {
-                tracing::debug!(error = %crate::error_chain(&e), "cannot read the live disks");
-            }
+        let Ok(_slot) = self.task_slot.try_lock() else {
+            return;
+        };
+        if *self.closing.borrow() || !matches!(self.observation(), Observation::Domain(_)) {
+            return;
+        }
+        if let Err(e) = self.live_disks().await {
+            tracing::debug!(error = %crate::error_chain(&e), "cannot read the live disks");
         }
     }
 
@@ -288,8 +295,12 @@ impl Launcher {
     pub(super) async fn reconnect(&self) {
         let old = self.hv.write().expect("hv lock").take();
         self.forget_live_disks();
-        *self.observed_at.lock().expect("observed lock") = None;
-        self.update(|s| s.observation = Observation::Unreachable);
+        {
+            // After any read in flight on the old connection, so that it cannot land later.
+            let _reading = self.state_read.lock().await;
+            *self.observed_at.lock().expect("observed lock") = None;
+            self.update(|s| s.observation = Observation::Unreachable);
+        }
         // Dropping the old connection deregisters its callbacks; off the async threads.
         if let Some(old) = old {
             let _ = tokio::task::spawn_blocking(move || drop(old)).await;
@@ -460,16 +471,20 @@ pub(super) async fn reconciler(
         let io_due_at = io_due.unwrap_or_else(Instant::now);
         // The periodic resync reads everything again, whatever the events said: the safety net
         // for an event lost; anything else reads the state only if an event came since.
+        // Whether any event of the batch may have changed the disks (a device came or went).
+        let mut devices = false;
         let (look, resyncing) = tokio::select! {
             event = events.recv() => match event {
                 Some(event) => {
                     tracing::debug!(?event, "libvirt event");
+                    devices |= is_device_event(&event);
                     let mut look = l.on_event(event).await;
                     // What else is queued is handled now, with one state read for all of it: a
                     // storm of events costs a read per batch, not one each (review L4).
                     for _ in 0..EVENT_BATCH {
                         let Ok(event) = events.try_recv() else { break };
                         tracing::debug!(?event, "libvirt event");
+                        devices |= is_device_event(&event);
                         look |= l.on_event(event).await;
                     }
                     (look, false)
@@ -493,9 +508,18 @@ pub(super) async fn reconciler(
                 l.refresh().await;
             }
             l.reconcile().await;
+        }
+        if look || devices {
             l.read_live_disks_while_idle().await;
         }
     }
+}
+
+fn is_device_event(event: &HypervisorEvent) -> bool {
+    matches!(
+        event,
+        HypervisorEvent::DeviceAdded { .. } | HypervisorEvent::DeviceRemoved { .. }
+    )
 }
 
 /// What status shows of each live interface: its spec name (libvirt's alias when it has none),
