@@ -430,31 +430,50 @@ impl proto::launcher_server::Launcher for Service {
     }
 }
 
-/// Binds the socket (mode 0600) and returns a listener to serve on. What is at `path` already is
-/// replaced only if it is a stale socket (review M11): a file, a directory or a socket someone
-/// still answers on is refused, never unlinked.
-pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
+/// What is at the socket path before the launcher binds it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SocketPath {
+    /// Nothing: the path is free.
+    Free,
+    /// A socket no one answers on (a launcher that died): `bind` replaces it.
+    Stale,
+}
+
+/// Checks that the launcher may bind `path`: nothing there, or a stale socket. A file, a
+/// directory or a socket someone still answers on is refused (review M11). `run` checks this
+/// before it starts anything, and `bind` again when it binds.
+pub fn check_socket_path(path: &Path) -> Result<SocketPath, ApiError> {
     use std::os::unix::fs::FileTypeExt;
     let listen_err = |source| ApiError::Listen {
         path: path.into(),
         source,
     };
     match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(listen_err(e)),
-        Ok(meta) if !meta.file_type().is_socket() => {
-            return Err(listen_err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                "something other than a socket is there; not removing it",
-            )))
-        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(SocketPath::Free),
+        Err(e) => Err(listen_err(e)),
+        Ok(meta) if !meta.file_type().is_socket() => Err(listen_err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            "something other than a socket is there; not removing it",
+        ))),
         Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            return Err(listen_err(io::Error::new(
+            Err(listen_err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 "another process answers on this socket",
             )))
         }
-        Ok(_) => fs::remove_file(path).map_err(listen_err)?,
+        Ok(_) => Ok(SocketPath::Stale),
+    }
+}
+
+/// Binds the socket (mode 0600) and returns a listener to serve on. What is at `path` already is
+/// replaced only if it is a stale socket ([`check_socket_path`]), never unlinked otherwise.
+pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
+    let listen_err = |source| ApiError::Listen {
+        path: path.into(),
+        source,
+    };
+    if check_socket_path(path)? == SocketPath::Stale {
+        fs::remove_file(path).map_err(listen_err)?;
     }
     // Created 0600, not chmod'ed after: no window in which anyone else may connect (review L1).
     // The umask is the process's; the launcher binds once, at start, before it makes files.

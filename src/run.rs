@@ -130,16 +130,15 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             return ExitCode::from_runtime_dir_error(&e);
         }
     };
-    // The API socket before anything starts: a `--socket` that is refused (a file there, a socket
-    // someone still answers on) ends the run here, with no daemon or VM to undo (review M11).
+    // The API socket's path before anything starts: a `--socket` that would be refused (a file
+    // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo
+    // (review M11). It is bound once the VM is up, as before: until then a client finds no
+    // socket and fails at once, instead of waiting unanswered through the start.
     let socket = opts.socket.clone().unwrap_or_else(|| rt.socket());
-    let listener = match api::bind(&socket) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::from_bind_error(&e);
-        }
-    };
+    if let Err(e) = api::check_socket_path(&socket) {
+        eprintln!("vmlauncher: {}", crate::error_chain(&e));
+        return ExitCode::from_bind_error(&e);
+    }
 
     let (events_tx, events_rx) = mpsc::unbounded_channel();
     let backend = match &opts.connect {
@@ -279,6 +278,15 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     ));
     say(format_args!("console {}", console_log.display()));
 
+    let listener = match api::bind(&socket) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            launcher.terminate().await;
+            launcher.shut_down().await;
+            return ExitCode::from_bind_error(&e);
+        }
+    };
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(api::serve(launcher.clone(), listener, async {
         let _ = api_stopped.await;
