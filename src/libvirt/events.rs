@@ -113,9 +113,34 @@ type IoErrorCallback = unsafe extern "C" fn(
     *mut c_void,
 );
 
+/// `virConnectDomainEventBlockJobCallback`: disk, job type, status.
+type BlockJobCallback = unsafe extern "C" fn(
+    sys::virConnectPtr,
+    sys::virDomainPtr,
+    *const c_char,
+    c_int,
+    c_int,
+    *mut c_void,
+);
+/// `virConnectDomainEventTrayChangeCallback`: device alias, reason.
+type TrayChangeCallback =
+    unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *const c_char, c_int, *mut c_void);
+/// `virConnectDomainEventDiskChangeCallback`: old and new source, device alias, reason.
+type DiskChangeCallback = unsafe extern "C" fn(
+    sys::virConnectPtr,
+    sys::virDomainPtr,
+    *const c_char,
+    *const c_char,
+    *const c_char,
+    c_int,
+    *mut c_void,
+);
+
 impl EventRegistration {
-    /// Subscribes to lifecycle, reboot, control-error, I/O-error and device-removed events of every
-    /// domain on `conn`, and to the connection-close callback.
+    /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added and device-removed
+    /// events of every domain on `conn`, to the connection-close callback, and, only to count
+    /// them (see [`DELIVERED`]), to the events that tell of a disk changed by someone else: a
+    /// block job's end (a pivot changes a source), a tray moved, a medium changed.
     pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {
         let mut reg = EventRegistration {
             conn: conn.clone(),
@@ -124,7 +149,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 6] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 9] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -176,6 +201,24 @@ impl EventRegistration {
                         ),
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_device_added)),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2 as i32,
+                    Some(std::mem::transmute::<BlockJobCallback, GenericCallback>(
+                        on_block_job,
+                    )),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_TRAY_CHANGE as i32,
+                    Some(std::mem::transmute::<TrayChangeCallback, GenericCallback>(
+                        on_tray_change,
+                    )),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_DISK_CHANGE as i32,
+                    Some(std::mem::transmute::<DiskChangeCallback, GenericCallback>(
+                        on_disk_change,
+                    )),
                 ),
             ]
         };
@@ -342,6 +385,46 @@ unsafe extern "C" fn on_device_removed(
         };
         send(opaque, event);
     }
+}
+
+/// A disk may have changed under the launcher (a block job ended, a tray moved, a medium was
+/// changed): nothing to handle, only counted, so that the live disks the launcher keeps are read
+/// again before the next plan.
+fn disk_may_have_changed() {
+    DELIVERED.fetch_add(1, Ordering::SeqCst);
+}
+
+unsafe extern "C" fn on_block_job(
+    _conn: sys::virConnectPtr,
+    _dom: sys::virDomainPtr,
+    _disk: *const c_char,
+    _job_type: c_int,
+    _status: c_int,
+    _opaque: *mut c_void,
+) {
+    disk_may_have_changed();
+}
+
+unsafe extern "C" fn on_tray_change(
+    _conn: sys::virConnectPtr,
+    _dom: sys::virDomainPtr,
+    _alias: *const c_char,
+    _reason: c_int,
+    _opaque: *mut c_void,
+) {
+    disk_may_have_changed();
+}
+
+unsafe extern "C" fn on_disk_change(
+    _conn: sys::virConnectPtr,
+    _dom: sys::virDomainPtr,
+    _old_source: *const c_char,
+    _new_source: *const c_char,
+    _alias: *const c_char,
+    _reason: c_int,
+    _opaque: *mut c_void,
+) {
+    disk_may_have_changed();
 }
 
 unsafe extern "C" fn on_reboot(
