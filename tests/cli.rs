@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 
 fn vmlauncher(args: &[&str], stdin: Option<&str>) -> std::process::Output {
@@ -113,29 +114,29 @@ fn run_with_a_bad_spec_fails_before_reaching_libvirt() {
     assert!(!rt.exists(), "a bad spec must not create anything");
 }
 
+/// `vmlauncher run` of the example on runtime dir `rt` with `extra` options, expected to be
+/// refused as input before anything starts: its standard error.
+fn run_refused(rt: &Path, extra: &[&str]) -> String {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let mut args = vec!["run", example, "--runtime-dir", rt.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--emulation", "tcg"]);
+    let out = vmlauncher(&args, None);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    stderr
+}
+
 /// Review H2: a runtime dir that is not the launcher's own (here a symlink to a directory) is
 /// refused before anything is started, as input, naming the option; the target is untouched.
 #[test]
 fn run_refuses_a_runtime_dir_that_is_a_symlink() {
     let dir = tempfile::tempdir().unwrap();
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
     let target = dir.path().join("elsewhere");
     std::fs::create_dir(&target).unwrap();
     let rt = dir.path().join("rt");
     std::os::unix::fs::symlink(&target, &rt).unwrap();
-    let out = vmlauncher(
-        &[
-            "run",
-            example,
-            "--runtime-dir",
-            rt.to_str().unwrap(),
-            "--emulation",
-            "tcg",
-        ],
-        None,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = run_refused(&rt, &[]);
     assert!(stderr.contains("--runtime-dir:"), "{stderr}");
     assert!(stderr.contains("not a directory"), "{stderr}");
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
@@ -146,25 +147,10 @@ fn run_refuses_a_runtime_dir_that_is_a_symlink() {
 #[test]
 fn run_refuses_a_socket_path_that_is_a_regular_file() {
     let dir = tempfile::tempdir().unwrap();
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
     let precious = dir.path().join("precious");
     std::fs::write(&precious, "keep me").unwrap();
     let rt = dir.path().join("rt");
-    let out = vmlauncher(
-        &[
-            "run",
-            example,
-            "--runtime-dir",
-            rt.to_str().unwrap(),
-            "--socket",
-            precious.to_str().unwrap(),
-            "--emulation",
-            "tcg",
-        ],
-        None,
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    let stderr = run_refused(&rt, &["--socket", precious.to_str().unwrap()]);
     assert!(stderr.contains("--socket: cannot listen on"), "{stderr}");
     assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
     assert!(!rt.join("libvirt").exists(), "no libvirtd was started");
