@@ -204,8 +204,10 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     );
     assert_eq!(live_scsi_disks(&third, name), 15);
 
-    // 3. Kill stops a Sync in flight (here one that removes the twelve again).
-    let request = proto::SyncRequest {
+    // 3. Killed in the middle of a Sync that removes the twelve: the restarted launcher applies
+    // the rest of the removals at once. Its API comes up well within one detach timeout (30 s):
+    // a restored Sync whose detaches waited for a DEVICE_REMOVED no one handled yet would not.
+    let remove = proto::SyncRequest {
         spec: hot_spec(name, &all[..3]),
         block_devices: client
             .get_spec(proto::GetSpecRequest {})
@@ -216,6 +218,65 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         ..Default::default()
     };
     let mut events = EventWatcher::start(&third.socket()).await;
+    let mut sync_client = client.clone();
+    let request = remove.clone();
+    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
+    events
+        .wait_for("the first volume removed", GUEST_DEADLINE, |e| {
+            matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
+        })
+        .await;
+    drop(client);
+    third.kill9();
+    let _ = in_flight.await;
+    let live = live_scsi_disks(&third, name);
+    eprintln!("killed with {live} of 15 disks live, removing down to 3");
+    assert!(
+        live > 3,
+        "the Sync had ended before the kill ({live} disks)"
+    );
+    let mut fourth = Launched::start_in(third.dir(), &guest_spec(name, "", &[]), &[]);
+    third.keep_dir_for(&mut fourth);
+    let restarted = Instant::now();
+    fourth.wait_stdout("api unix:", std::time::Duration::from_secs(20));
+    eprintln!("restarted and converged in {:?}", restarted.elapsed());
+    wait_disks(&mut console, &three, &three);
+    assert_eq!(live_scsi_disks(&fourth, name), 3);
+    let mut client = api::connect(&fourth.socket()).await.unwrap();
+    let status = client
+        .get_status(proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let ready: BTreeSet<String> = status
+        .volumes
+        .iter()
+        .filter(|v| v.phase == READY)
+        .map(|v| v.name.clone())
+        .collect();
+    assert_eq!(ready, set(&["blk", "f1", "f2"]), "{:?}", status.volumes);
+    assert_eq!(status.volumes.len(), 3, "{:?}", status.volumes);
+    // The twelve again, for the next step.
+    let request = proto::SyncRequest {
+        spec: hot_spec(name, &all),
+        block_devices: remove.block_devices.clone(),
+        ..Default::default()
+    };
+    client.sync(request).await.unwrap();
+    wait_disks(&mut console, &everything, &three);
+
+    // 4. Kill stops a Sync in flight (here one that removes the twelve again).
+    let request = proto::SyncRequest {
+        spec: hot_spec(name, &all[..3]),
+        block_devices: client
+            .get_spec(proto::GetSpecRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .block_devices,
+        ..Default::default()
+    };
+    let mut events = EventWatcher::start(&fourth.socket()).await;
     let mut sync_client = client.clone();
     let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
     events
@@ -232,7 +293,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     assert_eq!(status.code(), tonic::Code::Aborted, "{status:?}");
     assert!(status.message().contains("part-way"), "{status:?}");
     drop(client);
-    third.wait_exit(GUEST_DEADLINE);
+    fourth.wait_exit(GUEST_DEADLINE);
     drop(lo);
 }
 

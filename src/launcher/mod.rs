@@ -430,6 +430,11 @@ impl Launcher {
             .map(|v| v.name)
             .collect();
         host_work(|| launcher.block.adopt(&live));
+        // Following libvirt's events before the restored Sync runs: its detaches end on the
+        // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach
+        // timeout, and the launcher's API with it).
+        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
+        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
         if restored {
             // The request may have been cut off half-way (a launcher killed during a Sync):
             // apply it again; Sync is idempotent, only what is missing is done.
@@ -437,8 +442,6 @@ impl Launcher {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot converge to the restored Sync");
             }
         }
-        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
-        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
         Ok((launcher, kind))
     }
 
