@@ -449,6 +449,12 @@ impl Launcher {
                 .lock()
                 .expect("waiters lock")
                 .remove(&alias);
+            if matches!(&e, LauncherError::Libvirt(l) if l.is_device_missing()) {
+                // Removed between the read of the live disks and this call: an earlier detach
+                // (e.g. of a launcher killed during its Sync) that libvirt has just finished.
+                tracing::info!(%volume, "the device was removed already");
+                return self.finish_detach(&volume);
+            }
             if was_detaching {
                 // libvirt still works on the earlier request: keep waiting for its event.
                 set_phase(VolumePhase::Detaching, "DetachPending", libvirt_message(&e));

@@ -59,6 +59,13 @@ pub enum LibvirtError {
 }
 
 impl LibvirtError {
+    /// libvirt found no such device in the domain (`VIR_ERR_DEVICE_MISSING`): for a detach, the
+    /// device is gone already.
+    pub fn is_device_missing(&self) -> bool {
+        matches!(self, LibvirtError::Call { source, .. }
+            if matches!(source.code(), virt::enumutil::Enum::Known(ErrorNumber::DeviceMissing)))
+    }
+
     /// libvirt's own message, for status reports that show one line.
     pub fn libvirt_message(&self) -> String {
         match self {
