@@ -23,6 +23,6 @@ VMLAUNCHER_SOAK_CYCLES=$cycles VMLAUNCHER_SOAK_PAUSES=$pauses \
 for i in $(seq 1 "$rounds"); do
   echo "SOAK restart round $i/$rounds"
   cargo test --locked --test e2e_restart -- --nocapture --test-threads 1 2>&1 \
-    | grep -E '^killed with|^Sync interrupted|^test |panicked|result:'
+    | grep -E 'killed with|^restarted and|^Sync interrupted|^test |panicked|result:'
 done
 echo "SOAK done in $(( $(date +%s) - started ))s"
