@@ -72,6 +72,24 @@ fn phases(volumes: &[proto::VolumeStatus]) -> Vec<(String, i32)> {
     volumes.iter().map(|v| (v.name.clone(), v.phase)).collect()
 }
 
+/// Sends `request` as a Sync in the background and returns once the launcher at `socket` has
+/// removed its first volume: a Sync that removes several, caught in the middle.
+async fn sync_until_first_removal(
+    client: &Client,
+    socket: &std::path::Path,
+    request: proto::SyncRequest,
+) -> tokio::task::JoinHandle<Result<tonic::Response<proto::SyncResponse>, tonic::Status>> {
+    let mut events = EventWatcher::start(socket).await;
+    let mut sync_client = client.clone();
+    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
+    events
+        .wait_for("the first volume removed", GUEST_DEADLINE, |e| {
+            matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
+        })
+        .await;
+    in_flight
+}
+
 fn live_scsi_disks(vm: &Launched, name: &str) -> usize {
     let conn = virt::connect::Connect::open(Some(&vm.libvirt_uri())).unwrap();
     let dom = conn
@@ -217,15 +235,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
             .block_devices,
         ..Default::default()
     };
-    let mut events = EventWatcher::start(&third.socket()).await;
-    let mut sync_client = client.clone();
-    let request = remove.clone();
-    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
-    events
-        .wait_for("the first volume removed", GUEST_DEADLINE, |e| {
-            matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
-        })
-        .await;
+    let in_flight = sync_until_first_removal(&client, &third.socket(), remove.clone()).await;
     drop(client);
     third.kill9();
     let _ = in_flight.await;
@@ -266,24 +276,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     wait_disks(&mut console, &everything, &three);
 
     // 4. Kill stops a Sync in flight (here one that removes the twelve again).
-    let request = proto::SyncRequest {
-        spec: hot_spec(name, &all[..3]),
-        block_devices: client
-            .get_spec(proto::GetSpecRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .block_devices,
-        ..Default::default()
-    };
-    let mut events = EventWatcher::start(&fourth.socket()).await;
-    let mut sync_client = client.clone();
-    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
-    events
-        .wait_for("the first volume removed", GUEST_DEADLINE, |e| {
-            matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
-        })
-        .await;
+    let in_flight = sync_until_first_removal(&client, &fourth.socket(), remove).await;
     client
         .kill(proto::CommandRequest::default())
         .await
