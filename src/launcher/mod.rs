@@ -613,6 +613,15 @@ impl Launcher {
         *self.live_disks.lock().expect("live disks lock") = None;
     }
 
+    /// The volume is being detached (its status says `Detaching`).
+    fn is_detaching(&self, volume: &str) -> bool {
+        let state = self.state.lock().expect("state lock");
+        state
+            .volumes
+            .get(volume)
+            .is_some_and(|v| v.phase == VolumePhase::Detaching)
+    }
+
     fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         self.removal_waiters

@@ -419,12 +419,7 @@ impl Launcher {
     fn finish_late_removals(&self) {
         let volumes = std::mem::take(&mut *self.late_removals.lock().expect("late removals lock"));
         for volume in volumes {
-            let detaching = self
-                .status()
-                .volumes
-                .iter()
-                .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
-            if detaching {
+            if self.is_detaching(&volume) {
                 self.finish_detach(&volume);
             } else {
                 self.detaching
@@ -469,23 +464,26 @@ pub(super) async fn reconciler(
         let sleep_until = timer.unwrap_or_else(Instant::now);
         let io_due = l.io_errors.lock().expect("io errors lock").due();
         let io_due_at = io_due.unwrap_or_else(Instant::now);
-        // The periodic resync reads everything again, whatever the events said: the safety net
-        // for an event lost; anything else reads the state only if an event came since.
         // Whether any event of the batch may have changed the disks (a device came or went).
         let mut devices = false;
+        // The periodic resync reads everything again, whatever the events said: the safety net
+        // for an event lost; anything else reads the state only if an event came since.
         let (look, resyncing) = tokio::select! {
             event = events.recv() => match event {
-                Some(event) => {
-                    tracing::debug!(?event, "libvirt event");
-                    devices |= is_device_event(&event);
-                    let mut look = l.on_event(event).await;
+                Some(first) => {
                     // What else is queued is handled now, with one state read for all of it: a
                     // storm of events costs a read per batch, not one each (review L4).
-                    for _ in 0..EVENT_BATCH {
-                        let Ok(event) = events.try_recv() else { break };
+                    let (mut look, mut event, mut handled) = (false, first, 0);
+                    loop {
                         tracing::debug!(?event, "libvirt event");
                         devices |= is_device_event(&event);
                         look |= l.on_event(event).await;
+                        handled += 1;
+                        if handled > EVENT_BATCH {
+                            break;
+                        }
+                        let Ok(queued) = events.try_recv() else { break };
+                        event = queued;
                     }
                     (look, false)
                 }

@@ -425,11 +425,7 @@ impl Launcher {
                 }
             })
         };
-        let was_detaching = self
-            .status()
-            .volumes
-            .iter()
-            .any(|v| v.name == volume && v.phase == VolumePhase::Detaching);
+        let was_detaching = self.is_detaching(&volume);
         set_phase(VolumePhase::Detaching, "", String::new());
         // The node this detach is about (an earlier, unfinished detach of it began already).
         let generation = self.block.generation(&volume);
