@@ -52,16 +52,18 @@ impl ExitCode {
 
     /// How a launcher exits when its runtime dir cannot be its own.
     pub fn from_runtime_dir_error(e: &crate::runtime_dir::RuntimeDirError) -> ExitCode {
-        if e.is_refusal() {
-            ExitCode::BadSpec
-        } else {
-            ExitCode::Internal
-        }
+        Self::refused_or_failed(e.is_refusal())
     }
 
     /// How a launcher exits when it cannot listen on its API socket.
     pub fn from_bind_error(e: &crate::api::ApiError) -> ExitCode {
-        if e.is_refusal() {
+        Self::refused_or_failed(e.is_refusal())
+    }
+
+    /// Input the operator gave and the launcher refused is like a bad spec; anything else, a
+    /// failure of the launcher.
+    fn refused_or_failed(refused: bool) -> ExitCode {
+        if refused {
             ExitCode::BadSpec
         } else {
             ExitCode::Internal

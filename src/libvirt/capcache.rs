@@ -71,10 +71,17 @@ fn cache_files(dir: &Path) -> Result<Vec<(std::ffi::OsString, PathBuf)>, CapCach
     Ok(files)
 }
 
-/// Writes `text` to `dir/name` whole or not at all (a reader never sees half a capability file).
-fn write_atomically(dir: &Path, name: &std::ffi::OsStr, text: &[u8]) -> Result<(), CapCacheError> {
+/// Writes `text` to `dir/name` whole or not at all (a reader never sees half a capability file),
+/// with `write`: `durable::write_durably` for the shared cache, which outlives the machine's
+/// crashes, `durable::write_atomically` for a launcher's private copy, made again at every start.
+fn put(
+    dir: &Path,
+    name: &std::ffi::OsStr,
+    text: &[u8],
+    write: fn(&Path, &[u8]) -> std::io::Result<()>,
+) -> Result<(), CapCacheError> {
     let target = dir.join(name);
-    crate::durable::write_durably(&target, text).map_err(|source| CapCacheError::Write {
+    write(&target, text).map_err(|source| CapCacheError::Write {
         path: target.clone(),
         source,
     })
@@ -96,7 +103,7 @@ pub fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
             path: path.clone(),
             source,
         })?;
-        write_atomically(private, name, &text)?;
+        put(private, name, &text, crate::durable::write_atomically)?;
     }
     Ok(files.len())
 }
@@ -121,7 +128,7 @@ pub fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
         if fs::read(shared.join(&name)).ok().as_deref() == Some(text.as_slice()) {
             continue;
         }
-        write_atomically(shared, &name, &text)?;
+        put(shared, &name, &text, crate::durable::write_durably)?;
         written += 1;
     }
     Ok(written)

@@ -113,6 +113,9 @@ type IoErrorCallback = unsafe extern "C" fn(
     *mut c_void,
 );
 
+/// `virConnectDomainEventDeviceAddedCallback` and `...DeviceRemovedCallback`: device alias.
+type DeviceCallback =
+    unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *const c_char, *mut c_void);
 /// `virConnectDomainEventBlockJobCallback`: disk, job type, status.
 type BlockJobCallback = unsafe extern "C" fn(
     sys::virConnectPtr,
@@ -180,27 +183,15 @@ impl EventRegistration {
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED as i32,
-                    Some(std::mem::transmute::<
-                        unsafe extern "C" fn(
-                            sys::virConnectPtr,
-                            sys::virDomainPtr,
-                            *const c_char,
-                            *mut c_void,
-                        ),
-                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
-                    >(on_device_removed)),
+                    Some(std::mem::transmute::<DeviceCallback, GenericCallback>(
+                        on_device_removed,
+                    )),
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
-                    Some(std::mem::transmute::<
-                        unsafe extern "C" fn(
-                            sys::virConnectPtr,
-                            sys::virDomainPtr,
-                            *const c_char,
-                            *mut c_void,
-                        ),
-                        unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
-                    >(on_device_added)),
+                    Some(std::mem::transmute::<DeviceCallback, GenericCallback>(
+                        on_device_added,
+                    )),
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2 as i32,
@@ -291,7 +282,7 @@ unsafe extern "C" fn free_sender(opaque: *mut c_void) {
 unsafe fn send(opaque: *mut c_void, event: HypervisorEvent) {
     // SAFETY: guaranteed by the caller; libvirt keeps it alive until `free_sender`.
     let tx = unsafe { &*(opaque as *const Sender) };
-    DELIVERED.fetch_add(1, Ordering::SeqCst);
+    count_delivered();
     // A closed receiver means the launcher is shutting down: nothing is left to tell.
     let _ = tx.send(event);
 }
@@ -363,11 +354,11 @@ unsafe extern "C" fn on_device_added(
 ) {
     // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
     unsafe {
-        let event = HypervisorEvent::DeviceAdded {
-            domain: domain_name(dom),
-            alias: c_string(alias),
-        };
-        send(opaque, event);
+        let alias = c_string(alias);
+        send_for(opaque, dom, |domain| HypervisorEvent::DeviceAdded {
+            domain,
+            alias,
+        });
     }
 }
 
@@ -379,18 +370,19 @@ unsafe extern "C" fn on_device_removed(
 ) {
     // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
     unsafe {
-        let event = HypervisorEvent::DeviceRemoved {
-            domain: domain_name(dom),
-            alias: c_string(alias),
-        };
-        send(opaque, event);
+        let alias = c_string(alias);
+        send_for(opaque, dom, |domain| HypervisorEvent::DeviceRemoved {
+            domain,
+            alias,
+        });
     }
 }
 
 /// A disk may have changed under the launcher (a block job ended, a tray moved, a medium was
 /// changed): nothing to handle, only counted, so that the live disks the launcher keeps are read
 /// again before the next plan.
-fn disk_may_have_changed() {
+/// One more event handed over (see [`DELIVERED`]): counted before it is queued.
+fn count_delivered() {
     DELIVERED.fetch_add(1, Ordering::SeqCst);
 }
 
@@ -402,7 +394,7 @@ unsafe extern "C" fn on_block_job(
     _status: c_int,
     _opaque: *mut c_void,
 ) {
-    disk_may_have_changed();
+    count_delivered();
 }
 
 unsafe extern "C" fn on_tray_change(
@@ -412,7 +404,7 @@ unsafe extern "C" fn on_tray_change(
     _reason: c_int,
     _opaque: *mut c_void,
 ) {
-    disk_may_have_changed();
+    count_delivered();
 }
 
 unsafe extern "C" fn on_disk_change(
@@ -424,7 +416,7 @@ unsafe extern "C" fn on_disk_change(
     _reason: c_int,
     _opaque: *mut c_void,
 ) {
-    disk_may_have_changed();
+    count_delivered();
 }
 
 unsafe extern "C" fn on_reboot(

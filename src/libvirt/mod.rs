@@ -58,12 +58,16 @@ pub enum LibvirtError {
     },
 }
 
+/// libvirt's error number of `e` is `n`.
+fn code_is(e: &virt::error::Error, n: ErrorNumber) -> bool {
+    e.code() == virt::enumutil::Enum::Known(n)
+}
+
 impl LibvirtError {
     /// libvirt found no such device in the domain (`VIR_ERR_DEVICE_MISSING`): for a detach, the
     /// device is gone already.
     pub fn is_device_missing(&self) -> bool {
-        matches!(self, LibvirtError::Call { source, .. }
-            if matches!(source.code(), virt::enumutil::Enum::Known(ErrorNumber::DeviceMissing)))
+        matches!(self, LibvirtError::Call { source, .. } if code_is(source, ErrorNumber::DeviceMissing))
     }
 
     /// libvirt's own message, for status reports that show one line.
@@ -139,10 +143,7 @@ impl Hypervisor {
         domain: &'a str,
     ) -> impl FnOnce(virt::error::Error) -> LibvirtError + 'a {
         move |source| {
-            if matches!(
-                source.code(),
-                virt::enumutil::Enum::Known(ErrorNumber::NoDomain)
-            ) {
+            if code_is(&source, ErrorNumber::NoDomain) {
                 LibvirtError::NoDomain {
                     domain: domain.into(),
                 }
