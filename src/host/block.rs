@@ -115,6 +115,19 @@ struct HostState {
 }
 
 impl HostState {
+    /// Records the node of `volume`, stamped with a new plug generation.
+    fn plug(&mut self, volume: &str, record: NodeRecord) {
+        self.last_generation += 1;
+        self.generations.insert(volume.into(), self.last_generation);
+        self.nodes.insert(volume.into(), record);
+    }
+
+    /// Forgets the node of `volume` and its generation together.
+    fn unplug(&mut self, volume: &str) -> Option<NodeRecord> {
+        self.generations.remove(volume);
+        self.nodes.remove(volume)
+    }
+
     /// The complete allow-list: boot disks and every hot-plugged one.
     fn wanted(&self) -> BTreeSet<DevNumber> {
         let mut all = self.boot.clone();
@@ -230,12 +243,9 @@ impl BlockDevices {
 
     fn allow(&self, volume: &str, record: NodeRecord) -> Result<RuleGuard<'_>, BlockHostError> {
         let mut host = self.lock();
-        host.nodes.insert(volume.into(), record);
-        host.last_generation += 1;
-        let generation = host.last_generation;
-        host.generations.insert(volume.into(), generation);
+        host.plug(volume, record);
         if let Err(e) = self.apply_device_rules(&mut host) {
-            host.nodes.remove(volume);
+            host.unplug(volume);
             if let Err(undo) = self.apply_device_rules(&mut host) {
                 tracing::warn!(error = %crate::error_chain(&undo), "undo: cannot restore the device rules");
             }
@@ -252,10 +262,9 @@ impl BlockDevices {
     /// boot disk uses it).
     pub fn forget(&self, volume: &str) -> Result<(), BlockHostError> {
         let mut host = self.lock();
-        if host.nodes.remove(volume).is_none() {
+        if host.unplug(volume).is_none() {
             return Ok(());
         }
-        host.generations.remove(volume);
         self.apply_device_rules(&mut host)
     }
 
@@ -272,11 +281,19 @@ impl BlockDevices {
 
     /// After a detach: unlinks the node and revokes the rule of a block volume.
     pub fn release(&self, volume: &str) -> Result<(), BlockHostError> {
-        let Some(node) = self.lock().nodes.get(volume).cloned() else {
-            return Ok(());
+        self.release_locked(&mut self.lock(), volume).map(drop)
+    }
+
+    /// Unlinks the node of `volume` (if it has one), forgets it and applies the rules without
+    /// it; true if there was a node.
+    fn release_locked(&self, host: &mut HostState, volume: &str) -> Result<bool, BlockHostError> {
+        let Some(node) = host.nodes.get(volume).cloned() else {
+            return Ok(false);
         };
         devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
-        self.forget(volume)
+        host.unplug(volume);
+        self.apply_device_rules(host)?;
+        Ok(true)
     }
 
     /// Which plug made the node `volume` has now, if it has one: what a detach started now
@@ -293,14 +310,7 @@ impl BlockDevices {
         if host.generations.get(volume) != Some(&generation) {
             return Ok(false);
         }
-        let Some(node) = host.nodes.get(volume).cloned() else {
-            return Ok(false);
-        };
-        devnode::remove_node(&self.roots.hotplug_dir, volume, node.dev)?;
-        host.nodes.remove(volume);
-        host.generations.remove(volume);
-        self.apply_device_rules(&mut host)?;
-        Ok(true)
+        self.release_locked(&mut host, volume)
     }
 
     /// Makes every cgroup QEMU is in (and every one written to before) allow exactly the
@@ -364,10 +374,7 @@ impl BlockDevices {
         host.programs = records.programs;
         for (volume, node) in records.nodes {
             if live.contains(&volume) {
-                host.last_generation += 1;
-                let generation = host.last_generation;
-                host.generations.insert(volume.clone(), generation);
-                host.nodes.insert(volume, node);
+                host.plug(&volume, node);
             } else {
                 match devnode::remove_node(&self.roots.hotplug_dir, &volume, node.dev) {
                     Ok(()) => {

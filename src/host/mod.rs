@@ -310,13 +310,7 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
     }
     // Written aside under a fresh random name (O_EXCL: never through a planted symlink, review
     // H2) and renamed: a half-written image is never used.
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".qcow2-")
-        .tempfile_in(path.parent().unwrap_or(Path::new(".")))
-        .map_err(create)?;
-    io::Write::write_all(&mut tmp, &image).map_err(create)?;
-    tmp.persist(path).map_err(|e| create(e.error))?;
-    Ok(())
+    crate::durable::write_atomically(path, &image).map_err(create)
 }
 
 /// Builds the NoCloud ISO: volume label `cidata`, the given files at its root. Written next to
