@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, Launched, BOOT_DEADLINE};
+use common::{guest_spec, ConsoleWait, Launched, BOOT_DEADLINE};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedReceiver;
 use vmlauncher::api::{self, proto};
@@ -209,25 +209,27 @@ fn vm_processes(launcher: i32, runtime_dir: &Path) -> Vec<i32> {
     found.into_iter().filter(|p| !is_qemu(*p)).collect()
 }
 
-/// The serials in a `VMLTEST-DISKS dev:serial:sectors ...` line.
-fn serials(line: &str) -> BTreeSet<&str> {
-    line.split_whitespace()
-        .skip(1)
-        .filter_map(|d| d.split(':').nth(1))
-        .collect()
-}
-
 /// Waits until the guest prints a disk list with every serial in `wanted`.
 fn wait_serials(console: &mut ConsoleLog, wanted: &[String]) {
     let what = format!("the guest listing {} serial(s)", wanted.len());
-    console
-        .wait_for(&what, Instant::now() + GUEST_DEADLINE, |l| {
-            l.starts_with("VMLTEST-DISKS") && {
-                let seen = serials(l);
-                wanted.iter().all(|s| seen.contains(s.as_str()))
-            }
-        })
-        .unwrap();
+    console.line(&what, GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && {
+            let seen = common::set(&common::guest_serials(l));
+            wanted.iter().all(|s| seen.contains(s))
+        }
+    });
+}
+
+/// A spec of the base guest with one hostDisk volume `<prefix><k>` per serial, on the images.
+fn hostdisk_spec(prefix: &str, serials: &[String], images: &[PathBuf]) -> String {
+    let volumes: Vec<String> = (0..serials.len()).map(|k| format!("{prefix}{k}")).collect();
+    let disks: Vec<(&str, &str, &Path)> = volumes
+        .iter()
+        .zip(serials)
+        .zip(images)
+        .map(|((v, s), i)| (v.as_str(), s.as_str(), i.as_path()))
+        .collect();
+    guest_spec(NAME, "", &disks)
 }
 
 /// The same disk the launcher attaches for a `hostDisk` on scsi (`vmlauncher convert` shows it),
@@ -432,13 +434,9 @@ fn main() {
     std::fs::create_dir_all(&warm_caps).unwrap();
     let mut vm = Launched::start(&base, &["--qemu-cache-dir", warm_caps.to_str().unwrap()]);
     let mut console = vm.boot();
-    console
-        .wait_for(
-            "the guest's first disk report",
-            Instant::now() + GUEST_DEADLINE,
-            |l| l.starts_with("VMLTEST-DISKS"),
-        )
-        .unwrap();
+    console.line("the guest's first disk report", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS")
+    });
     let mut client = rt.block_on(api::connect(&vm.socket())).unwrap();
     let mut raw = Raw::open(&vm.libvirt_uri(), &format!("default_{NAME}"));
 
@@ -554,17 +552,7 @@ fn main() {
             if launcher_turn {
                 let serials: Vec<String> =
                     (0..MANY_DISKS).map(|k| format!("L{round}-{k}")).collect();
-                let volumes: Vec<String> = (0..MANY_DISKS).map(|k| format!("d{k}")).collect();
-                let disks: Vec<(&str, &str, &Path)> = (0..MANY_DISKS)
-                    .map(|k| {
-                        (
-                            volumes[k].as_str(),
-                            serials[k].as_str(),
-                            launcher_images[k].as_path(),
-                        )
-                    })
-                    .collect();
-                let spec = guest_spec(NAME, "", &disks);
+                let spec = hostdisk_spec("d", &serials, &launcher_images);
                 let t = Instant::now();
                 let reply = sync(&rt, &mut client, &spec);
                 l_attach.push(t.elapsed());
@@ -617,18 +605,12 @@ fn main() {
 
     eprintln!("side_by_side: memory with {MEMORY_DISKS} disks attached");
     let serials: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("M-{k}")).collect();
-    let volumes: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("m{k}")).collect();
-    let disks: Vec<(&str, &str, &Path)> = (0..MEMORY_DISKS)
-        .map(|k| {
-            (
-                volumes[k].as_str(),
-                serials[k].as_str(),
-                launcher_images[k].as_path(),
-            )
-        })
-        .collect();
     all_ready(
-        &sync(&rt, &mut client, &guest_spec(NAME, "", &disks)),
+        &sync(
+            &rt,
+            &mut client,
+            &hostdisk_spec("m", &serials, &launcher_images),
+        ),
         MEMORY_DISKS,
     );
     wait_serials(&mut console, &serials);
