@@ -217,6 +217,6 @@ fn run_refuses_a_directory_that_is_not_utf8() {
         assert_eq!(out.status.code(), Some(64), "{option}: {stderr}");
         assert!(stderr.contains(option), "{stderr}");
         assert!(stderr.contains("is not UTF-8"), "{stderr}");
-        assert!(!std::path::Path::new(not_utf8).exists());
+        assert!(!Path::new(not_utf8).exists());
     }
 }

@@ -497,7 +497,7 @@ async fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
 
     let mut second = Launched::start_in(vm.dir(), &spec, &["--run-strategy", "halted"]);
     assert_eq!(second.wait_exit(GUEST_DEADLINE).code(), Some(2));
-    let stderr = std::fs::read_to_string(vm.dir().join("launcher.stderr")).unwrap();
+    let stderr = second.stderr_text();
     let refusal = format!(
         "--runtime-dir: another vmlauncher (pid {}) runs on",
         vm.child.id()

@@ -72,22 +72,32 @@ fn phases(volumes: &[proto::VolumeStatus]) -> Vec<(String, i32)> {
     volumes.iter().map(|v| (v.name.clone(), v.phase)).collect()
 }
 
-/// Sends `request` as a Sync in the background and returns once the launcher at `socket` has
-/// removed its first volume: a Sync that removes several, caught in the middle.
+/// Sends `request` as a Sync in the background and returns once the launcher at `socket` sends
+/// an event `caught` accepts (named `what`): a Sync caught in the middle.
+async fn sync_until(
+    client: &Client,
+    socket: &std::path::Path,
+    request: proto::SyncRequest,
+    what: &str,
+    caught: impl FnMut(&proto::Event) -> bool,
+) -> tokio::task::JoinHandle<Result<tonic::Response<proto::SyncResponse>, tonic::Status>> {
+    let mut events = EventWatcher::start(socket).await;
+    let mut sync_client = client.clone();
+    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
+    events.wait_for(what, GUEST_DEADLINE, caught).await;
+    in_flight
+}
+
+/// [`sync_until`] the first volume is removed.
 async fn sync_until_first_removal(
     client: &Client,
     socket: &std::path::Path,
     request: proto::SyncRequest,
 ) -> tokio::task::JoinHandle<Result<tonic::Response<proto::SyncResponse>, tonic::Status>> {
-    let mut events = EventWatcher::start(socket).await;
-    let mut sync_client = client.clone();
-    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
-    events
-        .wait_for("the first volume removed", GUEST_DEADLINE, |e| {
-            matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
-        })
-        .await;
-    in_flight
+    sync_until(client, socket, request, "the first volume removed", |e| {
+        matches!(&e.kind, Some(proto::event::Kind::VolumeRemoved(_)))
+    })
+    .await
 }
 
 fn live_scsi_disks(vm: &Launched, name: &str) -> usize {
@@ -183,15 +193,17 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         block_devices: spec.block_devices,
         ..Default::default()
     };
-    let mut events = EventWatcher::start(&second.socket()).await;
-    let mut sync_client = client.clone();
-    let in_flight = tokio::spawn(async move { sync_client.sync(request).await });
-    events
-        .wait_for("the first new volume Ready", GUEST_DEADLINE, |e| {
+    let in_flight = sync_until(
+        &client,
+        &second.socket(),
+        request,
+        "the first new volume Ready",
+        |e| {
             matches!(&e.kind, Some(proto::event::Kind::Volume(v))
                 if v.name.starts_with('m') && v.phase == READY)
-        })
-        .await;
+        },
+    )
+    .await;
     second.kill9();
     let _ = in_flight.await;
     let live = live_scsi_disks(&second, name);

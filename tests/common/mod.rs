@@ -383,7 +383,8 @@ impl Launched {
         vmlauncher::libvirt::daemon::PrivateDaemon::uri_for(&self.dir().join("libvirt"))
     }
 
-    fn stderr_text(&self) -> String {
+    /// What the launchers of this runtime dir wrote on standard error (they append to one file).
+    pub fn stderr_text(&self) -> String {
         std::fs::read_to_string(self.dir().join("launcher.stderr")).unwrap_or_default()
     }
 
