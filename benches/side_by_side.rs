@@ -372,16 +372,7 @@ fn time_to_running(spec: &str, caps: &Path) -> Duration {
     let mut vm = Launched::start(spec, &["--qemu-cache-dir", caps.to_str().unwrap()]);
     vm.wait_stdout("phase Running", BOOT_DEADLINE);
     let took = started.elapsed();
-    let out = Command::new(common::bin())
-        .args(["kill", "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "vmlauncher kill: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cli_ok(&vm.socket(), &["kill"]);
     vm.wait_exit(Duration::from_secs(120));
     took
 }

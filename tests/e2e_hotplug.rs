@@ -315,17 +315,7 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     let scratch = tempfile::tempdir().unwrap();
     let lo = common::Loop::new(scratch.path(), "cli", 3, false);
     let cli = |args: &[&str]| {
-        let out = std::process::Command::new(common::bin())
-            .args(args)
-            .arg("--socket")
-            .arg(vm.socket())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::cli_ok(&vm.socket(), args);
     };
     cli(&[
         "addvolume",

@@ -143,16 +143,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert_ne!(virtlogd, new_virtlogd);
     assert!(alive(new_virtlogd) && alive(qemu));
     // And the launcher still controls it through the new daemons.
-    let out = Process::new(common::bin())
-        .args(["pause", "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cli_ok(&vm.socket(), &["pause"]);
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
     assert!(!alive(qemu) && !alive(new_daemon) && !alive(new_virtlogd));

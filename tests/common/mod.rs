@@ -134,17 +134,24 @@ impl Pending {
 
 /// `vmlauncher status --output json` through `socket`, as a client sees it.
 pub fn cli_status(socket: &Path) -> serde_json::Value {
+    let out = cli_ok(socket, &["status", "--output", "json"]);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `vmlauncher ARGS --socket SOCKET`, which must succeed: its output.
+pub fn cli_ok(socket: &Path, args: &[&str]) -> std::process::Output {
     let out = Command::new(bin())
-        .args(["status", "--output", "json", "--socket"])
+        .args(args)
+        .arg("--socket")
         .arg(socket)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "vmlauncher status: {}",
+        "vmlauncher {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    out
 }
 
 /// The serials in the test guest's `VMLTEST-DISKS <dev>:<serial>:<sectors> ...` line, in the
