@@ -150,6 +150,13 @@ impl EventRegistration {
             callback_ids: Vec::new(),
             close_callback: false,
         };
+        // The two device events share one C signature.
+        let device = |id: u32, callback: DeviceCallback| {
+            // SAFETY: both device callbacks have the C signature libvirt documents for these ids.
+            let generic =
+                unsafe { std::mem::transmute::<DeviceCallback, GenericCallback>(callback) };
+            (id as i32, Some(generic))
+        };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
         let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 9] = unsafe {
@@ -181,18 +188,8 @@ impl EventRegistration {
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_lifecycle)),
                 ),
-                (
-                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED as i32,
-                    Some(std::mem::transmute::<DeviceCallback, GenericCallback>(
-                        on_device_removed,
-                    )),
-                ),
-                (
-                    sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED as i32,
-                    Some(std::mem::transmute::<DeviceCallback, GenericCallback>(
-                        on_device_added,
-                    )),
-                ),
+                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, on_device_removed),
+                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, on_device_added),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2 as i32,
                     Some(std::mem::transmute::<BlockJobCallback, GenericCallback>(
