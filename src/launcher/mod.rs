@@ -391,7 +391,7 @@ impl Launcher {
         });
         launcher.update(|_| {});
         let n = name.clone();
-        let exists = launcher.call(move |hv| hv.exists(&n)).await?;
+        let exists = launcher.call(move |hv| hv.exists(&n))?;
         launcher.refresh().await;
         let active =
             matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
@@ -532,17 +532,16 @@ impl Launcher {
             .ok_or(LauncherError::Unreachable)
     }
 
-    /// Runs a blocking libvirt call on the blocking pool.
-    async fn call<T, F>(&self, f: F) -> Result<T, LauncherError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Hypervisor) -> Result<T, LibvirtError> + Send + 'static,
-    {
+    /// Runs a blocking libvirt call on this thread, its other tasks handed over first
+    /// (`host_work`). Not on the blocking pool: waking a pool thread, then this task's worker
+    /// again, put two thread wake-ups on the path of every call (the side-by-side bench: no-op
+    /// Sync 0.89 → 0.60 ms, attach 7.2 → 6.4 ms, when this changed).
+    fn call<T>(
+        &self,
+        f: impl FnOnce(&Hypervisor) -> Result<T, LibvirtError>,
+    ) -> Result<T, LauncherError> {
         let hv = self.hypervisor()?;
-        tokio::task::spawn_blocking(move || f(&hv))
-            .await
-            .map_err(LauncherError::Join)?
-            .map_err(LauncherError::from)
+        host_work(|| f(&hv)).map_err(LauncherError::from)
     }
 
     /// Changes the state, publishes the new status, and tells the stream what changed.
@@ -586,7 +585,7 @@ impl Launcher {
             return Ok(disks);
         }
         let n = self.domain_name.clone();
-        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
         *self.live_disks.lock().expect("live disks lock") = Some((key, live.clone()));
         Ok(live)

@@ -28,7 +28,7 @@ impl Launcher {
         let _reading = self.state_read.lock().await;
         let seen = crate::libvirt::events::delivered();
         let n = self.domain_name.clone();
-        let read = self.call(move |hv| hv.power_state(&n)).await;
+        let read = self.call(move |hv| hv.power_state(&n));
         if *self.closing.borrow() {
             // The launcher removed the domain meanwhile, on purpose.
             return;
@@ -91,7 +91,7 @@ impl Launcher {
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
     pub(super) async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
-        let xml = self.call(move |hv| hv.live_xml(&n)).await?;
+        let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
         let interfaces = interface_statuses(&domain::live_interfaces(&xml)?);
         self.update(|s| s.interfaces = interfaces);
@@ -397,7 +397,7 @@ impl Launcher {
             Reaction::ForceStop => {
                 tracing::warn!("the VM runs although it was stopped; stopping it");
                 let n = self.domain_name.clone();
-                if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+                if let Err(e) = self.call(move |hv| hv.destroy(&n)) {
                     tracing::warn!(error = %crate::error_chain(&e), "force stop failed");
                 }
             }

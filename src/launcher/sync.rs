@@ -364,7 +364,7 @@ impl Launcher {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let (n, xml) = (self.domain_name.clone(), disk.to_xml());
         self.forget_live_disks();
-        match self.call(move |hv| hv.attach(&n, &xml, persist)).await {
+        match self.call(move |hv| hv.attach(&n, &xml, persist)) {
             Ok(()) => {
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
                 true
@@ -440,7 +440,7 @@ impl Launcher {
         let removed = self.expect_removal(&alias);
         let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
         self.forget_live_disks();
-        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)).await {
+        if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)) {
             self.removal_waiters
                 .lock()
                 .expect("waiters lock")

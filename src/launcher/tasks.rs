@@ -213,16 +213,16 @@ impl Launcher {
         let n = self.domain_name.clone();
         match command {
             Command::Start => self.start_domain().await,
-            Command::Pause => self.call(move |hv| hv.suspend(&n)).await,
-            Command::Unpause => self.call(move |hv| hv.resume(&n)).await,
-            Command::SoftReboot => self.call(move |hv| hv.reboot_acpi(&n)).await,
-            Command::Reset => self.call(move |hv| hv.reset(&n)).await,
+            Command::Pause => self.call(move |hv| hv.suspend(&n)),
+            Command::Unpause => self.call(move |hv| hv.resume(&n)),
+            Command::SoftReboot => self.call(move |hv| hv.reboot_acpi(&n)),
+            Command::Reset => self.call(move |hv| hv.reset(&n)),
             Command::Shutdown => {
                 let grace = grace.unwrap_or_else(|| self.grace_period());
                 self.graceful_stop(grace, preempt_generation).await
             }
             Command::Kill => {
-                self.call(move |hv| hv.destroy(&n)).await?;
+                self.call(move |hv| hv.destroy(&n))?;
                 self.wait_stopped(DESTROY_TIMEOUT).await;
                 Ok(())
             }
@@ -264,10 +264,10 @@ impl Launcher {
             (s.spec.clone(), def, waiting)
         };
         let n = self.domain_name.clone();
-        if self.call(move |hv| hv.exists(&n)).await? {
+        if self.call(move |hv| hv.exists(&n))? {
             let n = self.domain_name.clone();
             self.update(|s| s.undefined_by_us = true);
-            self.call(move |hv| hv.undefine(&n)).await?;
+            self.call(move |hv| hv.undefine(&n))?;
         }
         // A hot-plugged volume never keeps the VM from (re)starting (review M9): one that waits
         // or failed, or whose source is not ready now, is left out of the definition and keeps
@@ -307,7 +307,7 @@ impl Launcher {
         }
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
-        self.call(move |hv| hv.define_and_start(&n, &xml)).await?;
+        self.call(move |hv| hv.define_and_start(&n, &xml))?;
         self.update(|s| {
             s.undefined_by_us = false;
             s.finished = false;
@@ -360,7 +360,7 @@ impl Launcher {
         let mut waited_out_grace = false;
         if !grace.is_zero() {
             let n = self.domain_name.clone();
-            match self.call(move |hv| hv.shutdown_acpi(&n)).await {
+            match self.call(move |hv| hv.shutdown_acpi(&n)) {
                 Ok(()) => {
                     tokio::select! {
                         stopped = self.wait_stopped(grace) => if stopped { return Ok(()) },
@@ -384,7 +384,7 @@ impl Launcher {
         }
         self.update(|s| s.destroyed_after_grace = waited_out_grace);
         let n = self.domain_name.clone();
-        if let Err(e) = self.call(move |hv| hv.destroy(&n)).await {
+        if let Err(e) = self.call(move |hv| hv.destroy(&n)) {
             // It may have stopped by itself in the meantime; the state says.
             self.refresh().await;
             if !self.status().phase.is_final() {
@@ -409,7 +409,7 @@ impl Launcher {
             if let Err(e) = self.command(Command::Shutdown, None).await {
                 tracing::warn!(error = %crate::error_chain(&e), "graceful stop failed");
                 let n = self.domain_name.clone();
-                let _ = self.call(move |hv| hv.destroy(&n)).await;
+                let _ = self.call(move |hv| hv.destroy(&n));
             }
         }
         self.refresh().await;
@@ -421,7 +421,7 @@ impl Launcher {
     pub async fn shut_down(&self) {
         self.closing.send_replace(true);
         let n = self.domain_name.clone();
-        match self.call(move |hv| hv.undefine(&n)).await {
+        match self.call(move |hv| hv.undefine(&n)) {
             Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
                 // A few unlinks and cgroup writes, once, as the launcher exits.
                 self.block.release_all();
