@@ -206,7 +206,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
                 None => rt.libvirt_dir().join("run/qemu"),
             },
             records: rt.0.join("hotplug-records.json"),
-            last_sync: rt.0.join("last-sync.json"),
+            last_sync: rt.0.join("last-sync"),
         },
         convert: {
             let mut paths = crate::volumes::HostPaths::local(&rt.0);

@@ -43,6 +43,7 @@ use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState
 use crate::spec::{SpecErrors, Validated};
 
 use reconciler::reconciler;
+use saved::{SavedSyncError, SavedSyncs};
 use status::{placeholder_status, EventLog};
 pub use status::{
     EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
@@ -106,7 +107,7 @@ pub enum LauncherError {
     #[error("a libvirt call panicked")]
     Join(#[source] tokio::task::JoinError),
     #[error(transparent)]
-    SaveSync(#[from] saved::SavedSyncError),
+    SaveSync(#[from] SavedSyncError),
 }
 
 impl LauncherError {
@@ -151,7 +152,9 @@ pub struct HotplugOptions {
     pub qemu_pid_dir: PathBuf,
     /// The state file of what the launcher made (`host::records`).
     pub records: PathBuf,
-    /// The last accepted Sync (`launcher::saved`), restored when the domain is adopted.
+    /// Where the last accepted Sync is kept (`launcher::saved`: two slots beside this path,
+    /// `last-sync.0.json` and `last-sync.1.json` for `last-sync`), restored when the domain is
+    /// adopted.
     pub last_sync: PathBuf,
     /// What this process lacks for block hotplug: block volumes are refused while anything is.
     pub missing_capabilities: Vec<crate::host::caps::Unavailable>,
@@ -230,8 +233,8 @@ pub enum StartKind {
 /// `state_read` (async, held for one read of the power state and its update) after `task_slot`
 /// when both are held.
 /// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
-/// lock inside `block` are leaves: taken alone, never while
-/// calling out, and never with `state` held.
+/// locks inside `block` and `saved` are leaves: taken alone, never while calling out, and never
+/// with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
     connector: Arc<Connector>,
@@ -258,6 +261,8 @@ pub struct Launcher {
     late_removals: Mutex<BTreeSet<String>>,
     /// Nodes and device rules of block volumes (`host::records` on disk).
     block: BlockDevices,
+    /// The last accepted Sync on disk, restored when the domain is adopted.
+    saved: SavedSyncs,
     /// The last Sync request (or the start spec), for `GetSpec`.
     last_input: Mutex<SyncInput>,
     /// Volumes waiting for their source, and the path each waits for: watched, so that they are
@@ -357,6 +362,7 @@ impl Launcher {
             records: options.hotplug.records.clone(),
             missing: options.hotplug.missing_capabilities.clone(),
         });
+        let (saved, restorable) = host_work(|| SavedSyncs::open(&options.hotplug.last_sync));
         let launcher = Arc::new(Launcher {
             connector,
             hv: RwLock::new(Some(Arc::new(hv))),
@@ -377,6 +383,7 @@ impl Launcher {
             detaching: Mutex::default(),
             late_removals: Mutex::default(),
             block,
+            saved,
             last_input: Mutex::new(SyncInput {
                 spec: spec_text,
                 ..SyncInput::default()
@@ -406,14 +413,14 @@ impl Launcher {
                 };
                 s.last_started = Some(Instant::now());
             });
-            restored = launcher.restore_last_sync();
+            restored = launcher.restore_last_sync(restorable);
             launcher.rebuild_volumes().await?;
             StartKind::Adopted
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is
             // replaced before anything runs, so that a crash from here on never restores it.
             let input = launcher.last_input.lock().expect("input lock").clone();
-            host_work(|| saved::save(&launcher.options.hotplug.last_sync, &input))?;
+            host_work(|| launcher.saved.save(&input))?;
             if launcher.options.strategy.starts_at_launch() {
                 launcher.command(Command::Start, None).await?;
                 StartKind::Created
@@ -448,8 +455,8 @@ impl Launcher {
     /// When adopting: takes the last accepted Sync saved by the launcher before this one as the
     /// current spec and request. False (the spec file stays) when there is none, or when it no
     /// longer parses or names another domain.
-    fn restore_last_sync(&self) -> bool {
-        let input = match host_work(|| saved::load(&self.options.hotplug.last_sync)) {
+    fn restore_last_sync(&self, restorable: Result<Option<SyncInput>, SavedSyncError>) -> bool {
+        let input = match restorable {
             Ok(Some(input)) => input,
             Ok(None) => return false,
             Err(e) => {
@@ -475,7 +482,7 @@ impl Launcher {
                 return false;
             }
         }
-        tracing::info!(path = %self.options.hotplug.last_sync.display(), "restored the last Sync");
+        tracing::info!("restored the last Sync");
         self.update(|s| s.spec = vmi);
         *self.last_input.lock().expect("input lock") = input;
         true

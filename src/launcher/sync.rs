@@ -292,7 +292,7 @@ impl Launcher {
         };
         // The same request again (a no-op Sync, a retry) is saved already.
         if *self.last_input.lock().expect("input lock") != input {
-            super::host_work(|| super::saved::save(&self.options.hotplug.last_sync, &input))?;
+            super::host_work(|| self.saved.save(&input))?;
             *self.last_input.lock().expect("input lock") = input;
         }
         let vmi = vmi.clone();

@@ -60,7 +60,7 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
             proc_root: dir.path().join("proc"),
             qemu_pid_dir: dir.path().join("run"),
             records: dir.path().join("records.json"),
-            last_sync: dir.path().join("last-sync.json"),
+            last_sync: dir.path().join("last-sync"),
             missing_capabilities: Vec::new(),
         },
         spec_text: spec,
