@@ -406,8 +406,10 @@ fn main() {
         .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
     // The launchers log as they would in production (warn), not as tests ask them to (info).
     std::env::set_var("VMLAUNCHER_TEST_LOG", "warn");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // The gRPC client does a call's I/O on the calling thread, as libvirt's client library does
+    // for the raw side: on a multi-thread runtime the request and its reply each crossed to
+    // another thread of this process, which timed the client's own hand-offs with the launcher.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
