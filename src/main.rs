@@ -64,9 +64,10 @@ fn main() -> std::process::ExitCode {
         }
     }
     // One VM's worth of work: the API, the reconciler and the event stream are light, and every
-    // libvirt call and host step runs on the blocking pool (`spawn_blocking`, `block_in_place`,
-    // which a multi-thread runtime needs), so one worker thread does; each thread costs stack
-    // and a malloc arena (measured: RssAnon 4.8 MiB with the default, a worker per core).
+    // libvirt call and host step runs off the async worker (`block_in_place`, which a
+    // multi-thread runtime needs, or `spawn_blocking`), so one worker thread does; each thread
+    // costs stack and a malloc arena (measured: RssAnon 4.8 MiB with the default, a worker per
+    // core).
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .max_blocking_threads(16)

@@ -1,7 +1,8 @@
 //! The only place that touches the `virt` crate: a connection to one hypervisor (a private
 //! libvirtd, or any URI), the domain calls the launcher needs, and the event subscription.
 //!
-//! Every call here blocks: async callers run them with `spawn_blocking`.
+//! Every call here blocks: async callers run them under `block_in_place` (the launcher's `call`)
+//! or with `spawn_blocking`, never on an async worker as it is.
 
 pub mod capcache;
 pub mod daemon;
