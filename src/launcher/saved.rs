@@ -27,7 +27,6 @@ use std::sync::Mutex;
 
 use super::sync::{BlockSource, SyncInput};
 use crate::durable::{self, Contents};
-use crate::host::devnode::DevNumber;
 
 /// Far above any spec a Sync accepts: a bigger file is not ours.
 const MAX_FILE: u64 = 16 << 20;
@@ -73,16 +72,9 @@ struct SavedSync {
     generation: u64,
     version: u32,
     spec: String,
-    block_devices: BTreeMap<String, SavedBlock>,
+    block_devices: BTreeMap<String, BlockSource>,
     persist: BTreeSet<String>,
     generation_end: u64,
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-enum SavedBlock {
-    Path(PathBuf),
-    Number(DevNumber),
 }
 
 /// The two slots of the last Sync, and the generation written last. Writes happen under the
@@ -133,17 +125,7 @@ impl SavedSyncs {
             generation,
             version: VERSION,
             spec: input.spec.clone(),
-            block_devices: input
-                .block_devices
-                .iter()
-                .map(|(name, source)| {
-                    let block = match source {
-                        BlockSource::Path(p) => SavedBlock::Path(p.clone()),
-                        BlockSource::Number(n) => SavedBlock::Number(*n),
-                    };
-                    (name.clone(), block)
-                })
-                .collect(),
+            block_devices: input.block_devices.clone(),
             persist: input.persist.clone(),
             generation_end: generation,
         };
@@ -202,17 +184,7 @@ fn input_of(saved: &SavedSync) -> SyncInput {
     SyncInput {
         spec: saved.spec.clone(),
         dry_run: false,
-        block_devices: saved
-            .block_devices
-            .iter()
-            .map(|(name, block)| {
-                let source = match block {
-                    SavedBlock::Path(p) => BlockSource::Path(p.clone()),
-                    SavedBlock::Number(n) => BlockSource::Number(*n),
-                };
-                (name.clone(), source)
-            })
-            .collect(),
+        block_devices: saved.block_devices.clone(),
         persist: saved.persist.clone(),
     }
 }
@@ -220,6 +192,7 @@ fn input_of(saved: &SavedSync) -> SyncInput {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::devnode::DevNumber;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
 

@@ -37,8 +37,10 @@ pub struct SyncOutcome {
     pub volumes: Vec<VolumeStatus>,
 }
 
-/// The block device behind a hot-plugged volume, as a Sync names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The block device behind a hot-plugged volume, as a Sync names it. Its serde form is part of
+/// the saved Sync's file (`launcher::saved`): a renamed variant is a new file version.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum BlockSource {
     Path(PathBuf),
     Number(DevNumber),
