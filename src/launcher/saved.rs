@@ -313,37 +313,33 @@ mod tests {
     fn damaged_or_foreign_slots_are_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().join("last-sync");
-        let slot = dir.path().join("last-sync.1.json");
-        fs::write(&slot, "{").unwrap();
-        let err = SavedSyncs::open(&base).1.unwrap_err();
+        let found_with = |bytes: &[u8]| {
+            fs::write(dir.path().join("last-sync.1.json"), bytes).unwrap();
+            SavedSyncs::open(&base).1
+        };
+        let err = found_with(b"{").unwrap_err();
         assert!(matches!(err, SavedSyncError::Parse { .. }), "{err}");
         assert!(err.to_string().contains("last-sync.1.json"), "{err}");
-        fs::write(
-            &slot,
-            r#"{"generation":1,"version":1,"spec":"","block_devices":{},"persist":[],"generation_end":1}"#,
-        )
-        .unwrap();
+        let whole = |generation: u64, version: u32| {
+            format!(
+                r#"{{"generation":{generation},"version":{version},"spec":"","block_devices":{{}},"persist":[],"generation_end":{generation}}}"#
+            )
+        };
         assert!(matches!(
-            SavedSyncs::open(&base).1,
+            found_with(whole(1, 1).as_bytes()),
             Err(SavedSyncError::Version { found: 1, .. })
         ));
         // Whole, but of a generation that belongs in the other slot: not ours to trust.
-        fs::write(
-            &slot,
-            r#"{"generation":2,"version":2,"spec":"","block_devices":{},"persist":[],"generation_end":2}"#,
-        )
-        .unwrap();
         assert!(matches!(
-            SavedSyncs::open(&base).1,
+            found_with(whole(2, 2).as_bytes()),
             Err(SavedSyncError::Torn {
                 first: 2,
                 last: 2,
                 ..
             })
         ));
-        fs::write(&slot, vec![b' '; MAX_FILE as usize + 1]).unwrap();
         assert!(matches!(
-            SavedSyncs::open(&base).1,
+            found_with(&vec![b' '; MAX_FILE as usize + 1]),
             Err(SavedSyncError::TooBig { .. })
         ));
     }
