@@ -16,6 +16,10 @@ use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::LibvirtError;
 use crate::lifecycle::{self, Command, Observation, Reaction, VmState};
 
+/// Free heap memory the launcher keeps for its next Sync rather than give back (see
+/// `release_free_memory_while_idle`).
+const FREE_MEMORY_KEPT: usize = 512 << 10;
+
 impl Launcher {
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
     pub(super) async fn refresh(&self) {
@@ -85,6 +89,24 @@ impl Launcher {
         }
         if let Err(e) = self.live_disks().await {
             tracing::debug!(error = %crate::error_chain(&e), "cannot read the live disks");
+        }
+    }
+
+    /// Gives the allocator's free memory back to the kernel while no task runs, when there is
+    /// much of it: a Sync of many disks leaves freed memory scattered through the heap, which
+    /// glibc keeps (it only trims the top), so the launcher would stay at the size of its
+    /// largest Sync for the rest of the VM's life. Not after every change: the next Sync would
+    /// fault the pages in again (a trim costs 40–100 µs on the bench machine).
+    fn release_free_memory_while_idle(&self) {
+        let Ok(_slot) = self.task_slot.try_lock() else {
+            return;
+        };
+        // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only returns its
+        // free memory to the kernel.
+        unsafe {
+            if libc::mallinfo2().fordblks > FREE_MEMORY_KEPT {
+                libc::malloc_trim(0);
+            }
         }
     }
 
@@ -509,6 +531,7 @@ pub(super) async fn reconciler(
         }
         if look || devices {
             l.read_live_disks_while_idle().await;
+            l.release_free_memory_while_idle();
         }
     }
 }
