@@ -90,33 +90,48 @@ fn put(
 /// Copies every shared cache file into the private cache `private` (made if missing). Returns
 /// how many were copied.
 pub fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
-    let files = cache_files(shared)?;
-    if files.is_empty() {
-        return Ok(0);
-    }
-    fs::create_dir_all(private).map_err(|source| CapCacheError::Write {
-        path: private.into(),
-        source,
-    })?;
-    for (name, path) in &files {
-        let text = fs::read(path).map_err(|source| CapCacheError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        put(private, name, &text, crate::durable::write_atomically)?;
-    }
-    Ok(files.len())
+    copy_files(
+        shared,
+        private,
+        Which::Every,
+        crate::durable::write_atomically,
+    )
 }
 
 /// Publishes every private cache file that the shared cache lacks or holds differently.
 /// Returns how many were written.
 pub fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
-    let files = cache_files(private)?;
+    copy_files(
+        private,
+        shared,
+        Which::Changed,
+        crate::durable::write_durably,
+    )
+}
+
+/// Which cache files [`copy_files`] writes.
+enum Which {
+    /// All of them: a private cache is seeded whole.
+    Every,
+    /// Those the target lacks or holds differently: the shared cache is written durably (synced
+    /// to disk), which every launcher's start would otherwise pay for files that are the same.
+    Changed,
+}
+
+/// The cache files of `from` written into `to` (made if missing) with `write` (see [`put`]).
+/// Returns how many were written.
+fn copy_files(
+    from: &Path,
+    to: &Path,
+    which: Which,
+    write: fn(&Path, &[u8]) -> std::io::Result<()>,
+) -> Result<usize, CapCacheError> {
+    let files = cache_files(from)?;
     if files.is_empty() {
         return Ok(0);
     }
-    fs::create_dir_all(shared).map_err(|source| CapCacheError::Write {
-        path: shared.into(),
+    fs::create_dir_all(to).map_err(|source| CapCacheError::Write {
+        path: to.into(),
         source,
     })?;
     let mut written = 0;
@@ -125,10 +140,12 @@ pub fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
             path: path.clone(),
             source,
         })?;
-        if fs::read(shared.join(&name)).ok().as_deref() == Some(text.as_slice()) {
+        if matches!(which, Which::Changed)
+            && fs::read(to.join(&name)).ok().as_deref() == Some(text.as_slice())
+        {
             continue;
         }
-        put(shared, &name, &text, crate::durable::write_durably)?;
+        put(to, &name, &text, write)?;
         written += 1;
     }
     Ok(written)
