@@ -79,60 +79,66 @@ fn child<'a, 'input>(
     node.children().find(|n| n.has_tag_name(tag))
 }
 
-/// The `<disk>` elements of a live domain XML, in document order.
-pub fn live_disks(xml: &str) -> Result<Vec<LiveDisk>, LiveXmlError> {
+/// Each `<tag>` element under `<devices>` of a live domain XML, in document order, as `read`
+/// makes it of the element and its index among them (for the errors); none without `<devices>`.
+fn live_devices<T>(
+    xml: &str,
+    tag: &str,
+    mut read: impl FnMut(usize, roxmltree::Node<'_, '_>) -> Result<T, LiveXmlError>,
+) -> Result<Vec<T>, LiveXmlError> {
     let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
-    let Some(devices) = doc
-        .root_element()
-        .children()
-        .find(|n| n.has_tag_name("devices"))
-    else {
+    let Some(devices) = child(doc.root_element(), "devices") else {
         return Ok(Vec::new());
     };
     devices
         .children()
-        .filter(|n| n.has_tag_name("disk"))
+        .filter(|n| n.has_tag_name(tag))
         .enumerate()
-        .map(|(index, disk)| {
-            let target = child(disk, "target").ok_or(LiveXmlError::DiskWithoutTarget { index })?;
-            let dev = target
-                .attribute("dev")
-                .ok_or(LiveXmlError::DiskWithoutTarget { index })?;
-            let address = match child(disk, "address") {
-                Some(a) if a.attribute("type") == Some("drive") => {
-                    let num = |attribute: &'static str| {
-                        a.attribute(attribute)
-                            .unwrap_or("0")
-                            .parse::<u32>()
-                            .map_err(|_| LiveXmlError::BadAddress { index, attribute })
-                    };
-                    Some(DriveAddress {
-                        controller: num("controller")?,
-                        unit: num("unit")?,
-                    })
-                }
-                _ => None,
-            };
-            let source = child(disk, "source").and_then(|s| {
-                s.attribute("file")
-                    .or_else(|| s.attribute("dev"))
-                    .map(str::to_string)
-            });
-            Ok(LiveDisk {
-                alias: child(disk, "alias")
-                    .and_then(|a| a.attribute("name"))
-                    .map(str::to_string),
-                target: dev.to_string(),
-                bus: target.attribute("bus").unwrap_or("").to_string(),
-                serial: child(disk, "serial")
-                    .and_then(|s| s.text())
-                    .map(str::to_string),
-                source,
-                address,
-                xml: xml[disk.range()].to_string(),
-            })
-        })
+        .map(|(index, node)| read(index, node))
         .collect()
+}
+
+/// The `<disk>` elements of a live domain XML, in document order.
+pub fn live_disks(xml: &str) -> Result<Vec<LiveDisk>, LiveXmlError> {
+    live_devices(xml, "disk", |index, disk| {
+        let target = child(disk, "target").ok_or(LiveXmlError::DiskWithoutTarget { index })?;
+        let dev = target
+            .attribute("dev")
+            .ok_or(LiveXmlError::DiskWithoutTarget { index })?;
+        let address = match child(disk, "address") {
+            Some(a) if a.attribute("type") == Some("drive") => {
+                let num = |attribute: &'static str| {
+                    a.attribute(attribute)
+                        .unwrap_or("0")
+                        .parse::<u32>()
+                        .map_err(|_| LiveXmlError::BadAddress { index, attribute })
+                };
+                Some(DriveAddress {
+                    controller: num("controller")?,
+                    unit: num("unit")?,
+                })
+            }
+            _ => None,
+        };
+        let source = child(disk, "source").and_then(|s| {
+            s.attribute("file")
+                .or_else(|| s.attribute("dev"))
+                .map(str::to_string)
+        });
+        Ok(LiveDisk {
+            alias: child(disk, "alias")
+                .and_then(|a| a.attribute("name"))
+                .map(str::to_string),
+            target: dev.to_string(),
+            bus: target.attribute("bus").unwrap_or("").to_string(),
+            serial: child(disk, "serial")
+                .and_then(|s| s.text())
+                .map(str::to_string),
+            source,
+            address,
+            xml: xml[disk.range()].to_string(),
+        })
+    })
 }
 
 /// An `<interface>` of libvirt's live XML: what status shows and what the launcher publishes.
@@ -159,55 +165,46 @@ impl LiveInterface {
 
 /// The `<interface>` elements of a live domain XML, in document order.
 pub fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
-    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
-    let Some(devices) = child(doc.root_element(), "devices") else {
-        return Ok(Vec::new());
-    };
-    devices
-        .children()
-        .filter(|n| n.has_tag_name("interface"))
-        .enumerate()
-        .map(|(index, iface)| {
-            let port_forwards = iface
-                .children()
-                .filter(|n| n.has_tag_name("portForward"))
-                .flat_map(|pf| {
-                    pf.children()
-                        .filter(|n| n.has_tag_name("range"))
-                        .map(move |range| (pf, range))
-                })
-                .map(|(pf, range)| {
-                    let port = |attribute: &'static str| {
-                        range
-                            .attribute(attribute)
-                            .and_then(|v| v.parse::<u16>().ok())
-                            .ok_or(LiveXmlError::BadPortForward { index, attribute })
-                    };
-                    let host_port = port("start")?;
-                    Ok(PortForward {
-                        protocol: pf.attribute("proto").unwrap_or("tcp").to_string(),
-                        address: pf.attribute("address").unwrap_or("").to_string(),
-                        host_port,
-                        // libvirt: without `to`, the guest port is the host port.
-                        port: match range.attribute("to") {
-                            Some(_) => port("to")?,
-                            None => host_port,
-                        },
-                    })
-                })
-                .collect::<Result<Vec<_>, LiveXmlError>>()?;
-            Ok(LiveInterface {
-                alias: child(iface, "alias")
-                    .and_then(|a| a.attribute("name"))
-                    .map(str::to_string),
-                kind: iface.attribute("type").unwrap_or("").to_string(),
-                mac: child(iface, "mac")
-                    .and_then(|m| m.attribute("address"))
-                    .map(str::to_string),
-                port_forwards,
+    live_devices(xml, "interface", |index, iface| {
+        let port_forwards = iface
+            .children()
+            .filter(|n| n.has_tag_name("portForward"))
+            .flat_map(|pf| {
+                pf.children()
+                    .filter(|n| n.has_tag_name("range"))
+                    .map(move |range| (pf, range))
             })
+            .map(|(pf, range)| {
+                let port = |attribute: &'static str| {
+                    range
+                        .attribute(attribute)
+                        .and_then(|v| v.parse::<u16>().ok())
+                        .ok_or(LiveXmlError::BadPortForward { index, attribute })
+                };
+                let host_port = port("start")?;
+                Ok(PortForward {
+                    protocol: pf.attribute("proto").unwrap_or("tcp").to_string(),
+                    address: pf.attribute("address").unwrap_or("").to_string(),
+                    host_port,
+                    // libvirt: without `to`, the guest port is the host port.
+                    port: match range.attribute("to") {
+                        Some(_) => port("to")?,
+                        None => host_port,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, LiveXmlError>>()?;
+        Ok(LiveInterface {
+            alias: child(iface, "alias")
+                .and_then(|a| a.attribute("name"))
+                .map(str::to_string),
+            kind: iface.attribute("type").unwrap_or("").to_string(),
+            mac: child(iface, "mac")
+                .and_then(|m| m.attribute("address"))
+                .map(str::to_string),
+            port_forwards,
         })
-        .collect()
+    })
 }
 
 #[cfg(test)]
