@@ -56,6 +56,16 @@ pub fn looks_like_uuid(s: &str) -> bool {
             .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Whether `value` is non-empty and only of ASCII letters, digits and the bytes in `also`: the
+/// names handed on to libvirt and QEMU as they are (CPU models and features, time zones) are
+/// held to their own such alphabet.
+pub fn is_word(value: &str, also: &[u8]) -> bool {
+    !value.is_empty()
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || also.contains(&b))
+}
+
 /// Kubernetes names: at most 63 of `[a-z0-9-]`, starting and ending alphanumeric.
 pub fn check_dns1123_label(name: &str) -> Result<(), NameError> {
     let ok_chars = name

@@ -1,7 +1,7 @@
 //! `spec.domain.machine`, `.firmware`, `.features` and `.clock`.
 
 use super::Problems;
-use crate::spec::checks::{check_host_path, looks_like_uuid, SYSTEM_DIRS};
+use crate::spec::checks::{check_host_path, is_word, looks_like_uuid, SYSTEM_DIRS};
 use crate::spec::model::DomainSpec;
 use crate::spec::problem::Problem;
 use crate::spec::unsupported;
@@ -163,11 +163,7 @@ pub(super) fn validate_features_and_clock(domain: &DomainSpec, e: &mut Problems)
             );
         }
         if let Some(tz) = &clock.timezone {
-            if tz.is_empty()
-                || !tz
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"/_+-".contains(&b))
-            {
+            if !is_word(tz, b"/_+-") {
                 e.add(
                     format!("{base}.timezone"),
                     Problem::TimeZone { zone: tz.clone() },

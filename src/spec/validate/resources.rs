@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{bounds, Problems};
+use crate::spec::checks::is_word;
 use crate::spec::model::{DomainSpec, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 use crate::spec::quantity::{Quantity, QuantityError};
@@ -98,11 +99,7 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
         bounds::check_topology(one(cpu.sockets), one(cpu.cores), one(cpu.threads), e);
     }
     if let Some(model) = &cpu.model {
-        if model.is_empty()
-            || !model
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        {
+        if !is_word(model, b"-_.") {
             e.add(
                 "spec.domain.cpu.model",
                 Problem::CpuModel {
@@ -114,12 +111,7 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
     let mut seen = BTreeSet::new();
     for (i, feature) in cpu.features.iter().enumerate() {
         let path = format!("spec.domain.cpu.features[{i}]");
-        if feature.name.is_empty()
-            || !feature
-                .name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        {
+        if !is_word(&feature.name, b"-_.") {
             e.add(
                 format!("{path}.name"),
                 Problem::CpuFeature {
