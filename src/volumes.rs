@@ -211,42 +211,33 @@ pub fn resolve_source(
                 .take_while(|v| v.name != volume.name)
                 .filter(|v| v.container_disk.is_some())
                 .count();
-            ResolvedVolume {
-                path: paths
-                    .private_dir
-                    .join("container-disks")
-                    .join(format!("{name}.qcow2")),
-                block: false,
-                format: ImageFormat::Qcow2,
-                preparation: Preparation::Overlay {
+            own_qcow2(
+                paths,
+                "container-disks",
+                name,
+                Preparation::Overlay {
                     backing: paths.container_disk_dir.join(format!("disk_{n}.img")),
                     trust: Backing::ContainerDisk,
                 },
-            }
+            )
         }
-        VolumeSource::EmptyDisk(ed) => ResolvedVolume {
-            path: paths
-                .private_dir
-                .join("empty-disks")
-                .join(format!("{name}.qcow2")),
-            block: false,
-            format: ImageFormat::Qcow2,
-            preparation: Preparation::EmptyQcow2 {
+        VolumeSource::EmptyDisk(ed) => own_qcow2(
+            paths,
+            "empty-disks",
+            name,
+            Preparation::EmptyQcow2 {
                 capacity: ed.capacity.to_bytes().unwrap_or_default(),
             },
-        },
-        VolumeSource::Ephemeral(_) => ResolvedVolume {
-            path: paths
-                .private_dir
-                .join("ephemeral-disks")
-                .join(format!("{name}.qcow2")),
-            block: false,
-            format: ImageFormat::Qcow2,
-            preparation: Preparation::Overlay {
+        ),
+        VolumeSource::Ephemeral(_) => own_qcow2(
+            paths,
+            "ephemeral-disks",
+            name,
+            Preparation::Overlay {
                 backing: claim_path(paths, name, block),
                 trust: Backing::Claim { block },
             },
-        },
+        ),
         VolumeSource::CloudInitNoCloud(ci) => {
             let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
                 match (plain, b64) {
@@ -286,6 +277,17 @@ pub fn resolve_source(
                 preparation: Preparation::CloudInit { files },
             }
         }
+    }
+}
+
+/// A qcow2 image the launcher makes for volume `name` under `private_dir/<dir>/`: always a file
+/// of its own, even over a block device's claim (an ephemeral volume's backing).
+fn own_qcow2(paths: &HostPaths, dir: &str, name: &str, preparation: Preparation) -> ResolvedVolume {
+    ResolvedVolume {
+        path: paths.private_dir.join(dir).join(format!("{name}.qcow2")),
+        block: false,
+        format: ImageFormat::Qcow2,
+        preparation,
     }
 }
 
