@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, ConsoleWait, Launched, BOOT_DEADLINE};
+use common::{guest_spec, Client, ConsoleWait, Launched, BOOT_DEADLINE};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedReceiver;
 use vmlauncher::api::{self, proto};
@@ -55,8 +55,6 @@ const NAME: &str = "bench";
 /// The guest rescans its disks every 0.2 s; 64 disks under TCG on a loaded host take longer.
 const GUEST_DEADLINE: Duration = Duration::from_secs(180);
 const REMOVAL_DEADLINE: Duration = Duration::from_secs(60);
-
-type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
 /// One row of the table: the launcher's samples and, where libvirt has the same operation, raw
 /// libvirt's.

@@ -60,11 +60,7 @@ async fn every_bad_spec_sent_to_sync_is_refused_and_changes_nothing() {
     let uri = vm.libvirt_uri();
     let domain = format!("default_{name}");
     let xml_before = live_xml(&uri, &domain);
-    let status_before = client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status_before = common::status(&mut client).await;
 
     let cases = corpus();
     assert!(cases.len() >= 60, "only {} cases", cases.len());
@@ -105,11 +101,7 @@ async fn every_bad_spec_sent_to_sync_is_refused_and_changes_nothing() {
         "a refused Sync touched the domain"
     );
     assert_eq!(
-        client
-            .get_status(proto::GetStatusRequest {})
-            .await
-            .unwrap()
-            .into_inner(),
+        common::status(&mut client).await,
         status_before,
         "a refused Sync changed the status"
     );

@@ -88,9 +88,5 @@ async fn a_libvirt_that_stays_gone_ends_in_unknown_and_exit_3() {
         alive(qemu),
         "the launcher cannot stop what it cannot reach; QEMU runs on"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(qemu),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(qemu, nix::sys::signal::Signal::SIGKILL).unwrap();
 }

@@ -24,7 +24,7 @@ fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf
 
 /// Sends a Sync; its reply, or the status it was refused with.
 async fn sync(
-    client: &mut api::proto::launcher_client::LauncherClient<tonic::transport::Channel>,
+    client: &mut common::Client,
     spec: String,
 ) -> Result<proto::SyncResponse, tonic::Status> {
     client
@@ -164,24 +164,13 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let before = live_xml(&uri, &domain);
     // The bare `q35` of the spec was resolved once to this host's versioned machine.
     assert!(before.contains("machine='pc-q35-"), "{before}");
-    let status_before = client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status_before = common::status(&mut client).await;
     let reply = sync(&mut client, only_one.clone())
         .await
         .expect("the same Sync again");
     assert!(reply.plan.is_empty(), "{:?}", reply.plan);
     assert_eq!(live_xml(&uri, &domain), before);
-    assert_eq!(
-        client
-            .get_status(proto::GetStatusRequest {})
-            .await
-            .unwrap()
-            .into_inner(),
-        status_before
-    );
+    assert_eq!(common::status(&mut client).await, status_before);
 
     // Bad Syncs: refused with the field named, and nothing changes.
     for (spec, what, code, named) in [

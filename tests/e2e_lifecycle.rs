@@ -29,16 +29,10 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     let mut console = vm.boot();
     let first = vm.qemu_pid(name);
     let mut events = EventWatcher::start(&vm.socket()).await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(first, nix::sys::signal::Signal::SIGKILL).unwrap();
 
     let failed = events
-        .wait_for("phase Failed after the crash", GUEST_DEADLINE, |e| {
-            event_status(e).is_some_and(|s| s.phase == "Failed")
-        })
+        .wait_phase("phase Failed after the crash", GUEST_DEADLINE, "Failed")
         .await;
     assert_eq!(event_status(&failed).unwrap().phase_reason, "Crashed");
     let backoff = events
@@ -60,13 +54,7 @@ async fn killed_qemu_is_failed_and_always_brings_it_back_with_backoff() {
     let second = vm.qemu_pid(name);
     assert_ne!(first, second, "a new QEMU");
     assert!(alive(second));
-    let status = vmlauncher::api::connect(&vm.socket())
-        .await
-        .unwrap()
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status = common::status(&mut vmlauncher::api::connect(&vm.socket()).await.unwrap()).await;
     assert_eq!(status.restart_count, 1, "the back-off count stays visible");
     assert!(events.seen.iter().any(|e| matches!(&e.kind,
         Some(Kind::Hypervisor(h)) if h.event == "Stopped" && h.detail == "failed")));
@@ -114,11 +102,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     let name = "daemon-killed";
     let (mut vm, qemu) = booted(name, "");
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(daemon, nix::sys::signal::Signal::SIGKILL).unwrap();
     vm.wait_stdout("phase Unknown", GUEST_DEADLINE);
     vm.wait_stdout("phase Running", GUEST_DEADLINE);
     let new_daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
@@ -129,11 +113,7 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     // virtlogd too: it is restarted at once, and the VM runs on.
     let mut events = EventWatcher::start(&vm.socket()).await;
     let virtlogd = vm.pid_from("libvirt/virtlogd.pid").unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(virtlogd),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(virtlogd, nix::sys::signal::Signal::SIGKILL).unwrap();
     events
         .wait_for("virtlogd restarted", GUEST_DEADLINE, |e| {
             matches!(&e.kind, Some(Kind::Hypervisor(h)) if h.event == "DaemonRestarted" && h.detail == "virtlogd")
@@ -206,13 +186,8 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         })
         .count();
     assert_eq!(qemus, 1, "no second QEMU");
-    let status = vmlauncher::api::connect(&second.socket())
-        .await
-        .unwrap()
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status =
+        common::status(&mut vmlauncher::api::connect(&second.socket()).await.unwrap()).await;
     let volumes: Vec<_> = status
         .volumes
         .iter()
@@ -462,11 +437,7 @@ async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
         .expect("unshare's child")
         .parse()
         .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid1),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    common::signal_pid(pid1, nix::sys::signal::Signal::SIGTERM).unwrap();
     assert_eq!(
         vm.wait_exit(GUEST_DEADLINE).code(),
         Some(0),

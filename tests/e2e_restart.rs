@@ -12,17 +12,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::process::Command as Process;
 use std::time::Instant;
 
 use common::{
-    guest_serials, guest_spec, hotplug_image, set, with_claims, EventWatcher, Launched,
+    guest_serials, guest_spec, hotplug_image, set, with_claims, Client, EventWatcher, Launched,
     BOOT_DEADLINE, GUEST_DEADLINE,
 };
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
-
-type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
 const READY: i32 = proto::volume_status::Phase::Ready as i32;
 const PENDING: i32 = proto::volume_status::Phase::Pending as i32;
@@ -148,23 +145,18 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     // `addvolume` of one block volume: exactly one disk more, the two files stay.
     let scratch = tempfile::tempdir().unwrap();
     let lo = common::Loop::new(scratch.path(), "restart-keep", 3, false);
-    let out = Process::new(common::bin())
-        .args(["addvolume", "blk", "--serial", "Keep-Block-1"])
-        .args([
+    common::cli_ok(
+        &second.socket(),
+        &[
+            "addvolume",
+            "blk",
+            "--serial",
+            "Keep-Block-1",
             "--major",
             &lo.major.to_string(),
             "--minor",
             &lo.minor.to_string(),
-        ])
-        .arg("--socket")
-        .arg(second.socket())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "addvolume: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let three = set(&["Keep-File-1", "Keep-File-2", "Keep-Block-1"]);
     wait_disks(&mut console, &three, &files);
@@ -221,11 +213,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     let everything: BTreeSet<String> = all.iter().map(|(_, s)| s.to_string()).collect();
     wait_disks(&mut console, &everything, &three);
     let mut client = api::connect(&third.socket()).await.unwrap();
-    let status = client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status = common::status(&mut client).await;
     assert_eq!(status.volumes.len(), 15, "{:?}", status.volumes);
     assert!(
         status.volumes.iter().all(|v| v.phase == READY),
@@ -265,11 +253,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     wait_disks(&mut console, &three, &three);
     assert_eq!(live_scsi_disks(&fourth, name), 3);
     let mut client = api::connect(&fourth.socket()).await.unwrap();
-    let status = client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status = common::status(&mut client).await;
     let ready: BTreeSet<String> = status
         .volumes
         .iter()
@@ -322,29 +306,17 @@ async fn a_pending_volume_never_blocks_a_restart_and_sigterm_stops_a_sync_in_fli
     let qemu = vm
         .pid_from(&format!("libvirt/run/qemu/default_{name}.pid"))
         .unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(qemu),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(qemu, nix::sys::signal::Signal::SIGKILL).unwrap();
     events
-        .wait_for("phase Failed after the crash", GUEST_DEADLINE, |e| {
-            common::event_status(e).is_some_and(|s| s.phase == "Failed")
-        })
+        .wait_phase("phase Failed after the crash", GUEST_DEADLINE, "Failed")
         .await;
     events
-        .wait_for("Running again", BOOT_DEADLINE, |e| {
-            common::event_status(e).is_some_and(|s| s.phase == "Running")
-        })
+        .wait_phase("Running again", BOOT_DEADLINE, "Running")
         .await;
     common::wait_booted(&mut console);
     // The guest booted with the volume that was there, not the one that waits.
     wait_disks(&mut console, &set(&["Pend-Here"]), &BTreeSet::new());
-    let status = client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let status = common::status(&mut client).await;
     assert_eq!(
         phases(&status.volumes),
         [("here".into(), READY), ("later".into(), PENDING)]

@@ -28,8 +28,6 @@ use common::{
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 
-type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
-
 const NAME: &str = "e2e-soak";
 const READY: i32 = proto::volume_status::Phase::Ready as i32;
 
@@ -143,14 +141,6 @@ fn live_volumes(vm: &Launched) -> BTreeSet<String> {
         .iter()
         .filter_map(|d| d.volume().map(str::to_string))
         .collect()
-}
-
-async fn status(client: &mut Client) -> proto::Status {
-    client
-        .get_status(proto::GetStatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 fn ready_names(volumes: &[proto::VolumeStatus]) -> BTreeSet<String> {
@@ -295,7 +285,10 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
         want.insert("cb".into());
         want_serials.insert("Conc-Blk".into());
     }
-    assert_eq!(ready_names(&status(&mut client).await.volumes), want);
+    assert_eq!(
+        ready_names(&common::status(&mut client).await.volumes),
+        want
+    );
     assert_eq!(live_volumes(&vm), want);
     wait_guest_disks(&mut console, &want_serials);
     eprintln!("SOAK 8 concurrent Syncs: all succeeded, the VM is in the state of Sync #{k}");
@@ -396,11 +389,7 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
                 if v.name.starts_with('k') && v.phase == proto::volume_status::Phase::Attaching as i32)
         })
         .await;
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(daemon),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
+    common::signal_pid(daemon, nix::sys::signal::Signal::SIGKILL).unwrap();
     // The Sync ends one way or the other (volumes it could not attach are Failed).
     let outcome = in_flight.await.unwrap();
     eprintln!(
@@ -413,14 +402,14 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
             .collect::<Vec<_>>())
     );
     events
-        .wait_for("phase Unknown without libvirtd", GUEST_DEADLINE, |e| {
-            common::event_status(e).is_some_and(|s| s.phase == "Unknown")
-        })
+        .wait_phase("phase Unknown without libvirtd", GUEST_DEADLINE, "Unknown")
         .await;
     events
-        .wait_for("Running again after the reconnect", BOOT_DEADLINE, |e| {
-            common::event_status(e).is_some_and(|s| s.phase == "Running")
-        })
+        .wait_phase(
+            "Running again after the reconnect",
+            BOOT_DEADLINE,
+            "Running",
+        )
         .await;
     let new_daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     assert!(new_daemon != daemon && common::alive(new_daemon));

@@ -32,11 +32,7 @@ fn virsh(vm: &Launched, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("virsh");
-    assert!(
-        out.status.success(),
-        "virsh {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = common::succeeded(out, format_args!("virsh {args:?}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

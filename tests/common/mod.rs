@@ -146,9 +146,16 @@ pub fn cli_ok(socket: &Path, args: &[&str]) -> std::process::Output {
         .arg(socket)
         .output()
         .unwrap();
+    succeeded(out, format_args!("vmlauncher {args:?}"))
+}
+
+/// The output `out` of the command `what`, which must have succeeded; else a panic that shows
+/// what it printed (a tool like `virt-xml-validate` gives its verdict on stdout).
+pub fn succeeded(out: std::process::Output, what: impl std::fmt::Display) -> std::process::Output {
     assert!(
         out.status.success(),
-        "vmlauncher {args:?}: {}",
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     out
@@ -470,7 +477,7 @@ impl Launched {
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal).unwrap();
+        signal_pid(self.child.id() as i32, signal).unwrap();
     }
 
     /// The pid of a process from a pid file under the runtime dir.
@@ -490,6 +497,12 @@ impl Launched {
 }
 
 pub use vmlauncher::libvirt::daemon::process_alive as alive;
+
+/// Sends `signal` to process `pid`: a test's crash of a QEMU or a daemon (by its pid file), or
+/// a stop of a launcher.
+pub fn signal_pid(pid: i32, signal: nix::sys::signal::Signal) -> nix::Result<()> {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+}
 
 /// Follows the launcher's gRPC event stream in the background.
 pub struct EventWatcher {
@@ -543,6 +556,32 @@ impl EventWatcher {
             }
         }
     }
+
+    /// Waits for a status (or resync) event whose phase is `phase`.
+    pub async fn wait_phase(
+        &mut self,
+        what: &str,
+        within: Duration,
+        phase: &str,
+    ) -> vmlauncher::api::proto::Event {
+        self.wait_for(what, within, |e| {
+            event_status(e).is_some_and(|s| s.phase == phase)
+        })
+        .await
+    }
+}
+
+/// A gRPC client of the launcher.
+pub type Client =
+    vmlauncher::api::proto::launcher_client::LauncherClient<tonic::transport::Channel>;
+
+/// The launcher's status through `client`; the call must succeed.
+pub async fn status(client: &mut Client) -> vmlauncher::api::proto::Status {
+    client
+        .get_status(vmlauncher::api::proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 /// The status inside a status or resync event.
@@ -576,10 +615,7 @@ impl Drop for Launched {
             });
         let daemon = self.pid_from("libvirt/libvirtd.pid");
         for pid in qemu_pids.chain(daemon).filter(|p| alive(*p)) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let _ = signal_pid(pid, nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
@@ -600,12 +636,7 @@ impl Loop {
         if read_only {
             cmd.arg("--read-only");
         }
-        let out = cmd.arg(&file).output().expect("losetup");
-        assert!(
-            out.status.success(),
-            "losetup: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = succeeded(cmd.arg(&file).output().expect("losetup"), "losetup");
         let dev = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
         let rdev = std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&dev).unwrap());
         Loop {
@@ -682,12 +713,7 @@ impl LibvirtJudge {
             .arg("domain")
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{what}: virt-xml-validate: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeded(out, format_args!("{what}: virt-xml-validate"));
         self.hv.define_and_undefine(name, xml).unwrap_or_else(|e| {
             panic!(
                 "{what}: libvirt refused it: {}\n{xml}",

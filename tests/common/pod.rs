@@ -25,12 +25,7 @@ pub fn podman(args: &[&str]) -> Output {
 }
 
 pub fn podman_ok(args: &[&str]) -> String {
-    let out = podman(args);
-    assert!(
-        out.status.success(),
-        "podman {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = super::succeeded(podman(args), format_args!("podman {args:?}"));
     String::from_utf8(out.stdout).unwrap()
 }
 

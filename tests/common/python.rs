@@ -30,10 +30,6 @@ pub fn python_client(args: &[&str]) -> serde_json::Value {
         .stdin(Stdio::null())
         .output()
         .expect("run the Python client");
-    assert!(
-        out.status.success(),
-        "python client {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = super::succeeded(out, format_args!("python client {args:?} failed"));
     serde_json::from_slice(&out.stdout).expect("one JSON line")
 }
