@@ -171,8 +171,7 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     first.kill9();
     assert!(alive(qemu), "QEMU outlives its launcher");
 
-    let mut second = Launched::start_in(first.dir(), &with_block, &[]);
-    first.keep_dir_for(&mut second);
+    let mut second = first.successor(&with_block, &[]);
     let line = second.wait_stdout("domain default_adopt", GUEST_DEADLINE);
     assert!(line.contains("adopted"), "{line}");
     second.wait_stdout("phase Running", GUEST_DEADLINE);

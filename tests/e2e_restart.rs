@@ -126,18 +126,12 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
 
     // 1. Killed between Syncs, started again from the original spec file (no volumes).
     first.kill9();
-    let mut second = Launched::start_in(first.dir(), &guest_spec(name, "", &[]), &[]);
-    first.keep_dir_for(&mut second);
+    let mut second = first.successor(&guest_spec(name, "", &[]), &[]);
     let line = second.wait_stdout("domain default_", GUEST_DEADLINE);
     assert!(line.contains("adopted"), "{line}");
     second.wait_stdout("api unix:", GUEST_DEADLINE);
     let mut client = api::connect(&second.socket()).await.unwrap();
-    let spec = client
-        .get_spec(proto::GetSpecRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .spec;
+    let spec = common::spec(&mut client).await.spec;
     assert!(
         spec.contains("Keep-File-1") && spec.contains("Keep-File-2"),
         "GetSpec after the restart lost the hot-plugged volumes:\n{spec}"
@@ -169,11 +163,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     for (v, _) in &more {
         hotplug_image(&second.dir().join("hotplug"), v, 4 << 20);
     }
-    let spec = client
-        .get_spec(proto::GetSpecRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let spec = common::spec(&mut client).await;
     let mut all: Vec<(&str, &str)> = vec![
         ("blk", "Keep-Block-1"),
         ("f1", "Keep-File-1"),
@@ -205,8 +195,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         "the Sync had ended before the kill ({live} disks)"
     );
 
-    let mut third = Launched::start_in(second.dir(), &guest_spec(name, "", &[]), &[]);
-    second.keep_dir_for(&mut third);
+    let mut third = second.successor(&guest_spec(name, "", &[]), &[]);
     let line = third.wait_stdout("domain default_", GUEST_DEADLINE);
     assert!(line.contains("adopted"), "{line}");
     third.wait_stdout("api unix:", GUEST_DEADLINE);
@@ -227,12 +216,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     // a restored Sync whose detaches waited for a DEVICE_REMOVED no one handled yet would not.
     let remove = proto::SyncRequest {
         spec: hot_spec(name, &all[..3]),
-        block_devices: client
-            .get_spec(proto::GetSpecRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .block_devices,
+        block_devices: common::spec(&mut client).await.block_devices,
         ..Default::default()
     };
     let in_flight = sync_until_first_removal(&client, &third.socket(), remove.clone()).await;
@@ -245,8 +229,7 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         live > 3,
         "the Sync had ended before the kill ({live} disks)"
     );
-    let mut fourth = Launched::start_in(third.dir(), &guest_spec(name, "", &[]), &[]);
-    third.keep_dir_for(&mut fourth);
+    let mut fourth = third.successor(&guest_spec(name, "", &[]), &[]);
     let restarted = Instant::now();
     fourth.wait_stdout("api unix:", std::time::Duration::from_secs(20));
     eprintln!("restarted and converged in {:?}", restarted.elapsed());

@@ -269,12 +269,7 @@ async fn soak_hotplug_concurrency_pauses_and_a_killed_libvirtd() {
             .unwrap()
             .unwrap_or_else(|e| panic!("concurrent Sync {i} failed: {e}"));
     }
-    let last = client
-        .get_spec(proto::GetSpecRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .spec;
+    let last = common::spec(&mut client).await.spec;
     let k = specs
         .iter()
         .position(|r| r.spec == last)

@@ -372,9 +372,12 @@ impl Launched {
         self.exited = Some(status);
     }
 
-    /// Hands the runtime dir over to `other` (which must clean up what is left in it).
-    pub fn keep_dir_for(&mut self, other: &mut Launched) {
-        other._owned = self._owned.take();
+    /// A new launcher in this (killed) one's runtime dir, as a restarted container's: it adopts
+    /// what is left there and takes over the dir's cleanup.
+    pub fn successor(&mut self, spec: &str, extra_args: &[&str]) -> Launched {
+        let mut next = Launched::start_in(self.dir(), spec, extra_args);
+        next._owned = self._owned.take();
+        next
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -579,6 +582,15 @@ pub type Client =
 pub async fn status(client: &mut Client) -> vmlauncher::api::proto::Status {
     client
         .get_status(vmlauncher::api::proto::GetStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The spec (and block devices) the launcher last took, through `client`; the call must succeed.
+pub async fn spec(client: &mut Client) -> vmlauncher::api::proto::GetSpecResponse {
+    client
+        .get_spec(vmlauncher::api::proto::GetSpecRequest {})
         .await
         .unwrap()
         .into_inner()
