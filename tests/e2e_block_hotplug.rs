@@ -129,6 +129,19 @@ fn request(volumes: &[(&str, &str, &Loop)]) -> proto::SyncRequest {
     }
 }
 
+/// Syncs `volumes`, which must succeed (else a panic naming the step, `what`): the reply.
+async fn sync_ok(
+    client: &mut common::Client,
+    volumes: &[(&str, &str, &Loop)],
+    what: impl std::fmt::Display,
+) -> proto::SyncResponse {
+    client
+        .sync(request(volumes))
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+        .into_inner()
+}
+
 fn phase(reply: &proto::SyncResponse, volume: &str) -> (i32, String, String) {
     let v = reply
         .volumes
@@ -241,11 +254,7 @@ async fn scenario(kind: Kind) {
     // One volume by major:minor: the guest sees it by its serial.
     let mut client = api::connect(&vm.socket()).await.unwrap();
     let started = Instant::now();
-    let reply = client
-        .sync(request(&[("vol-a", "BLK-A", a)]))
-        .await
-        .expect("Sync vol-a")
-        .into_inner();
+    let reply = sync_ok(&mut client, &[("vol-a", "BLK-A", a)], "Sync vol-a").await;
     eprintln!(
         "[{tag}] block attach (Sync round trip): {:?}",
         started.elapsed()
@@ -261,19 +270,22 @@ async fn scenario(kind: Kind) {
     assert!(cgroup.can_open(&a.dev));
 
     // KubeVirt #10689: three volumes in three Syncs, all still allowed after the third.
-    client
-        .sync(request(&[("vol-a", "BLK-A", a), ("vol-b", "BLK-B", b)]))
-        .await
-        .expect("Sync vol-b");
-    let reply = client
-        .sync(request(&[
+    sync_ok(
+        &mut client,
+        &[("vol-a", "BLK-A", a), ("vol-b", "BLK-B", b)],
+        "Sync vol-b",
+    )
+    .await;
+    let reply = sync_ok(
+        &mut client,
+        &[
             ("vol-a", "BLK-A", a),
             ("vol-b", "BLK-B", b),
             ("vol-c", "BLK-C", c),
-        ]))
-        .await
-        .expect("Sync vol-c")
-        .into_inner();
+        ],
+        "Sync vol-c",
+    )
+    .await;
     for v in ["vol-a", "vol-b", "vol-c"] {
         assert_eq!(phase(&reply, v).0, READY, "{:?}", reply.volumes);
     }
@@ -348,11 +360,7 @@ async fn scenario(kind: Kind) {
     let mut five = three.to_vec();
     five.push(("vol-good", "BLK-GOOD", good));
     five.push(("vol-bad", "BLK-BAD", &bad));
-    let reply = client
-        .sync(request(&five))
-        .await
-        .expect("mixed Sync")
-        .into_inner();
+    let reply = sync_ok(&mut client, &five, "mixed Sync").await;
     assert_eq!(phase(&reply, "vol-good").0, READY, "{:?}", reply.volumes);
     let (p, reason, message) = phase(&reply, "vol-bad");
     assert_eq!((p, reason.as_str()), (FAILED, "AttachFailed"), "{message}");
@@ -377,11 +385,7 @@ async fn scenario(kind: Kind) {
         ("vol-c", "BLK-C", c),
         ("vol-good", "BLK-GOOD", good),
     ];
-    let reply = client
-        .sync(request(&rest))
-        .await
-        .expect("unplug vol-a")
-        .into_inner();
+    let reply = sync_ok(&mut client, &rest, "unplug vol-a").await;
     eprintln!(
         "[{tag}] block detach (until DEVICE_REMOVED, node and rule gone): {:?}",
         started.elapsed()
@@ -404,16 +408,9 @@ async fn scenario(kind: Kind) {
     // Re-adding a name just removed works (KubeVirt #16159).
     let mut again = rest.to_vec();
     again.push(("vol-a", "BLK-A", a));
-    let reply = client
-        .sync(request(&again))
-        .await
-        .expect("re-add vol-a")
-        .into_inner();
+    let reply = sync_ok(&mut client, &again, "re-add vol-a").await;
     assert_eq!(phase(&reply, "vol-a").0, READY, "{:?}", reply.volumes);
-    client
-        .sync(request(&rest))
-        .await
-        .expect("unplug vol-a again");
+    sync_ok(&mut client, &rest, "unplug vol-a again").await;
 
     // 100 attach/detach cycles: no node, rule or descriptor left behind.
     let launcher_pid = vm.child.id();
@@ -424,22 +421,14 @@ async fn scenario(kind: Kind) {
     with_cycle.push(("vol-cycle", "BLK-CYCLE", cycle));
     let started = Instant::now();
     for i in 0..100 {
-        let reply = client
-            .sync(request(&with_cycle))
-            .await
-            .unwrap_or_else(|e| panic!("cycle {i} attach: {e}"))
-            .into_inner();
+        let reply = sync_ok(&mut client, &with_cycle, format!("cycle {i} attach")).await;
         assert_eq!(
             phase(&reply, "vol-cycle").0,
             READY,
             "cycle {i}: {:?}",
             reply.volumes
         );
-        let reply = client
-            .sync(request(&rest))
-            .await
-            .unwrap_or_else(|e| panic!("cycle {i} detach: {e}"))
-            .into_inner();
+        let reply = sync_ok(&mut client, &rest, format!("cycle {i} detach")).await;
         assert!(
             reply.volumes.iter().all(|v| v.name != "vol-cycle"),
             "cycle {i}: {:?}",
