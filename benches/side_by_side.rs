@@ -345,6 +345,92 @@ impl Raw {
     }
 }
 
+/// One side's samples of a disk round: until the attach returned, until the guest listed the
+/// serials (from the same start), and until the detach was done.
+#[derive(Default)]
+struct DiskSamples {
+    attach: Vec<Duration>,
+    seen: Vec<Duration>,
+    detach: Vec<Duration>,
+}
+
+impl DiskSamples {
+    /// The launcher's turn: a Sync to `spec` attaching the disks of `serials`, then one back to
+    /// `base` detaching them.
+    fn time_launcher(
+        &mut self,
+        rt: &Runtime,
+        console: &mut ConsoleLog,
+        client: &mut Client,
+        spec: &str,
+        base: &str,
+        serials: &[String],
+    ) {
+        let t = Instant::now();
+        let reply = sync(rt, client, spec);
+        self.attach.push(t.elapsed());
+        all_ready(&reply, serials.len());
+        wait_serials(console, serials);
+        self.seen.push(t.elapsed());
+        let t = Instant::now();
+        let reply = sync(rt, client, base);
+        self.detach.push(t.elapsed());
+        all_ready(&reply, 0);
+    }
+
+    /// Raw libvirt's turn: each disk of `xmls` attached, then each detached until its
+    /// DEVICE_REMOVED. The aliases are read between the two, outside the timing.
+    fn time_raw(
+        &mut self,
+        rt: &Runtime,
+        console: &mut ConsoleLog,
+        raw: &mut Raw,
+        xmls: &[String],
+        serials: &[String],
+    ) {
+        let t = Instant::now();
+        for xml in xmls {
+            raw.attach(xml);
+        }
+        self.attach.push(t.elapsed());
+        wait_serials(console, serials);
+        self.seen.push(t.elapsed());
+        let mut aliases = raw.aliases();
+        let aliases: Vec<String> = serials
+            .iter()
+            .map(|s| aliases.remove(s).expect("the raw disk's alias"))
+            .collect();
+        let t = Instant::now();
+        for (xml, alias) in xmls.iter().zip(&aliases) {
+            raw.detach(xml);
+            raw.wait_removed(rt, alias);
+        }
+        self.detach.push(t.elapsed());
+    }
+
+    /// The three rows of a round, this side as the launcher's beside `raw`, named by `what`.
+    fn rows_beside(self, raw: DiskSamples, what: [&'static str; 3]) -> [Row; 3] {
+        let [attach, seen, detach] = what;
+        [
+            Row {
+                what: attach,
+                launcher: self.attach,
+                raw: Some(raw.attach),
+            },
+            Row {
+                what: seen,
+                launcher: self.seen,
+                raw: Some(raw.seen),
+            },
+            Row {
+                what: detach,
+                launcher: self.detach,
+                raw: Some(raw.detach),
+            },
+        ]
+    }
+}
+
 fn sync(rt: &Runtime, client: &mut Client, spec: &str) -> proto::SyncResponse {
     rt.block_on(client.sync(proto::SyncRequest {
         spec: spec.into(),
@@ -471,23 +557,21 @@ fn main() {
     let raw_image = vm.dir().join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
     common::sparse_file(&raw_image, 8);
-    let (mut l_attach, mut l_seen, mut l_detach, mut noop) = (vec![], vec![], vec![], vec![]);
-    let (mut r_attach, mut r_seen, mut r_detach) = (vec![], vec![], vec![]);
+    let (mut launcher, mut raw_side, mut noop) =
+        (DiskSamples::default(), DiskSamples::default(), vec![]);
     for cycle in 0..ONE_DISK_CYCLES {
         for launcher_turn in [cycle % 2 == 0, cycle % 2 == 1] {
             if launcher_turn {
                 let serial = format!("BL-{cycle}");
                 let spec = guest_spec(NAME, "", &[("one", &serial, &launcher_image)]);
-                let t = Instant::now();
-                let reply = sync(&rt, &mut client, &spec);
-                l_attach.push(t.elapsed());
-                all_ready(&reply, 1);
-                wait_serials(&mut console, std::slice::from_ref(&serial));
-                l_seen.push(t.elapsed());
-                let t = Instant::now();
-                let reply = sync(&rt, &mut client, &base);
-                l_detach.push(t.elapsed());
-                all_ready(&reply, 0);
+                launcher.time_launcher(
+                    &rt,
+                    &mut console,
+                    &mut client,
+                    &spec,
+                    &base,
+                    std::slice::from_ref(&serial),
+                );
                 let t = Instant::now();
                 let reply = sync(&rt, &mut client, &base);
                 noop.push(t.elapsed());
@@ -499,34 +583,18 @@ fn main() {
             } else {
                 let serial = format!("BR-{cycle}");
                 let xml = raw_disk_xml(&raw_image, &serial, 0);
-                let t = Instant::now();
-                raw.attach(&xml);
-                r_attach.push(t.elapsed());
-                wait_serials(&mut console, std::slice::from_ref(&serial));
-                r_seen.push(t.elapsed());
-                let alias = raw.aliases().remove(&serial).expect("the raw disk's alias");
-                let t = Instant::now();
-                raw.detach(&xml);
-                raw.wait_removed(&rt, &alias);
-                r_detach.push(t.elapsed());
+                raw_side.time_raw(&rt, &mut console, &mut raw, &[xml], &[serial]);
             }
         }
     }
-    rows.push(Row {
-        what: "attach 1 scsi disk: Sync reply / `attachDeviceFlags`",
-        launcher: l_attach,
-        raw: Some(r_attach),
-    });
-    rows.push(Row {
-        what: "attach 1 scsi disk until the guest lists its serial",
-        launcher: l_seen,
-        raw: Some(r_seen),
-    });
-    rows.push(Row {
-        what: "detach 1 scsi disk: Sync reply / `detachDeviceFlags` + DEVICE_REMOVED",
-        launcher: l_detach,
-        raw: Some(r_detach),
-    });
+    rows.extend(launcher.rows_beside(
+        raw_side,
+        [
+            "attach 1 scsi disk: Sync reply / `attachDeviceFlags`",
+            "attach 1 scsi disk until the guest lists its serial",
+            "detach 1 scsi disk: Sync reply / `detachDeviceFlags` + DEVICE_REMOVED",
+        ],
+    ));
     rows.push(Row {
         what: "Sync that changes nothing",
         launcher: noop,
@@ -536,63 +604,32 @@ fn main() {
     eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
     let launcher_images = sparse_files(vm.dir(), "launcher-many", MANY_DISKS);
     let raw_images = sparse_files(vm.dir(), "raw-many", MANY_DISKS);
-    let (mut l_attach, mut l_seen, mut l_detach) = (vec![], vec![], vec![]);
-    let (mut r_attach, mut r_seen, mut r_detach) = (vec![], vec![], vec![]);
+    let (mut launcher, mut raw_side) = (DiskSamples::default(), DiskSamples::default());
     for round in 0..MANY_ROUNDS {
         for launcher_turn in [round % 2 == 0, round % 2 == 1] {
             if launcher_turn {
                 let serials: Vec<String> =
                     (0..MANY_DISKS).map(|k| format!("L{round}-{k}")).collect();
                 let spec = hostdisk_spec("d", &serials, &launcher_images);
-                let t = Instant::now();
-                let reply = sync(&rt, &mut client, &spec);
-                l_attach.push(t.elapsed());
-                all_ready(&reply, MANY_DISKS);
-                wait_serials(&mut console, &serials);
-                l_seen.push(t.elapsed());
-                let t = Instant::now();
-                let reply = sync(&rt, &mut client, &base);
-                l_detach.push(t.elapsed());
-                all_ready(&reply, 0);
+                launcher.time_launcher(&rt, &mut console, &mut client, &spec, &base, &serials);
             } else {
                 let serials: Vec<String> =
                     (0..MANY_DISKS).map(|k| format!("R{round}-{k}")).collect();
                 let xmls: Vec<String> = (0..MANY_DISKS)
                     .map(|k| raw_disk_xml(&raw_images[k], &serials[k], k as u32))
                     .collect();
-                let t = Instant::now();
-                for xml in &xmls {
-                    raw.attach(xml);
-                }
-                r_attach.push(t.elapsed());
-                wait_serials(&mut console, &serials);
-                r_seen.push(t.elapsed());
-                let mut aliases = raw.aliases();
-                let t = Instant::now();
-                for (xml, serial) in xmls.iter().zip(&serials) {
-                    let alias = aliases.remove(serial).expect("the raw disk's alias");
-                    raw.detach(xml);
-                    raw.wait_removed(&rt, &alias);
-                }
-                r_detach.push(t.elapsed());
+                raw_side.time_raw(&rt, &mut console, &mut raw, &xmls, &serials);
             }
         }
     }
-    rows.push(Row {
-        what: "64 scsi disks: one Sync reply / 64 sequential `attachDeviceFlags`",
-        launcher: l_attach,
-        raw: Some(r_attach),
-    });
-    rows.push(Row {
-        what: "64 scsi disks until the guest lists all 64 serials",
-        launcher: l_seen,
-        raw: Some(r_seen),
-    });
-    rows.push(Row {
-        what: "64 scsi disks detached: one Sync reply / 64 × (detach + DEVICE_REMOVED)",
-        launcher: l_detach,
-        raw: Some(r_detach),
-    });
+    rows.extend(launcher.rows_beside(
+        raw_side,
+        [
+            "64 scsi disks: one Sync reply / 64 sequential `attachDeviceFlags`",
+            "64 scsi disks until the guest lists all 64 serials",
+            "64 scsi disks detached: one Sync reply / 64 × (detach + DEVICE_REMOVED)",
+        ],
+    ));
 
     eprintln!("side_by_side: memory with {MEMORY_DISKS} disks attached");
     let serials: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("M-{k}")).collect();
