@@ -22,6 +22,8 @@ pub struct ConsoleLog {
     file: Option<File>,
     /// Where to start reading when the file first appears: 0, or the end at open time.
     start_at: u64,
+    /// The inode of the log's older generation (NAME.1) when last looked at.
+    older_seen: Option<u64>,
     partial: Vec<u8>,
     lines: VecDeque<String>,
     /// The last lines returned, for error messages.
@@ -75,6 +77,7 @@ impl ConsoleLog {
                 AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_MOVED_TO,
             )
             .map_err(|e| watch_err(e.into()))?;
+        let older_seen = inode(&crate::logs::older_generation(path));
         let start_at = if at_end {
             std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
         } else {
@@ -85,6 +88,7 @@ impl ConsoleLog {
             inotify,
             file: None,
             start_at,
+            older_seen,
             partial: Vec::new(),
             lines: VecDeque::new(),
             recent: VecDeque::new(),
@@ -112,13 +116,25 @@ impl ConsoleLog {
         }
         let file = self.file.as_mut().expect("opened above");
         let mut chunk = Vec::new();
-        file.read_to_end(&mut chunk)
-            .map_err(|source| ConsoleError::Read {
-                path: self.path.clone(),
-                source,
-            })?;
-        // virtlogd rotates the log at 2 MiB (a new file at the path): the rest of the old one was
-        // just read, so the new one is read from its start.
+        // The launcher bounds the log by copying it and truncating it, then putting the copy
+        // in place as NAME.1 (`crate::logs`). A new NAME.1 since the last read means just
+        // that: what this reader had not read yet is in the copy from where it stood, and
+        // the log started again at 0.
+        let older_path = crate::logs::older_generation(&self.path);
+        let older_now = inode(&older_path);
+        if older_now != self.older_seen {
+            self.older_seen = older_now;
+            let position = file.stream_position().map_err(read_err)?;
+            if let Ok(mut older) = File::open(&older_path) {
+                older.seek(SeekFrom::Start(position)).map_err(read_err)?;
+                older.read_to_end(&mut chunk).map_err(read_err)?;
+            }
+            file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+        }
+        file.read_to_end(&mut chunk).map_err(read_err)?;
+        // A log rotated by renaming (virtlogd's way, with a `--connect`ed libvirt: a new file
+        // at the path): the rest of the old one was just read, so the new one is read from its
+        // start.
         let current = file.metadata().map(|m| m.ino()).ok();
         if fs::metadata(&self.path).map(|m| m.ino()).ok() != current {
             self.file = None;
@@ -206,6 +222,10 @@ impl ConsoleLog {
     }
 }
 
+fn inode(path: &Path) -> Option<u64> {
+    fs::symlink_metadata(path).ok().map(|m| m.ino())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,8 +298,32 @@ mod tests {
         assert_eq!(lengths, [MAX_LINE, MAX_LINE, 10, 3]);
     }
 
-    /// virtlogd rotates console.log (renames it, starts a new one): the follower reads the new
-    /// file from its start.
+    /// The launcher bounds the log by copy and truncation: the follower reads what it had not
+    /// read yet from the copy, then the log again from its start, losing no line.
+    #[test]
+    fn follows_a_log_bounded_by_copy_and_truncation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut qemu = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        qemu.write_all(b"one\n").unwrap();
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(console.next_line(deadline).unwrap().as_deref(), Some("one"));
+        qemu.write_all(b"two\n").unwrap();
+        assert!(crate::logs::bound_one(&path, 1).unwrap());
+        qemu.write_all(b"three\n").unwrap();
+        let lines: Vec<String> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
+            .take(2)
+            .collect();
+        assert_eq!(lines, ["two", "three"]);
+    }
+
+    /// A log rotated by renaming (a new file at the path, virtlogd's way): the follower reads
+    /// the new file from its start.
     #[test]
     fn follows_a_rotated_log() {
         let dir = tempfile::tempdir().unwrap();

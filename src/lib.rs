@@ -28,6 +28,7 @@
 //! | [`run`] | the `run` entrypoint: runtime dir, daemon, launcher, socket, signals | — |
 //! | [`exit`] | every exit code and every mapping to one | — |
 //! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
+//! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |
 //! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
 //!
 //! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
@@ -46,6 +47,7 @@ pub mod init;
 pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
+pub mod logs;
 pub mod run;
 pub mod runtime_dir;
 pub mod spec;

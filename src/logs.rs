@@ -1,0 +1,310 @@
+//! The logs QEMU writes, kept bounded by the launcher instead of a virtlogd.
+//!
+//! The private libvirtd runs with `stdio_handler = "file"`: it opens the guest's serial console
+//! log and QEMU's own log (its stderr) itself and hands QEMU the descriptors, both opened with
+//! `O_APPEND`. No virtlogd runs beside it (17 MiB RSS, a process to start and supervise), so
+//! something else must stop a guest that writes its console without end from filling the disk.
+//! A log over its bound is copied to `NAME.1` (the one older generation kept, replaced each
+//! time) and truncated to nothing; QEMU's next append starts it again at 0 (logrotate's
+//! `copytruncate`). A log and its copy therefore hold at most twice the bound, plus what QEMU
+//! writes in one [`CHECK_SPACING`].
+//!
+//! A thread waits on inotify for the logs to change and checks them at most once per
+//! [`CHECK_SPACING`]: a guest writing its console flat out costs a `stat` per 0.25 s, not one
+//! per write, and a quiet guest costs nothing. While no launcher runs (killed, being
+//! restarted), nothing bounds the logs; the next launcher brings them under the bound at once.
+//! What QEMU appends between the copy's last read and the truncation is lost, as with
+//! logrotate.
+
+use std::ffi::OsStr;
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+
+/// virtlogd's default `max_size`: the bound of each log unless the owner gives another.
+pub const DEFAULT_MAX_SIZE: u64 = 2 * 1024 * 1024;
+/// The smallest bound accepted: below a page, a copy per check would be most of the work.
+pub const MIN_MAX_SIZE: u64 = 4096;
+/// The least time between two checks.
+pub const CHECK_SPACING: Duration = Duration::from_millis(250);
+
+/// Which files are bounded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounded {
+    /// One file (the serial console log).
+    File(PathBuf),
+    /// Every `*.log` in a directory (libvirt's `<domain>.log` files of QEMU's output).
+    LogsIn(PathBuf),
+}
+
+impl Bounded {
+    /// The directory watched for the file(s) to appear.
+    fn dir(&self) -> &Path {
+        match self {
+            Bounded::File(path) => path.parent().unwrap_or(Path::new(".")),
+            Bounded::LogsIn(dir) => dir,
+        }
+    }
+
+    /// The files bounded now (those that exist).
+    fn files(&self) -> Vec<PathBuf> {
+        match self {
+            Bounded::File(path) => vec![path.clone()],
+            Bounded::LogsIn(dir) => fs::read_dir(dir)
+                .map(|entries| {
+                    entries
+                        .filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .filter(|p| p.extension() == Some(OsStr::new("log")))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// If `path` is a regular file over `max_size` bytes, copies it to `path.1` and truncates it.
+/// Returns whether it did. A link at `path` is not followed (the runtime dir is the launcher's;
+/// a link there is not a log it wrote) and one at `path.1` is replaced, never written through.
+/// The copy is written as `path.1.partial` and renamed into place after the truncation.
+pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
+    let log = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let meta = log.metadata()?;
+    if !meta.file_type().is_file() || meta.len() <= max_size {
+        return Ok(false);
+    }
+    // The copy is put in place only once the log is truncated: a reader that sees a new
+    // NAME.1 finds it whole and the log already started again (`crate::console` relies on it).
+    let older = older_generation(path);
+    let mut partial = older.clone().into_os_string();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    match fs::remove_file(&partial) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut copy = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&partial)?;
+    // To the end, including what QEMU appends while this copies (bounded, should a writer
+    // outrun the copy); only what it appends between the last read and the truncation is lost.
+    io::copy(&mut io::Read::take(&log, 2 * meta.len()), &mut copy)?;
+    log.set_len(0)?;
+    // Replaces whatever is at NAME.1, a link included, without following it.
+    fs::rename(&partial, &older)?;
+    Ok(true)
+}
+
+/// `NAME.1` beside `NAME`.
+pub fn older_generation(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".1");
+    path.with_file_name(name)
+}
+
+/// The thread that keeps the logs bounded; stopped and joined when dropped.
+#[derive(Debug)]
+pub struct LogBound {
+    stop: Option<OwnedFd>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl LogBound {
+    /// Checks the logs once now (a launcher that adopts a VM finds them as QEMU left them),
+    /// then on every change.
+    pub fn start(bounded: Vec<Bounded>, max_size: u64) -> io::Result<LogBound> {
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        for dir in bounded.iter().map(Bounded::dir) {
+            // A file that appears or is put in place: watched for writes from then on.
+            inotify.add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)?;
+        }
+        let (stop_read, stop_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let thread = std::thread::Builder::new()
+            .name("log-bound".into())
+            .spawn(move || watch(&bounded, max_size, &inotify, &stop_read))?;
+        Ok(LogBound {
+            stop: Some(stop_write),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for LogBound {
+    fn drop(&mut self) {
+        // Closing the write end wakes the thread (the read end turns readable at end of file).
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn watch(bounded: &[Bounded], max_size: u64, inotify: &Inotify, stop: &OwnedFd) {
+    loop {
+        for path in bounded.iter().flat_map(Bounded::files) {
+            // Re-adding a watch to a file already watched only refreshes it.
+            let _ = inotify.add_watch(&path, AddWatchFlags::IN_MODIFY);
+            match bound_one(&path, max_size) {
+                Ok(true) => {
+                    tracing::info!(log = %path.display(), max_size, "log over its bound: kept as .1 and started again")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(log = %path.display(), error = %e, "cannot bound the log"),
+            }
+        }
+        // The spacing, ended early only by a stop.
+        if readable(stop, PollTimeout::from(CHECK_SPACING.as_millis() as u16)) {
+            return;
+        }
+        let mut fds = [
+            PollFd::new(inotify.as_fd(), PollFlags::POLLIN),
+            PollFd::new(stop.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot wait for the logs to change; they are no longer bounded");
+                return;
+            }
+        }
+        if fds[1].revents().is_some_and(|r| !r.is_empty()) {
+            return;
+        }
+        // Which file changed does not matter: every one is checked.
+        while inotify.read_events().is_ok_and(|events| !events.is_empty()) {}
+    }
+}
+
+/// Whether `fd` turns readable (or hung up) within `timeout`.
+fn readable(fd: &OwnedFd, timeout: PollTimeout) -> bool {
+    let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+    matches!(poll(&mut fds, timeout), Ok(n) if n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs::File;
+    use std::io::Write;
+    use std::time::Instant;
+
+    fn appender(path: &Path) -> File {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_log_over_its_bound_is_kept_as_the_older_generation_and_started_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        // QEMU's descriptor: opened once with O_APPEND and kept.
+        let mut qemu = appender(&path);
+        qemu.write_all(&[b'a'; 5000]).unwrap();
+        assert!(bound_one(&path, 4096).unwrap());
+        assert_eq!(
+            fs::read(dir.path().join("console.log.1")).unwrap(),
+            [b'a'; 5000]
+        );
+        assert_eq!(fs::metadata(&path).unwrap().len(), 0);
+        // The next append lands at the start of the emptied file, not at offset 5000.
+        qemu.write_all(b"after\n").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"after\n");
+    }
+
+    #[test]
+    fn a_log_within_its_bound_is_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        fs::write(&path, [b'a'; 4096]).unwrap();
+        assert!(!bound_one(&path, 4096).unwrap());
+        assert_eq!(fs::metadata(&path).unwrap().len(), 4096);
+        assert!(!dir.path().join("console.log.1").exists());
+        assert!(!bound_one(&dir.path().join("missing.log"), 4096).unwrap());
+    }
+
+    #[test]
+    fn the_older_generation_is_replaced_and_links_are_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let elsewhere = dir.path().join("elsewhere");
+        fs::write(&elsewhere, "not a log").unwrap();
+        // A link at NAME.1 is replaced, not written through.
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join("console.log.1")).unwrap();
+        fs::write(&path, [b'b'; 5000]).unwrap();
+        assert!(bound_one(&path, 4096).unwrap());
+        assert_eq!(fs::read(&elsewhere).unwrap(), b"not a log");
+        let copy = fs::symlink_metadata(dir.path().join("console.log.1")).unwrap();
+        assert!(copy.file_type().is_file());
+        // A link at NAME is not a log: left alone, its target untouched.
+        let linked = dir.path().join("linked.log");
+        fs::write(&elsewhere, [b'c'; 5000]).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &linked).unwrap();
+        assert!(!bound_one(&linked, 4096).unwrap());
+        assert_eq!(fs::metadata(&elsewhere).unwrap().len(), 5000);
+    }
+
+    /// The thread: a log that appears after it starts and then grows past the bound is brought
+    /// back under it, woken by the writes (the test waits on the effect, with a deadline).
+    #[test]
+    fn the_thread_bounds_logs_that_appear_and_grow() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = dir.path().join("qemu");
+        fs::create_dir(&logs).unwrap();
+        let console = dir.path().join("console.log");
+        let domain_log = logs.join("vm.log");
+        let bound = LogBound::start(
+            vec![
+                Bounded::File(console.clone()),
+                Bounded::LogsIn(logs.clone()),
+            ],
+            MIN_MAX_SIZE,
+        )
+        .unwrap();
+        let mut writers = [appender(&console), appender(&domain_log)];
+        // The first round may be caught by the thread's first check; the second can only be
+        // caught by a notification of the writes.
+        for round in [3, 5] {
+            for writer in &mut writers {
+                writer
+                    .write_all(&vec![b'x'; round * MIN_MAX_SIZE as usize])
+                    .unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for path in [&console, &domain_log] {
+                while fs::metadata(path).unwrap().len() > MIN_MAX_SIZE {
+                    assert!(Instant::now() < deadline, "{} not bounded", path.display());
+                    // Polls the effect (the thread's own pace is CHECK_SPACING), with a deadline.
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                assert_eq!(
+                    fs::metadata(older_generation(path)).unwrap().len(),
+                    round as u64 * MIN_MAX_SIZE
+                );
+            }
+        }
+        drop(bound);
+    }
+}
