@@ -109,6 +109,7 @@ async fn dispatch(command: Command) -> ExitCode {
             publish_address,
             publish,
             reconnect_timeout,
+            log_max_size,
             qemu_cache_dir,
         } => {
             let (spec, spec_text) = match run::load_spec(&spec) {
@@ -148,6 +149,7 @@ async fn dispatch(command: Command) -> ExitCode {
                 },
                 reconnect_timeout: (reconnect_timeout > 0)
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),
+                log_max_size,
                 qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
             })
             .await

@@ -18,9 +18,10 @@ use crate::domain::VirtType;
 use crate::exit::ExitCode;
 use crate::host::cgroup::CgroupRoots;
 use crate::launcher::{LaunchOptions, Launcher, StartKind};
-use crate::libvirt::daemon::DaemonOptions;
+use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::{Phase, RunStrategy};
+use crate::logs::{Bounded, LogBound};
 pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
@@ -76,6 +77,8 @@ pub struct RunOptions {
     pub reconnect_timeout: Option<Duration>,
     /// QEMU's capability cache shared by the launchers of this host (`None`: not shared).
     pub qemu_cache_dir: Option<PathBuf>,
+    /// The bound of the console log and of QEMU's log (with a private libvirtd).
+    pub log_max_size: u64,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -277,6 +280,24 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         opts.strategy.as_str(),
     ));
     say(format_args!("console {}", console_log.display()));
+    // With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
+    // them for as long as it runs. A `--connect`ed libvirt has its own virtlogd for that.
+    let _logs = match &opts.connect {
+        Some(_) => None,
+        None => {
+            let bounded = vec![
+                Bounded::File(console_log.clone()),
+                Bounded::LogsIn(PrivateDaemon::qemu_log_dir(&rt.libvirt_dir())),
+            ];
+            LogBound::start(bounded, opts.log_max_size)
+                .inspect_err(|e| {
+                    say(format_args!(
+                        "warning: the console and QEMU logs are not bounded: {e}"
+                    ))
+                })
+                .ok()
+        }
+    };
 
     let listener = match api::bind(&socket) {
         Ok(l) => l,

@@ -79,6 +79,11 @@ pub(crate) enum Command {
         /// 3); 0 never gives up.
         #[arg(long, default_value_t = 300)]
         reconnect_timeout: u64,
+        /// The most bytes the console log and QEMU's log each hold before the launcher keeps
+        /// the log as NAME.1 and starts it again (with a private libvirtd; at least 4096).
+        #[arg(long, default_value_t = vmlauncher::logs::DEFAULT_MAX_SIZE,
+              value_parser = clap::value_parser!(u64).range(vmlauncher::logs::MIN_MAX_SIZE..))]
+        log_max_size: u64,
         /// QEMU's capability cache shared by every launcher of the host; "" shares none.
         #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
         qemu_cache_dir: PathBuf,

@@ -1,13 +1,15 @@
-//! A private libvirtd and virtlogd for one launcher: their own configuration, sockets, state and
-//! logs under the runtime directory, so that they never collide with a system libvirtd.
+//! A private libvirtd for one launcher: its own configuration, sockets, state and logs under the
+//! runtime directory, so that it never collides with a system libvirtd.
 //!
 //! A root libvirtd keeps state at fixed paths (`/run/libvirt`, `/var/lib/libvirt`, ...); a second
-//! one fails on its pid files. So both daemons run in mount namespaces of their own in which those
-//! paths are the runtime directory's subdirectories — what a container gives them for free. Both
-//! see the same directories, so libvirtd finds virtlogd at `/run/libvirt/virtlogd-sock`. The
-//! libvirtd client socket lives outside the covered paths, so `virsh -c <uri>` works from the host.
+//! one fails on its pid files. So the daemon runs in a mount namespace of its own in which those
+//! paths are the runtime directory's subdirectories — what a container gives it for free. Its
+//! client socket lives outside the covered paths, so `virsh -c <uri>` works from the host.
 //!
-//! Each daemon the launcher starts is watched by a thread blocked in `wait()`: when one exits, the
+//! No virtlogd runs beside it: with `stdio_handler = "file"` libvirtd opens QEMU's log and the
+//! console log itself, and the launcher keeps them bounded (`crate::logs`).
+//!
+//! The daemon the launcher starts is watched by a thread blocked in `wait()`: when it exits, the
 //! launcher hears of it at once (no polling) and [`PrivateDaemon::ensure_running`] starts it again.
 
 use std::ffi::CString;
@@ -15,7 +17,6 @@ use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -141,13 +142,12 @@ impl DaemonProcess {
     }
 }
 
-/// The private libvirtd and virtlogd of one runtime directory.
+/// The private libvirtd of one runtime directory.
 pub struct PrivateDaemon {
     dir: PathBuf,
     uri: String,
     options: DaemonOptions,
     libvirtd: Option<DaemonProcess>,
-    virtlogd: Option<DaemonProcess>,
     /// Shared with the watching threads, so that `stop` can silence them before it kills.
     on_exit: Arc<Mutex<Option<ExitNotifier>>>,
 }
@@ -157,7 +157,6 @@ impl std::fmt::Debug for PrivateDaemon {
         f.debug_struct("PrivateDaemon")
             .field("dir", &self.dir)
             .field("libvirtd", &self.libvirtd)
-            .field("virtlogd", &self.virtlogd)
             .finish()
     }
 }
@@ -171,7 +170,7 @@ impl PrivateDaemon {
         )
     }
 
-    /// Starts both daemons with everything under `dir` and waits until libvirtd answers.
+    /// Starts libvirtd with everything under `dir` and waits until it answers.
     pub fn start(dir: &Path, options: DaemonOptions) -> Result<Self, DaemonError> {
         Self::adopt_or_start(dir, options, None)
     }
@@ -189,10 +188,8 @@ impl PrivateDaemon {
             uri: Self::uri_for(dir),
             options,
             libvirtd: None,
-            virtlogd: None,
             on_exit: Arc::new(Mutex::new(on_exit)),
         };
-        daemon.virtlogd = daemon.adopt("virtlogd", |d| d.virtlogd_socket_answers());
         daemon.libvirtd = daemon.adopt("libvirtd", |d| answers(&d.uri));
         daemon.ensure_running()?;
         Ok(daemon)
@@ -215,18 +212,9 @@ impl PrivateDaemon {
         })
     }
 
-    /// Starts whichever daemon is not running (virtlogd first: libvirtd needs it for every
-    /// domain it starts), and waits until each answers.
+    /// Starts libvirtd if it is not running, and waits until it answers.
     pub fn ensure_running(&mut self) -> Result<(), DaemonError> {
         self.prepare()?;
-        if !self.virtlogd.as_ref().is_some_and(DaemonProcess::is_alive) {
-            if self.virtlogd.is_some() {
-                tracing::warn!("the private virtlogd is gone; starting it again");
-            }
-            let process = self.spawn("virtlogd")?;
-            self.virtlogd = Some(process);
-            self.wait_ready("virtlogd", |d| d.virtlogd_socket_answers())?;
-        }
         if !self.libvirtd.as_ref().is_some_and(DaemonProcess::is_alive) {
             if self.libvirtd.is_some() {
                 tracing::warn!("the private libvirtd is gone; starting it again");
@@ -283,11 +271,9 @@ impl PrivateDaemon {
         &self.uri
     }
 
-    /// Both daemons run.
+    /// libvirtd runs.
     pub fn is_alive(&mut self) -> bool {
-        [&self.libvirtd, &self.virtlogd]
-            .iter()
-            .all(|p| p.as_ref().is_some_and(DaemonProcess::is_alive))
+        self.libvirtd.as_ref().is_some_and(DaemonProcess::is_alive)
     }
 
     /// libvirtd's pid.
@@ -295,24 +281,22 @@ impl PrivateDaemon {
         self.libvirtd.as_ref().map(|p| p.pid)
     }
 
-    /// Stops libvirtd, then virtlogd, and waits for both. QEMU outlives them.
+    /// Stops libvirtd and waits for it. QEMU outlives it.
     pub fn stop(&mut self) {
-        // No more restarts: the exits that follow are ours.
+        // No more restarts: the exit that follows is ours.
         *self.on_exit.lock().expect("notifier lock") = None;
-        for process in [self.libvirtd.take(), self.virtlogd.take()]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(process) = self.libvirtd.take() {
             process.stop();
         }
     }
 
-    fn log_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}.log"))
+    /// Where libvirtd writes each domain's QEMU log (`/var/log/libvirt/qemu` in its namespace).
+    pub fn qemu_log_dir(dir: &Path) -> PathBuf {
+        dir.join("log/qemu")
     }
 
-    fn virtlogd_socket_answers(&self) -> bool {
-        UnixStream::connect(self.dir.join("run/virtlogd-sock")).is_ok()
+    fn log_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}.log"))
     }
 
     /// Directories and configuration files, rewritten at every start.
@@ -321,7 +305,7 @@ impl PrivateDaemon {
             path: path.to_path_buf(),
             source,
         };
-        for sub in ["etc", "run", "lib", "cache", "log", "sock"] {
+        for sub in ["etc", "run", "lib", "cache", "log/qemu", "sock"] {
             let path = self.dir.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -334,7 +318,6 @@ impl PrivateDaemon {
         }
         let files = [
             (self.dir.join("libvirtd.conf"), libvirtd_conf(&self.dir)),
-            (self.dir.join("virtlogd.conf"), VIRTLOGD_CONF.to_string()),
             (
                 self.dir.join("etc/qemu.conf"),
                 qemu_conf_text(&self.options),
@@ -493,10 +476,7 @@ impl PrivateDaemon {
         answers: impl Fn(&Self) -> bool,
     ) -> Result<(), DaemonError> {
         crate::libvirt::events::ensure_event_loop().ok();
-        let process = match name {
-            "libvirtd" => self.libvirtd.as_ref(),
-            _ => self.virtlogd.as_ref(),
-        };
+        let process = self.libvirtd.as_ref();
         let deadline = Instant::now() + START_TIMEOUT;
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -607,10 +587,6 @@ const DRIVER_DIRS: [&str; 4] = [
     "/usr/lib/libvirt/connection-driver",
 ];
 
-const VIRTLOGD_CONF: &str = r#"# Written by vmlauncher for its private virtlogd; rewritten at every start.
-log_outputs = "3:stderr"
-"#;
-
 fn qemu_conf_text(options: &DaemonOptions) -> String {
     let cgroups = if options.pod_cgroups {
         "cgroup_controllers = [ ]\n"
@@ -624,7 +600,7 @@ group = "root"
 dynamic_ownership = 0
 remember_owner = 0
 namespaces = [ ]
-stdio_handler = "logd"
+stdio_handler = "file"
 security_driver = "none"
 swtpm_user = "root"
 swtpm_group = "root"

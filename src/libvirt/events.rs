@@ -40,7 +40,7 @@ pub enum HypervisorEvent {
     },
     /// libvirt lost control of the domain (e.g. its monitor broke).
     ControlError { domain: String },
-    /// A private daemon the launcher started (libvirtd, virtlogd) exited.
+    /// The private daemon the launcher started (libvirtd) exited.
     DaemonExited { daemon: &'static str },
     /// The connection to libvirt broke (`VIR_CONNECT_CLOSE_REASON_*`).
     ConnectionClosed { reason: i32 },
