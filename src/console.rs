@@ -22,8 +22,8 @@ pub struct ConsoleLog {
     file: Option<File>,
     /// Where to start reading when the file first appears: 0, or the end at open time.
     start_at: u64,
-    /// The inode of the log's older generation (NAME.1) when last looked at.
-    older_seen: Option<u64>,
+    /// The identity of the log's older generation (NAME.1) when last looked at.
+    older_seen: Option<(u64, i64, i64)>,
     partial: Vec<u8>,
     lines: VecDeque<String>,
     /// The last lines returned, for error messages.
@@ -77,7 +77,7 @@ impl ConsoleLog {
                 AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_MOVED_TO,
             )
             .map_err(|e| watch_err(e.into()))?;
-        let older_seen = inode(&crate::logs::older_generation(path));
+        let older_seen = generation(&crate::logs::older_generation(path));
         let start_at = if at_end {
             std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
         } else {
@@ -119,19 +119,29 @@ impl ConsoleLog {
         // The launcher bounds the log by copying it and truncating it, then putting the copy
         // in place as NAME.1 (`crate::logs`). A new NAME.1 since the last read means just
         // that: what this reader had not read yet is in the copy from where it stood, and
-        // the log started again at 0.
+        // the log started again at 0. A rotation during a read sends it round again from
+        // where that read began. Lost: all but the last of two rotations between two reads.
         let older_path = crate::logs::older_generation(&self.path);
-        let older_now = inode(&older_path);
-        if older_now != self.older_seen {
-            self.older_seen = older_now;
-            let position = file.stream_position().map_err(read_err)?;
-            if let Ok(mut older) = File::open(&older_path) {
-                older.seek(SeekFrom::Start(position)).map_err(read_err)?;
-                older.read_to_end(&mut chunk).map_err(read_err)?;
+        for _ in 0..4 {
+            let older_now = generation(&older_path);
+            if older_now != self.older_seen {
+                self.older_seen = older_now;
+                let position = file.stream_position().map_err(read_err)?;
+                if let Ok(mut older) = File::open(&older_path) {
+                    older.seek(SeekFrom::Start(position)).map_err(read_err)?;
+                    older.read_to_end(&mut chunk).map_err(read_err)?;
+                }
+                file.seek(SeekFrom::Start(0)).map_err(read_err)?;
             }
-            file.seek(SeekFrom::Start(0)).map_err(read_err)?;
+            let before = file.stream_position().map_err(read_err)?;
+            let mut fresh = Vec::new();
+            file.read_to_end(&mut fresh).map_err(read_err)?;
+            if generation(&older_path) == self.older_seen {
+                chunk.extend_from_slice(&fresh);
+                break;
+            }
+            file.seek(SeekFrom::Start(before)).map_err(read_err)?;
         }
-        file.read_to_end(&mut chunk).map_err(read_err)?;
         // A log rotated by renaming (virtlogd's way, with a `--connect`ed libvirt: a new file
         // at the path): the rest of the old one was just read, so the new one is read from its
         // start.
@@ -222,8 +232,11 @@ impl ConsoleLog {
     }
 }
 
-fn inode(path: &Path) -> Option<u64> {
-    fs::symlink_metadata(path).ok().map(|m| m.ino())
+/// A file's identity: its inode and when it last changed (an inode number alone comes back).
+fn generation(path: &Path) -> Option<(u64, i64, i64)> {
+    fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 #[cfg(test)]
@@ -314,12 +327,59 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         assert_eq!(console.next_line(deadline).unwrap().as_deref(), Some("one"));
         qemu.write_all(b"two\n").unwrap();
-        assert!(crate::logs::bound_one(&path, 1).unwrap());
+        assert!(crate::logs::bound_one(&path, 4).unwrap());
         qemu.write_all(b"three\n").unwrap();
         let lines: Vec<String> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
             .take(2)
             .collect();
         assert_eq!(lines, ["two", "three"]);
+    }
+
+    /// From the end: only what came after the follower opened, across a rotation.
+    #[test]
+    fn follows_from_the_end_across_a_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut qemu = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        qemu.write_all(b"old\n").unwrap();
+        let mut console = ConsoleLog::from_end(&path).unwrap();
+        qemu.write_all(b"new1\n").unwrap();
+        assert!(crate::logs::bound_one(&path, 4).unwrap());
+        qemu.write_all(b"new2\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let lines: Vec<String> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
+            .take(2)
+            .collect();
+        assert_eq!(lines, ["new1", "new2"]);
+    }
+
+    /// A log emptied with no copy kept (too large to copy): an empty NAME.1 tells the follower,
+    /// which starts the log again at 0.
+    #[test]
+    fn follows_a_log_emptied_without_a_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut qemu = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        qemu.write_all(b"a long line, longer than the bound times four\n")
+            .unwrap();
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert!(console.next_line(deadline).unwrap().is_some());
+        assert!(crate::logs::bound_one(&path, 4).unwrap());
+        assert_eq!(
+            std::fs::read(crate::logs::older_generation(&path)).unwrap(),
+            b""
+        );
+        qemu.write_all(b"b\n").unwrap();
+        assert_eq!(console.next_line(deadline).unwrap().as_deref(), Some("b"));
     }
 
     /// A log rotated by renaming (a new file at the path, virtlogd's way): the follower reads

@@ -7,11 +7,13 @@
 //! A log over its bound is copied to `NAME.1` (the one older generation kept, replaced each
 //! time) and truncated to nothing; QEMU's next append starts it again at 0 (logrotate's
 //! `copytruncate`). A log and its copy therefore hold at most twice the bound, plus what QEMU
-//! writes in one [`CHECK_SPACING`].
+//! writes in one [`CHECK_SPACING`]; a log found over [`COPY_LIMIT`] times its bound, or one
+//! that cannot be copied (a full disk), is emptied without a copy.
 //!
 //! A thread waits on inotify for the logs to change and checks them at most once per
-//! [`CHECK_SPACING`]: a guest writing its console flat out costs a `stat` per 0.25 s, not one
-//! per write, and a quiet guest costs nothing. While no launcher runs (killed, being
+//! [`CHECK_SPACING`]: a guest writing its console flat out costs one check (a directory
+//! listing, an `lstat` per log) per 0.25 s, not one per write, and a quiet guest costs
+//! nothing. Without inotify it checks every [`POLL_INTERVAL`]. While no launcher runs (killed, being
 //! restarted), nothing bounds the logs; the next launcher brings them under the bound at once.
 //! What QEMU appends between the copy's last read and the truncation is lost, as with
 //! logrotate.
@@ -34,6 +36,8 @@ pub const DEFAULT_MAX_SIZE: u64 = 2 * 1024 * 1024;
 pub const MIN_MAX_SIZE: u64 = 4096;
 /// The least time between two checks.
 pub const CHECK_SPACING: Duration = Duration::from_millis(250);
+/// Between two checks when inotify is not available.
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which files are bounded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,10 +75,25 @@ impl Bounded {
 }
 
 /// If `path` is a regular file over `max_size` bytes, copies it to `path.1` and truncates it.
-/// Returns whether it did. A link at `path` is not followed (the runtime dir is the launcher's;
-/// a link there is not a log it wrote) and one at `path.1` is replaced, never written through.
-/// The copy is written as `path.1.partial` and renamed into place after the truncation.
+/// Returns whether it did. Anything but a regular file at `path` (a link, a FIFO, a socket, a
+/// directory) is left alone: the runtime dir is the launcher's, and such a thing there is not a
+/// log it asked for. A link at `path.1` is replaced, never written through. The copy is
+/// written as `path.1.partial` and renamed into place after the truncation.
+///
+/// The log is truncated even when no copy can be made: a log larger than [`COPY_LIMIT`] times
+/// the bound (one that grew while no launcher ran) is not copied, and neither is one whose copy
+/// fails (a full disk is when the bound matters most). Then an empty `path.1` replaces the old
+/// one (or, if even that cannot be made, the old one goes), so that what is left never looks
+/// like a newer generation than it is and a reader still sees that the log started again.
 pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_file() && meta.len() > max_size => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    // Opened without following a link or blocking on a FIFO put there since the look above,
+    // and looked at again through the descriptor.
     let log = match OpenOptions::new()
         .read(true)
         .write(true)
@@ -90,29 +109,73 @@ pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
     if !meta.file_type().is_file() || meta.len() <= max_size {
         return Ok(false);
     }
-    // The copy is put in place only once the log is truncated: a reader that sees a new
-    // NAME.1 finds it whole and the log already started again (`crate::console` relies on it).
     let older = older_generation(path);
-    let mut partial = older.clone().into_os_string();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    match fs::remove_file(&partial) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+    let partial = partial_copy(path);
+    let copied = if meta.len() <= max_size.saturating_mul(COPY_LIMIT) {
+        copy_to(&log, meta.len(), &partial)
+    } else {
+        Err(io::Error::other(format!(
+            "{} bytes, over {COPY_LIMIT} times the bound",
+            meta.len()
+        )))
+    };
+    // With no copy, an empty NAME.1 takes the old one's place all the same: a new NAME.1 is
+    // how a reader knows that the log started again.
+    let replacement = match &copied {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(log = %path.display(), error = %e, "log emptied without keeping a copy");
+            remove_if_present(&partial)?;
+            let empty = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&partial);
+            if empty.is_err() {
+                remove_if_present(&older)?;
+            }
+            empty.is_ok()
+        }
+    };
+    log.set_len(0)?;
+    if replacement {
+        // Put in place only now that the log is truncated: a reader that sees a new NAME.1
+        // finds it whole and the log started again (`crate::console` relies on it). Replaces
+        // whatever is at NAME.1, a link included, without following it.
+        fs::rename(&partial, &older)?;
     }
+    Ok(true)
+}
+
+/// How many times its bound a log may have grown and still be copied before it is emptied.
+pub const COPY_LIMIT: u64 = 4;
+
+/// Copies `log` to a new file at `to`: to its end, including what QEMU appends while this
+/// copies (at most as much again as `len`, should a writer outrun the copy), so that only what
+/// it appends between the last read and the truncation is lost.
+fn copy_to(log: &fs::File, len: u64, to: &Path) -> io::Result<()> {
+    remove_if_present(to)?;
     let mut copy = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&partial)?;
-    // To the end, including what QEMU appends while this copies (bounded, should a writer
-    // outrun the copy); only what it appends between the last read and the truncation is lost.
-    io::copy(&mut io::Read::take(&log, 2 * meta.len()), &mut copy)?;
-    log.set_len(0)?;
-    // Replaces whatever is at NAME.1, a link included, without following it.
-    fs::rename(&partial, &older)?;
-    Ok(true)
+        .open(to)?;
+    io::copy(&mut io::Read::take(log, 2 * len), &mut copy)?;
+    Ok(())
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `NAME.1.partial`: the copy while it is written.
+fn partial_copy(path: &Path) -> PathBuf {
+    let mut name = older_generation(path).into_os_string();
+    name.push(".partial");
+    PathBuf::from(name)
 }
 
 /// `NAME.1` beside `NAME`.
@@ -131,17 +194,30 @@ pub struct LogBound {
 
 impl LogBound {
     /// Checks the logs once now (a launcher that adopts a VM finds them as QEMU left them),
-    /// then on every change.
+    /// then on every change. Where inotify cannot watch (no instance left: the limit is per
+    /// user, shared by every root container of a node; a directory missing), the logs are
+    /// checked every [`POLL_INTERVAL`] instead: they stay bounded either way.
     pub fn start(bounded: Vec<Bounded>, max_size: u64) -> io::Result<LogBound> {
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-        for dir in bounded.iter().map(Bounded::dir) {
-            // A file that appears or is put in place: watched for writes from then on.
-            inotify.add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)?;
-        }
+        let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
+            Ok(inotify) => {
+                // A file that appears or is put in place: watched for writes from then on.
+                let watched = bounded.iter().map(Bounded::dir).all(|dir| {
+                    inotify
+                        .add_watch(dir, AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+                        .inspect_err(|e| tracing::warn!(dir = %dir.display(), error = %e, "cannot watch for logs; checking them every second"))
+                        .is_ok()
+                });
+                watched.then_some(inotify)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no inotify for the logs; checking them every second");
+                None
+            }
+        };
         let (stop_read, stop_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let thread = std::thread::Builder::new()
             .name("log-bound".into())
-            .spawn(move || watch(&bounded, max_size, &inotify, &stop_read))?;
+            .spawn(move || watch(&bounded, max_size, inotify.as_ref(), &stop_read))?;
         Ok(LogBound {
             stop: Some(stop_write),
             thread: Some(thread),
@@ -159,11 +235,17 @@ impl Drop for LogBound {
     }
 }
 
-fn watch(bounded: &[Bounded], max_size: u64, inotify: &Inotify, stop: &OwnedFd) {
+fn watch(bounded: &[Bounded], max_size: u64, inotify: Option<&Inotify>, stop: &OwnedFd) {
+    // A copy a launcher was killed in the middle of.
+    for path in bounded.iter().flat_map(Bounded::files) {
+        let _ = remove_if_present(&partial_copy(&path));
+    }
     loop {
         for path in bounded.iter().flat_map(Bounded::files) {
-            // Re-adding a watch to a file already watched only refreshes it.
-            let _ = inotify.add_watch(&path, AddWatchFlags::IN_MODIFY);
+            if let Some(inotify) = inotify {
+                // Re-adding a watch to a file already watched only refreshes it.
+                let _ = inotify.add_watch(&path, AddWatchFlags::IN_MODIFY);
+            }
             match bound_one(&path, max_size) {
                 Ok(true) => {
                     tracing::info!(log = %path.display(), max_size, "log over its bound: kept as .1 and started again")
@@ -173,9 +255,15 @@ fn watch(bounded: &[Bounded], max_size: u64, inotify: &Inotify, stop: &OwnedFd) 
             }
         }
         // The spacing, ended early only by a stop.
-        if readable(stop, PollTimeout::from(CHECK_SPACING.as_millis() as u16)) {
+        if readable(stop, timeout(CHECK_SPACING)) {
             return;
         }
+        let Some(inotify) = inotify else {
+            if readable(stop, timeout(POLL_INTERVAL - CHECK_SPACING)) {
+                return;
+            }
+            continue;
+        };
         let mut fds = [
             PollFd::new(inotify.as_fd(), PollFlags::POLLIN),
             PollFd::new(stop.as_fd(), PollFlags::POLLIN),
@@ -190,9 +278,14 @@ fn watch(bounded: &[Bounded], max_size: u64, inotify: &Inotify, stop: &OwnedFd) 
         if fds[1].revents().is_some_and(|r| !r.is_empty()) {
             return;
         }
-        // Which file changed does not matter: every one is checked.
+        // Which file changed does not matter: every one is checked (an overflowed queue
+        // included).
         while inotify.read_events().is_ok_and(|events| !events.is_empty()) {}
     }
+}
+
+fn timeout(d: Duration) -> PollTimeout {
+    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
 }
 
 /// Whether `fd` turns readable (or hung up) within `timeout`.
@@ -266,6 +359,68 @@ mod tests {
         assert_eq!(fs::metadata(&elsewhere).unwrap().len(), 5000);
     }
 
+    #[test]
+    fn a_log_too_large_to_copy_is_emptied_and_the_older_copy_is_replaced_by_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        fs::write(older_generation(&path), "an older generation").unwrap();
+        fs::write(&path, vec![b'a'; (COPY_LIMIT * 4096 + 1) as usize]).unwrap();
+        assert!(bound_one(&path, 4096).unwrap());
+        assert_eq!(fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(fs::read(older_generation(&path)).unwrap(), b"");
+        assert!(!partial_copy(&path).exists());
+    }
+
+    #[test]
+    fn what_is_not_a_regular_file_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.log");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let socket = dir.path().join("socket.log");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let directory = dir.path().join("dir.log");
+        fs::create_dir(&directory).unwrap();
+        for path in [&fifo, &socket, &directory] {
+            assert!(!bound_one(path, 0).unwrap(), "{}", path.display());
+            assert!(!older_generation(path).exists());
+        }
+    }
+
+    /// Without inotify for a directory (here: it does not exist yet) the thread checks every
+    /// POLL_INTERVAL, and a copy a killed launcher left half-written is removed at start.
+    #[test]
+    fn without_a_watch_the_logs_are_checked_periodically() {
+        let dir = tempfile::tempdir().unwrap();
+        let console = dir.path().join("console.log");
+        let leftover = partial_copy(&console);
+        fs::write(&leftover, "half a copy").unwrap();
+        let logs = dir.path().join("qemu");
+        let bound = LogBound::start(
+            vec![
+                Bounded::File(console.clone()),
+                Bounded::LogsIn(logs.clone()),
+            ],
+            MIN_MAX_SIZE,
+        )
+        .unwrap();
+        fs::create_dir(&logs).unwrap();
+        let domain_log = logs.join("vm.log");
+        appender(&domain_log)
+            .write_all(&[b'x'; 2 * MIN_MAX_SIZE as usize])
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while leftover.exists() || fs::metadata(&domain_log).unwrap().len() > MIN_MAX_SIZE {
+            assert!(Instant::now() < deadline, "not bounded without a watch");
+            // Polls the effect (the thread's own pace is POLL_INTERVAL), with a deadline.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            fs::metadata(older_generation(&domain_log)).unwrap().len(),
+            2 * MIN_MAX_SIZE
+        );
+        drop(bound);
+    }
+
     /// The thread: a log that appears after it starts and then grows past the bound is brought
     /// back under it, woken by the writes (the test waits on the effect, with a deadline).
     #[test]
@@ -286,7 +441,7 @@ mod tests {
         let mut writers = [appender(&console), appender(&domain_log)];
         // The first round may be caught by the thread's first check; the second can only be
         // caught by a notification of the writes.
-        for round in [3, 5] {
+        for round in [3, 2] {
             for writer in &mut writers {
                 writer
                     .write_all(&vec![b'x'; round * MIN_MAX_SIZE as usize])

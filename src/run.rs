@@ -159,6 +159,33 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     if opts.console {
         mirror_console(console_log.clone());
     }
+    // With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
+    // them for as long as it runs, from before the VM starts (or is adopted). A `--connect`ed
+    // libvirt has its own virtlogd for that.
+    let _logs = match &opts.connect {
+        Some(_) => None,
+        None => {
+            let qemu_logs = PrivateDaemon::qemu_log_dir(&rt.libvirt_dir());
+            if let Err(e) = fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&qemu_logs)
+            {
+                tracing::warn!(dir = %qemu_logs.display(), error = %e, "cannot make QEMU's log dir");
+            }
+            let bounded = vec![
+                Bounded::File(console_log.clone()),
+                Bounded::LogsIn(qemu_logs),
+            ];
+            LogBound::start(bounded, opts.log_max_size)
+                .inspect_err(|e| {
+                    say(format_args!(
+                        "warning: the console and QEMU logs are not bounded: {e}"
+                    ))
+                })
+                .ok()
+        }
+    };
     let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
         Ok(roots) => writable_cgroups(roots, &rt),
         Err(e) => {
@@ -280,24 +307,6 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         opts.strategy.as_str(),
     ));
     say(format_args!("console {}", console_log.display()));
-    // With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
-    // them for as long as it runs. A `--connect`ed libvirt has its own virtlogd for that.
-    let _logs = match &opts.connect {
-        Some(_) => None,
-        None => {
-            let bounded = vec![
-                Bounded::File(console_log.clone()),
-                Bounded::LogsIn(PrivateDaemon::qemu_log_dir(&rt.libvirt_dir())),
-            ];
-            LogBound::start(bounded, opts.log_max_size)
-                .inspect_err(|e| {
-                    say(format_args!(
-                        "warning: the console and QEMU logs are not bounded: {e}"
-                    ))
-                })
-                .ok()
-        }
-    };
 
     let listener = match api::bind(&socket) {
         Ok(l) => l,

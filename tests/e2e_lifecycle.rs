@@ -133,6 +133,15 @@ async fn a_guest_flooding_its_console_leaves_the_log_within_its_bound() {
         !vm.dir().join("libvirt/virtlogd.pid").exists(),
         "no virtlogd is started"
     );
+    // libvirtd wrote QEMU's log itself (stdio_handler = "file"), where the launcher bounds it.
+    let qemu_logs: Vec<_> = std::fs::read_dir(vm.dir().join("libvirt/log/qemu"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    assert_eq!(qemu_logs.len(), 1, "{qemu_logs:?}");
+    let qemu_log = std::fs::read_to_string(&qemu_logs[0]).unwrap();
+    assert!(qemu_log.contains("-name guest="), "{qemu_log}");
     let mut seen = Vec::new();
     let done = console.line("the end of the flood", GUEST_DEADLINE, |l| {
         // A line that lost bytes to a truncation does not parse, and is not counted.

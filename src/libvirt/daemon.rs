@@ -17,6 +17,7 @@ use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -148,6 +149,10 @@ pub struct PrivateDaemon {
     uri: String,
     options: DaemonOptions,
     libvirtd: Option<DaemonProcess>,
+    /// A virtlogd an earlier launcher started in this runtime dir (before virtlogd went), found
+    /// still running: the running QEMU's logs and the adopted libvirtd (`stdio_handler =
+    /// "logd"` until it restarts) depend on it. Kept running, never restarted, stopped last.
+    legacy_virtlogd: Option<DaemonProcess>,
     /// Shared with the watching threads, so that `stop` can silence them before it kills.
     on_exit: Arc<Mutex<Option<ExitNotifier>>>,
 }
@@ -157,6 +162,7 @@ impl std::fmt::Debug for PrivateDaemon {
         f.debug_struct("PrivateDaemon")
             .field("dir", &self.dir)
             .field("libvirtd", &self.libvirtd)
+            .field("legacy_virtlogd", &self.legacy_virtlogd)
             .finish()
     }
 }
@@ -188,9 +194,13 @@ impl PrivateDaemon {
             uri: Self::uri_for(dir),
             options,
             libvirtd: None,
+            legacy_virtlogd: None,
             on_exit: Arc::new(Mutex::new(on_exit)),
         };
         daemon.libvirtd = daemon.adopt("libvirtd", |d| answers(&d.uri));
+        daemon.legacy_virtlogd = daemon.adopt("virtlogd", |d| {
+            UnixStream::connect(d.dir.join("run/virtlogd-sock")).is_ok()
+        });
         daemon.ensure_running()?;
         Ok(daemon)
     }
@@ -281,11 +291,15 @@ impl PrivateDaemon {
         self.libvirtd.as_ref().map(|p| p.pid)
     }
 
-    /// Stops libvirtd and waits for it. QEMU outlives it.
+    /// Stops libvirtd (then an earlier launcher's virtlogd, if one was found) and waits for
+    /// them. QEMU outlives them.
     pub fn stop(&mut self) {
         // No more restarts: the exit that follows is ours.
         *self.on_exit.lock().expect("notifier lock") = None;
-        if let Some(process) = self.libvirtd.take() {
+        for process in [self.libvirtd.take(), self.legacy_virtlogd.take()]
+            .into_iter()
+            .flatten()
+        {
             process.stop();
         }
     }
