@@ -245,6 +245,22 @@ mod tests {
     use std::io::Write;
     use std::time::Duration;
 
+    /// The next `n` lines, each within `deadline`.
+    fn next_lines(console: &mut ConsoleLog, n: usize, deadline: Instant) -> Vec<String> {
+        std::iter::from_fn(|| console.next_line(deadline).unwrap())
+            .take(n)
+            .collect()
+    }
+
+    /// The log as QEMU holds it: opened once, appended to.
+    fn qemu_writer(path: &Path) -> File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap()
+    }
+
     #[test]
     fn follows_a_file_that_appears_and_grows() {
         let dir = tempfile::tempdir().unwrap();
@@ -317,11 +333,7 @@ mod tests {
     fn follows_a_log_bounded_by_copy_and_truncation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let mut qemu = qemu_writer(&path);
         qemu.write_all(b"one\n").unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -329,9 +341,7 @@ mod tests {
         qemu.write_all(b"two\n").unwrap();
         assert!(crate::logs::bound_one(&path, 4).unwrap());
         qemu.write_all(b"three\n").unwrap();
-        let lines: Vec<String> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
-            .take(2)
-            .collect();
+        let lines = next_lines(&mut console, 2, deadline);
         assert_eq!(lines, ["two", "three"]);
     }
 
@@ -340,20 +350,14 @@ mod tests {
     fn follows_from_the_end_across_a_rotation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let mut qemu = qemu_writer(&path);
         qemu.write_all(b"old\n").unwrap();
         let mut console = ConsoleLog::from_end(&path).unwrap();
         qemu.write_all(b"new1\n").unwrap();
         assert!(crate::logs::bound_one(&path, 4).unwrap());
         qemu.write_all(b"new2\n").unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
-        let lines: Vec<String> = std::iter::from_fn(|| console.next_line(deadline).unwrap())
-            .take(2)
-            .collect();
+        let lines = next_lines(&mut console, 2, deadline);
         assert_eq!(lines, ["new1", "new2"]);
     }
 
@@ -363,11 +367,7 @@ mod tests {
     fn follows_a_log_emptied_without_a_copy() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .unwrap();
+        let mut qemu = qemu_writer(&path);
         qemu.write_all(b"a long line, longer than the bound times four\n")
             .unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();

@@ -309,6 +309,25 @@ mod tests {
             .unwrap()
     }
 
+    /// The thread, on the console log and a directory of QEMU logs, bounded at the minimum.
+    fn start_on(console: &Path, logs: &Path) -> LogBound {
+        LogBound::start(
+            vec![Bounded::File(console.into()), Bounded::LogsIn(logs.into())],
+            MIN_MAX_SIZE,
+        )
+        .unwrap()
+    }
+
+    /// Waits until `path` is within the minimum bound, polling the effect with a deadline (the
+    /// thread's own pace is CHECK_SPACING, or POLL_INTERVAL without inotify).
+    fn wait_bounded(path: &Path, also: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while also() || fs::metadata(path).unwrap().len() > MIN_MAX_SIZE {
+            assert!(Instant::now() < deadline, "{} not bounded", path.display());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     #[test]
     fn a_log_over_its_bound_is_kept_as_the_older_generation_and_started_again() {
         let dir = tempfile::tempdir().unwrap();
@@ -395,25 +414,13 @@ mod tests {
         let leftover = partial_copy(&console);
         fs::write(&leftover, "half a copy").unwrap();
         let logs = dir.path().join("qemu");
-        let bound = LogBound::start(
-            vec![
-                Bounded::File(console.clone()),
-                Bounded::LogsIn(logs.clone()),
-            ],
-            MIN_MAX_SIZE,
-        )
-        .unwrap();
+        let bound = start_on(&console, &logs);
         fs::create_dir(&logs).unwrap();
         let domain_log = logs.join("vm.log");
         appender(&domain_log)
             .write_all(&[b'x'; 2 * MIN_MAX_SIZE as usize])
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while leftover.exists() || fs::metadata(&domain_log).unwrap().len() > MIN_MAX_SIZE {
-            assert!(Instant::now() < deadline, "not bounded without a watch");
-            // Polls the effect (the thread's own pace is POLL_INTERVAL), with a deadline.
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_bounded(&domain_log, || leftover.exists());
         assert_eq!(
             fs::metadata(older_generation(&domain_log)).unwrap().len(),
             2 * MIN_MAX_SIZE
@@ -430,14 +437,7 @@ mod tests {
         fs::create_dir(&logs).unwrap();
         let console = dir.path().join("console.log");
         let domain_log = logs.join("vm.log");
-        let bound = LogBound::start(
-            vec![
-                Bounded::File(console.clone()),
-                Bounded::LogsIn(logs.clone()),
-            ],
-            MIN_MAX_SIZE,
-        )
-        .unwrap();
+        let bound = start_on(&console, &logs);
         let mut writers = [appender(&console), appender(&domain_log)];
         // The first round may be caught by the thread's first check; the second can only be
         // caught by a notification of the writes.
@@ -447,13 +447,8 @@ mod tests {
                     .write_all(&vec![b'x'; round * MIN_MAX_SIZE as usize])
                     .unwrap();
             }
-            let deadline = Instant::now() + Duration::from_secs(10);
             for path in [&console, &domain_log] {
-                while fs::metadata(path).unwrap().len() > MIN_MAX_SIZE {
-                    assert!(Instant::now() < deadline, "{} not bounded", path.display());
-                    // Polls the effect (the thread's own pace is CHECK_SPACING), with a deadline.
-                    std::thread::sleep(Duration::from_millis(10));
-                }
+                wait_bounded(path, || false);
                 assert_eq!(
                     fs::metadata(older_generation(path)).unwrap().len(),
                     round as u64 * MIN_MAX_SIZE
