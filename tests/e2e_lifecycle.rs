@@ -117,6 +117,73 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert!(!alive(qemu) && !alive(new_daemon));
 }
 
+/// A child process that a failing test must not leave behind.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A runtime dir where an earlier launcher (one that still started virtlogd) left its virtlogd
+/// running, as a launcher upgraded on a host finds it: the running QEMU's logs and an adopted
+/// libvirtd configured for virtlogd depend on it. The launcher adopts it, keeps it while the VM
+/// runs, and stops it with its libvirtd at exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_launchers_virtlogd_is_kept_while_the_vm_runs_and_stopped_at_exit() {
+    let name = "legacy-virtlogd";
+    let mut virtlogd = None;
+    let mut pending = Launched::start_owned(|dir| {
+        let private = dir.join("libvirt");
+        std::fs::create_dir_all(private.join("run")).unwrap();
+        let conf = private.join("virtlogd.conf");
+        std::fs::write(&conf, "log_outputs = \"3:stderr\"\n").unwrap();
+        // As the earlier launcher ran it: in a mount namespace whose /run/libvirt is the private
+        // dir's, with its pid file beside libvirtd's.
+        virtlogd = Some(
+            Process::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg(r#"mount --bind "$0" /run/libvirt && exec virtlogd --config "$1" --pid-file "$2""#)
+                .arg(private.join("run"))
+                .arg(&conf)
+                .arg(private.join("virtlogd.pid"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map(KilledOnDrop)
+                .unwrap(),
+        );
+        let deadline = Instant::now() + GUEST_DEADLINE;
+        while std::os::unix::net::UnixStream::connect(private.join("run/virtlogd-sock")).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the earlier virtlogd never answered"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let mut virtlogd = virtlogd.unwrap();
+    let virtlogd = &mut virtlogd.0;
+    let mut vm = pending.run(&guest_spec(name, "", &[]), &[]);
+    vm.boot();
+    assert!(
+        virtlogd.try_wait().unwrap().is_none(),
+        "the earlier virtlogd is kept while the VM runs"
+    );
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    let deadline = Instant::now() + GUEST_DEADLINE;
+    while virtlogd.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the earlier virtlogd outlived the launcher"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// No virtlogd runs: QEMU writes the console log itself and the launcher keeps it under
 /// `--log-max-size` (copy to console.log.1, truncate). A guest that floods its console with 8,192
 /// numbered lines (512 KiB, eight times the bound) is never held up, the follower reads the
