@@ -318,14 +318,15 @@ mod tests {
         .unwrap()
     }
 
-    /// Waits until `path` is within the minimum bound, polling the effect with a deadline (the
-    /// thread's own pace is CHECK_SPACING, or POLL_INTERVAL without inotify).
-    fn wait_bounded(path: &Path, also: impl Fn() -> bool) {
+    /// Waits until `path` is within the minimum bound and `also` holds, woken by each change
+    /// in the directories of `path` and `others`, with a deadline.
+    fn wait_bounded(path: &Path, others: &[&Path], also: impl Fn() -> bool) {
+        let mut dirs = vec![path.parent().unwrap()];
+        dirs.extend(others);
+        let bounded = || !also() && fs::metadata(path).unwrap().len() <= MIN_MAX_SIZE;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while also() || fs::metadata(path).unwrap().len() > MIN_MAX_SIZE {
-            assert!(Instant::now() < deadline, "{} not bounded", path.display());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let done = crate::host::watch::wait_for_change_in(&dirs, deadline, bounded).unwrap();
+        assert!(done, "{} not bounded", path.display());
     }
 
     #[test]
@@ -420,7 +421,7 @@ mod tests {
         appender(&domain_log)
             .write_all(&[b'x'; 2 * MIN_MAX_SIZE as usize])
             .unwrap();
-        wait_bounded(&domain_log, || leftover.exists());
+        wait_bounded(&domain_log, &[dir.path()], || leftover.exists());
         assert_eq!(
             fs::metadata(older_generation(&domain_log)).unwrap().len(),
             2 * MIN_MAX_SIZE
@@ -448,7 +449,7 @@ mod tests {
                     .unwrap();
             }
             for path in [&console, &domain_log] {
-                wait_bounded(path, || false);
+                wait_bounded(path, &[], || false);
                 assert_eq!(
                     fs::metadata(older_generation(path)).unwrap().len(),
                     round as u64 * MIN_MAX_SIZE

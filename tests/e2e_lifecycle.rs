@@ -13,6 +13,8 @@ use common::{
     GUEST_DEADLINE,
 };
 use vmlauncher::api::proto::{self, event::Kind};
+use vmlauncher::host::watch::wait_for_change_in;
+use vmlauncher::libvirt::daemon::wait_process_exit;
 
 /// The test guest `name` launched and booted, and its QEMU's pid.
 fn booted(name: &str, kernel_args: &str) -> (Launched, i32) {
@@ -117,13 +119,14 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert!(!alive(qemu) && !alive(new_daemon));
 }
 
-/// A child process that a failing test must not leave behind.
-struct KilledOnDrop(std::process::Child);
+/// A process (by pid) that a failing test must not leave behind.
+struct KilledOnDrop(i32);
 
 impl Drop for KilledOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if alive(self.0) {
+            let _ = common::signal_pid(self.0, nix::sys::signal::Signal::SIGKILL);
+        }
     }
 }
 
@@ -141,47 +144,33 @@ async fn an_earlier_launchers_virtlogd_is_kept_while_the_vm_runs_and_stopped_at_
         let conf = private.join("virtlogd.conf");
         std::fs::write(&conf, "log_outputs = \"3:stderr\"\n").unwrap();
         // As the earlier launcher ran it: in a mount namespace whose /run/libvirt is the private
-        // dir's, with its pid file beside libvirtd's.
-        virtlogd = Some(
-            Process::new("unshare")
-                .args(["--mount", "--propagation", "private", "sh", "-c"])
-                .arg(r#"mount --bind "$0" /run/libvirt && exec virtlogd --config "$1" --pid-file "$2""#)
-                .arg(private.join("run"))
-                .arg(&conf)
-                .arg(private.join("virtlogd.pid"))
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .map(KilledOnDrop)
-                .unwrap(),
-        );
-        let deadline = Instant::now() + GUEST_DEADLINE;
-        while std::os::unix::net::UnixStream::connect(private.join("run/virtlogd-sock")).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the earlier virtlogd never answered"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // dir's, with its pid file beside libvirtd's. With --daemon the command returns once
+        // virtlogd listens (a libvirt daemon tells its parent when it is ready).
+        let started = Process::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(r#"mount --bind "$0" /run/libvirt && exec virtlogd --daemon --config "$1" --pid-file "$2""#)
+            .arg(private.join("run"))
+            .arg(&conf)
+            .arg(private.join("virtlogd.pid"))
+            .status()
+            .unwrap();
+        assert!(started.success(), "the earlier virtlogd did not start");
+        let pid = std::fs::read_to_string(private.join("virtlogd.pid")).unwrap();
+        virtlogd = Some(KilledOnDrop(pid.trim().parse().unwrap()));
     });
-    let mut virtlogd = virtlogd.unwrap();
-    let virtlogd = &mut virtlogd.0;
+    let virtlogd = virtlogd.unwrap();
     let mut vm = pending.run(&guest_spec(name, "", &[]), &[]);
     vm.boot();
     assert!(
-        virtlogd.try_wait().unwrap().is_none(),
+        alive(virtlogd.0),
         "the earlier virtlogd is kept while the VM runs"
     );
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    let deadline = Instant::now() + GUEST_DEADLINE;
-    while virtlogd.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the earlier virtlogd outlived the launcher"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    assert!(
+        wait_process_exit(virtlogd.0, Instant::now() + GUEST_DEADLINE),
+        "the earlier virtlogd outlived the launcher"
+    );
 }
 
 /// No virtlogd runs: QEMU writes the console log itself and the launcher keeps it under
@@ -233,14 +222,11 @@ async fn a_guest_flooding_its_console_leaves_the_log_within_its_bound() {
     let older = vm.dir().join("console.log.1");
     // The next check after the flood brings the log under the bound; the copy holds at most
     // what one check's spacing let through beyond it.
-    let deadline = Instant::now() + GUEST_DEADLINE;
-    while std::fs::metadata(&log).unwrap().len() > BOUND {
-        assert!(
-            Instant::now() < deadline,
-            "console.log stays over its bound"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let within_bound = || std::fs::metadata(&log).unwrap().len() <= BOUND;
+    assert!(
+        wait_for_change_in(&[vm.dir()], Instant::now() + GUEST_DEADLINE, within_bound).unwrap(),
+        "console.log stays over its bound"
+    );
     let older_len = std::fs::metadata(&older).unwrap().len();
     eprintln!(
         "flood: {} of {LINES} lines read; console.log.1 {older_len} bytes",

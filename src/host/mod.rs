@@ -15,7 +15,7 @@ pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
 pub(crate) mod records;
-pub(crate) mod watch;
+pub mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,11 +1,13 @@
-//! Waiting for paths to appear, woken by inotify — never by polling. A path whose directory does
-//! not exist yet is watched through its nearest existing ancestor; whoever waits re-arms the
-//! watch after each wake-up, so the next level is watched once it exists.
+//! Waiting for paths to appear or change, woken by inotify — never by polling. A path whose
+//! directory does not exist yet is watched through its nearest existing ancestor; whoever waits
+//! re-arms the watch after each wake-up, so the next level is watched once it exists.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
@@ -98,10 +100,76 @@ impl PathWatch {
     }
 }
 
+/// Blocks until `done` holds, checking it now and again each time something in one of `dirs`
+/// changes (a file created, written, truncated, renamed or removed), until `deadline`. Returns
+/// whether it held. The blocking counterpart of [`PathWatch`], for waiting on files another
+/// process or thread changes (the tests wait on the log bound with it).
+pub fn wait_for_change_in(
+    dirs: &[&Path],
+    deadline: Instant,
+    mut done: impl FnMut() -> bool,
+) -> io::Result<bool> {
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+    for dir in dirs {
+        inotify.add_watch(
+            *dir,
+            AddWatchFlags::IN_CREATE
+                | AddWatchFlags::IN_MODIFY
+                | AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_MOVED_FROM
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_ATTRIB,
+        )?;
+    }
+    // Watched before the first look: a change between the look and the wait still wakes it.
+    loop {
+        if done() {
+            return Ok(true);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        while inotify.read_events().is_ok_and(|events| !events.is_empty()) {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn a_blocking_wait_wakes_on_a_change_and_ends_at_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("log");
+        std::fs::write(&file, [b'x'; 100]).unwrap();
+        let truncater = {
+            let file = file.clone();
+            std::thread::spawn(move || {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&file)
+                    .unwrap()
+                    .set_len(0)
+                    .unwrap()
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let empty = || std::fs::metadata(&file).unwrap().len() == 0;
+        assert!(wait_for_change_in(&[dir.path()], deadline, empty).unwrap());
+        truncater.join().unwrap();
+        let soon = Instant::now() + Duration::from_millis(50);
+        assert!(!wait_for_change_in(&[dir.path()], soon, || false).unwrap());
+    }
 
     #[tokio::test]
     async fn wakes_when_a_file_appears_even_in_a_directory_made_later() {

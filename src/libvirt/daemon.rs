@@ -24,7 +24,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+
 use nix::mount::{mount, MsFlags};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -116,16 +119,8 @@ impl DaemonProcess {
                     .expect("exit flag");
                 *guard
             }
-            // Not our child: nothing to wait on but its /proc entry.
-            None => loop {
-                if !process_alive(self.pid) {
-                    return true;
-                }
-                if Instant::now() >= deadline {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            },
+            // Not our child: no exit status of ours to wait on.
+            None => wait_process_exit(self.pid, deadline),
         }
     }
 
@@ -552,6 +547,42 @@ fn runs_program(pid: i32, name: &str) -> bool {
 }
 
 /// The process exists and is not a zombie.
+/// Waits until process `pid` has exited (a zombie has), at most until `deadline`; true if it
+/// has. Any process, our child or not: woken by the kernel through a pidfd; where there are no
+/// pidfds (Linux before 5.3), by a look at /proc every 20 ms.
+pub fn wait_process_exit(pid: i32, deadline: Instant) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor, or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+            return true;
+        }
+        loop {
+            if !process_alive(pid) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    // SAFETY: a descriptor just made, owned by nothing else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(
+            &mut fds,
+            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
+        ) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return !process_alive(pid),
+        }
+    }
+}
+
 pub fn process_alive(pid: i32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
