@@ -28,6 +28,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+
+use crate::durable::remove_if_present;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 /// virtlogd's default `max_size`: the bound of each log unless the owner gives another.
@@ -162,13 +164,6 @@ fn copy_to(log: &fs::File, len: u64, to: &Path) -> io::Result<()> {
         .open(to)?;
     io::copy(&mut io::Read::take(log, 2 * len), &mut copy)?;
     Ok(())
-}
-
-fn remove_if_present(path: &Path) -> io::Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
-    }
 }
 
 /// `NAME.1.partial`: the copy while it is written.

@@ -81,6 +81,31 @@ pub struct RunOptions {
     pub log_max_size: u64,
 }
 
+/// With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
+/// them for as long as it runs, from before the VM starts or is adopted (so QEMU's log dir is
+/// made here, before libvirtd would make it).
+fn bound_logs(rt: &RuntimeDir, console_log: &Path, max_size: u64) -> Option<LogBound> {
+    let qemu_logs = PrivateDaemon::qemu_log_dir(&rt.libvirt_dir());
+    if let Err(e) = fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&qemu_logs)
+    {
+        tracing::warn!(dir = %qemu_logs.display(), error = %e, "cannot make QEMU's log dir");
+    }
+    let bounded = vec![
+        Bounded::File(console_log.into()),
+        Bounded::LogsIn(qemu_logs),
+    ];
+    LogBound::start(bounded, max_size)
+        .inspect_err(|e| {
+            say(format_args!(
+                "warning: the console and QEMU logs are not bounded: {e}"
+            ))
+        })
+        .ok()
+}
+
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
 /// pipe whose reader went away) must not take the launcher, and so the VM's clean stop, with it.
 fn say(what: std::fmt::Arguments<'_>) {
@@ -159,32 +184,10 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     if opts.console {
         mirror_console(console_log.clone());
     }
-    // With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
-    // them for as long as it runs, from before the VM starts (or is adopted). A `--connect`ed
-    // libvirt has its own virtlogd for that.
+    // A `--connect`ed libvirt has its own virtlogd to bound the logs.
     let _logs = match &opts.connect {
         Some(_) => None,
-        None => {
-            let qemu_logs = PrivateDaemon::qemu_log_dir(&rt.libvirt_dir());
-            if let Err(e) = fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(&qemu_logs)
-            {
-                tracing::warn!(dir = %qemu_logs.display(), error = %e, "cannot make QEMU's log dir");
-            }
-            let bounded = vec![
-                Bounded::File(console_log.clone()),
-                Bounded::LogsIn(qemu_logs),
-            ];
-            LogBound::start(bounded, opts.log_max_size)
-                .inspect_err(|e| {
-                    say(format_args!(
-                        "warning: the console and QEMU logs are not bounded: {e}"
-                    ))
-                })
-                .ok()
-        }
+        None => bound_logs(&rt, &console_log, opts.log_max_size),
     };
     let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
         Ok(roots) => writable_cgroups(roots, &rt),

@@ -149,16 +149,10 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
             let (format, size) = backing_info(backing, *trust)?;
             make_parent(path)?;
             // Ephemeral by design: every start begins from the image, as KubeVirt's do.
-            match fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(HostError::Create {
-                        path: path.into(),
-                        source,
-                    })
-                }
-            }
+            crate::durable::remove_if_present(path).map_err(|source| HostError::Create {
+                path: path.into(),
+                source,
+            })?;
             create_qcow2(path, size, Some((backing, format)))
         }
         Preparation::CloudInit { files } => build_cidata(path, files),

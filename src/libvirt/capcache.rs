@@ -90,42 +90,31 @@ fn put(
 /// Copies every shared cache file into the private cache `private` (made if missing). Returns
 /// how many were copied.
 pub fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
-    copy_files(
-        shared,
-        private,
-        Which::Every,
-        crate::durable::write_atomically,
-    )
+    copy_files(shared, private, Which::Every)
 }
 
 /// Publishes every private cache file that the shared cache lacks or holds differently.
 /// Returns how many were written.
 pub fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
-    copy_files(
-        private,
-        shared,
-        Which::Changed,
-        crate::durable::write_durably,
-    )
+    copy_files(private, shared, Which::Changed)
 }
 
-/// Which cache files [`copy_files`] writes.
+/// Which cache files [`copy_files`] writes, and how.
 enum Which {
-    /// All of them: a private cache is seeded whole.
+    /// All of them, atomically: a private cache is seeded whole.
     Every,
-    /// Those the target lacks or holds differently: the shared cache is written durably (synced
-    /// to disk), which every launcher's start would otherwise pay for files that are the same.
+    /// Those the target lacks or holds differently, durably (synced to disk): the shared cache,
+    /// which every launcher's start would otherwise pay the sync for files that are the same.
     Changed,
 }
 
-/// The cache files of `from` written into `to` (made if missing) with `write` (see [`put`]).
-/// Returns how many were written.
-fn copy_files(
-    from: &Path,
-    to: &Path,
-    which: Which,
-    write: fn(&Path, &[u8]) -> std::io::Result<()>,
-) -> Result<usize, CapCacheError> {
+/// The cache files of `from` written into `to` (made if missing; see [`put`]). Returns how
+/// many were written.
+fn copy_files(from: &Path, to: &Path, which: Which) -> Result<usize, CapCacheError> {
+    let write = match which {
+        Which::Every => crate::durable::write_atomically,
+        Which::Changed => crate::durable::write_durably,
+    };
     let files = cache_files(from)?;
     if files.is_empty() {
         return Ok(0);

@@ -15,6 +15,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
@@ -23,8 +24,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-
-use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::mount::{mount, MsFlags};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -192,7 +191,7 @@ impl PrivateDaemon {
             legacy_virtlogd: None,
             on_exit: Arc::new(Mutex::new(on_exit)),
         };
-        daemon.libvirtd = daemon.adopt("libvirtd", |d| answers(&d.uri));
+        daemon.libvirtd = daemon.adopt(LIBVIRTD, |d| answers(&d.uri));
         daemon.legacy_virtlogd = daemon.adopt("virtlogd", |d| {
             UnixStream::connect(d.dir.join("run/virtlogd-sock")).is_ok()
         });
@@ -225,9 +224,9 @@ impl PrivateDaemon {
                 tracing::warn!("the private libvirtd is gone; starting it again");
             }
             self.seed_capabilities();
-            let process = self.spawn("libvirtd")?;
+            let process = self.spawn_libvirtd()?;
             self.libvirtd = Some(process);
-            self.wait_ready("libvirtd", |d| answers(&d.uri))?;
+            self.wait_ready()?;
             self.publish_capabilities();
         }
         Ok(())
@@ -370,9 +369,10 @@ impl PrivateDaemon {
         Ok(())
     }
 
-    /// Starts `name` in a mount namespace of its own that covers libvirt's fixed paths with ours,
-    /// and a thread that reports its exit.
-    fn spawn(&self, name: &'static str) -> Result<DaemonProcess, DaemonError> {
+    /// Starts libvirtd in a mount namespace of its own that covers libvirt's fixed paths with
+    /// ours, and a thread that reports its exit.
+    fn spawn_libvirtd(&self) -> Result<DaemonProcess, DaemonError> {
+        let name = LIBVIRTD;
         let log = self.log_path(name);
         let prepare = |source| DaemonError::Prepare {
             path: log.clone(),
@@ -401,12 +401,12 @@ impl PrivateDaemon {
         // 0x1f on one core only): libvirtd, and the QEMU probes it spawns, stay on one core so the
         // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
         // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
-        let one_cpu = (name == "libvirtd").then(first_allowed_cpu).flatten();
+        let one_cpu = first_allowed_cpu();
         let mut command = Command::new(name);
         // glibc's default of up to 8 malloc arenas per core, one per thread that allocates, keeps
         // freed memory in each: two are plenty for a daemon that serves one launcher.
         command.env("MALLOC_ARENA_MAX", "2");
-        if name == "libvirtd" && self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
+        if self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
             command.env("LIBVIRT_DRIVER_DIR", self.driver_dir());
         }
         command
@@ -478,12 +478,9 @@ impl PrivateDaemon {
         })
     }
 
-    /// Ready means the daemon answers, not that its socket exists.
-    fn wait_ready(
-        &self,
-        name: &'static str,
-        answers: impl Fn(&Self) -> bool,
-    ) -> Result<(), DaemonError> {
+    /// Ready means libvirtd answers, not that its socket exists.
+    fn wait_ready(&self) -> Result<(), DaemonError> {
+        let name = LIBVIRTD;
         crate::libvirt::events::ensure_event_loop().ok();
         let process = self.libvirtd.as_ref();
         let deadline = Instant::now() + START_TIMEOUT;
@@ -497,7 +494,7 @@ impl PrivateDaemon {
                     log,
                 });
             }
-            if answers(self) {
+            if answers(&self.uri) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -622,6 +619,9 @@ admin_max_workers = 2
         sock = dir.join("sock").display()
     )
 }
+
+/// The daemon's program (and the name of its config, pid and log files).
+const LIBVIRTD: &str = "libvirtd";
 
 /// The module of libvirt's QEMU driver, and where distributions install it.
 const QEMU_DRIVER_MODULE: &str = "libvirt_driver_qemu.so";
