@@ -143,7 +143,7 @@ fn copy_files(from: &Path, to: &Path, which: Which) -> Result<usize, CapCacheErr
 /// Has libvirtd at `uri` load QEMU's capabilities (probing QEMU if its cache has no valid file),
 /// through the domain capabilities every start asks for anyway.
 pub fn load_capabilities(uri: &str) -> Result<(), virt::error::Error> {
-    let conn = virt::connect::Connect::open(Some(uri))?;
+    let conn = super::connect(uri)?;
     // One cache file per QEMU binary, whatever the virt type: "qemu" is always available.
     conn.domain_capabilities(None, Some("x86_64"), None, Some("qemu"), 0)
         .map(drop)

@@ -527,7 +527,7 @@ fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
 
 /// An API call on `uri` succeeds.
 fn answers(uri: &str) -> bool {
-    match virt::connect::Connect::open(Some(uri)) {
+    match super::connect(uri) {
         Ok(conn) => conn.lib_version().is_ok(),
         Err(_) => false,
     }

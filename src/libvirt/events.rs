@@ -76,6 +76,7 @@ pub fn delivered() -> u64 {
 pub fn ensure_event_loop() -> Result<(), EventError> {
     static LOOP: OnceLock<Result<(), String>> = OnceLock::new();
     LOOP.get_or_init(|| {
+        super::skip_unused_ssh_crypto_setup();
         // libvirt prints every error to stderr by default; vmlauncher reports them itself.
         virt::error::clear_error_callback();
         virt::event::event_register_default_impl().map_err(|e| e.to_string())?;
