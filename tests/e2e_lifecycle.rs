@@ -119,6 +119,45 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert!(!alive(qemu) && !alive(new_daemon));
 }
 
+/// libvirtd gives back what its start-up freed (jemalloc, preloaded by the dynamic loader), and
+/// the QEMU it starts keeps glibc's malloc: libvirt passes `LD_PRELOAD` on to QEMU, so the
+/// preload must not be one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
+    let jemalloc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+    assert!(jemalloc.exists(), "scripts/setup.sh installs libjemalloc2");
+    let name = "allocator";
+    let (mut vm, qemu) = booted(name, "");
+    let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
+    let maps = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let environ = |pid: i32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    let mentions = |bytes: &[u8], what: &str| {
+        bytes
+            .windows(what.len())
+            .any(|window| window == what.as_bytes())
+    };
+    assert!(
+        maps(daemon).contains("libjemalloc.so.2"),
+        "libvirtd maps jemalloc"
+    );
+    let comm = std::fs::read_to_string(format!("/proc/{daemon}/comm")).unwrap();
+    assert_eq!(comm.trim(), "libvirtd", "known by its name in ps and top");
+    assert!(
+        !maps(qemu).contains("libjemalloc"),
+        "QEMU keeps glibc's malloc"
+    );
+    assert!(
+        !mentions(&environ(qemu), "LD_PRELOAD"),
+        "nothing preloaded into QEMU"
+    );
+    assert!(
+        !mentions(&environ(daemon), "LD_PRELOAD"),
+        "nothing for libvirt to pass on"
+    );
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
 /// A process (by pid) that a failing test must not leave behind.
 struct KilledOnDrop(i32);
 

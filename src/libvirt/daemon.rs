@@ -402,10 +402,7 @@ impl PrivateDaemon {
         // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
         // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
         let one_cpu = first_allowed_cpu();
-        let mut command = Command::new(name);
-        // glibc's default of up to 8 malloc arenas per core, one per thread that allocates, keeps
-        // freed memory in each: two are plenty for a daemon that serves one launcher.
-        command.env("MALLOC_ARENA_MAX", "2");
+        let mut command = libvirtd_command(&self.dir.join("bin").join(LIBVIRTD));
         if self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
             command.env("LIBVIRT_DRIVER_DIR", self.driver_dir());
         }
@@ -533,14 +530,37 @@ fn answers(uri: &str) -> bool {
     }
 }
 
-/// Process `pid` runs the program `name` (its executable's file name; ` (deleted)` after an
-/// upgrade still counts).
+/// Process `pid` runs the program `name`: its executable's file name, or the program the dynamic
+/// loader was started to run (` (deleted)` after an upgrade still counts).
 fn runs_program(pid: i32, name: &str) -> bool {
-    fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| {
-        exe.file_name()
+    let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+        return false;
+    };
+    let named = |path: &Path| {
+        path.file_name()
             .and_then(|n| n.to_str())
             .is_some_and(|n| n == name || n.strip_prefix(name) == Some(" (deleted)"))
-    })
+    };
+    named(&exe)
+        || (fs::canonicalize(LOADER).is_ok_and(|loader| loader == exe)
+            && program_of_loader(pid).is_some_and(|program| named(&program)))
+}
+
+/// The program a process started as `LOADER [OPTIONS] PROGRAM [ARGS]` runs: the loader's first
+/// argument that is neither one of its options nor an option's value.
+fn program_of_loader(pid: i32) -> Option<PathBuf> {
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut args = cmdline.split(|b| *b == 0).skip(1);
+    while let Some(arg) = args.next() {
+        match arg {
+            b"--preload" | b"--argv0" | b"--library-path" | b"--audit" | b"--inhibit-rpath" => {
+                args.next()?;
+            }
+            option if option.starts_with(b"--") => {}
+            program => return Some(PathBuf::from(std::ffi::OsStr::from_bytes(program))),
+        }
+    }
+    None
 }
 
 /// The process exists and is not a zombie.
@@ -620,6 +640,84 @@ admin_max_workers = 2
     )
 }
 
+/// How libvirtd is started: with jemalloc as its allocator where jemalloc is installed, as it
+/// is otherwise.
+///
+/// libvirtd's start-up (QEMU's capabilities, the CPU map, the domain's XML) allocates a few MiB
+/// in small pieces and frees most of them; glibc keeps what is freed below the pieces still live
+/// and gives back only the top of a heap. Measured with the test guest and 16 disks: libvirtd's
+/// second arena held 4.4 MiB of which 0.55 MiB was in use (`malloc_stats`), RSS 28.3 MiB. With
+/// jemalloc (one arena, no thread caches, freed pages given back at once): RSS 24.9 MiB,
+/// anonymous 7.3 → 3.3 MiB. glibc's own knobs (one arena, no fastbins or tcache, trim threshold
+/// 0) gave back 1 MiB. libvirtd waits on QEMU and its client; it is not allocation-bound.
+///
+/// Preloaded by the dynamic loader's `--preload`, not by `LD_PRELOAD`: libvirt passes
+/// `LD_PRELOAD` on to every QEMU it starts, and guests keep the allocator QEMU was built for.
+/// So libvirtd's `/proc/PID/exe` is the loader; [`runs_program`] knows it by its arguments. The
+/// loader is started through `name`, a link to it named `libvirtd`, because a process's name
+/// (what ps, top and `pgrep -x` show) is the file name it was started by.
+fn libvirtd_command(name: &Path) -> Command {
+    let jemalloc = JEMALLOC_DIRS
+        .iter()
+        .map(|dir| Path::new(dir).join(JEMALLOC))
+        .find(|lib| lib.exists());
+    match (jemalloc, program_in_path(LIBVIRTD)) {
+        (Some(jemalloc), Some(libvirtd)) if Path::new(LOADER).exists() => {
+            let _ = fs::remove_file(name);
+            let started_as = match name.parent().map(|dir| {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)?;
+                std::os::unix::fs::symlink(LOADER, name)
+            }) {
+                Some(Ok(())) => name,
+                _ => Path::new(LOADER),
+            };
+            let mut command = Command::new(started_as);
+            command
+                .arg("--preload")
+                .arg(jemalloc)
+                .args(["--argv0", LIBVIRTD])
+                .arg(libvirtd)
+                .env(
+                    "MALLOC_CONF",
+                    "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0",
+                );
+            command
+        }
+        _ => {
+            let mut command = Command::new(LIBVIRTD);
+            // glibc's default of up to 8 arenas per core, one per thread that allocates, keeps
+            // freed memory in each: two are plenty for a daemon that serves one launcher.
+            command.env("MALLOC_ARENA_MAX", "2");
+            command
+        }
+    }
+}
+
+/// The first `name` in `$PATH` that is a file.
+fn program_in_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+/// The dynamic loader of the launcher's own architecture, which is libvirtd's.
+#[cfg(target_arch = "x86_64")]
+const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
+#[cfg(target_arch = "aarch64")]
+const LOADER: &str = "/lib/ld-linux-aarch64.so.1";
+
+/// jemalloc's library (Debian's `libjemalloc2`), and where distributions install it.
+const JEMALLOC: &str = "libjemalloc.so.2";
+const JEMALLOC_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+];
+
 /// The daemon's program (and the name of its config, pid and log files).
 const LIBVIRTD: &str = "libvirtd";
 
@@ -665,5 +763,22 @@ mod pid_tests {
         assert!(runs_program(me, name));
         assert!(!runs_program(me, "libvirtd"));
         assert!(!runs_program(i32::MAX, "libvirtd"));
+    }
+
+    #[test]
+    fn a_program_started_through_the_dynamic_loader_is_known_by_that_program() {
+        let sleep = program_in_path("sleep").expect("sleep in PATH");
+        let mut child = Command::new(LOADER)
+            .args(["--argv0", "sleep"])
+            .arg(&sleep)
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // spawn returns once the child has exec'd: its exe is the loader by now.
+        let ran = (runs_program(pid, "sleep"), runs_program(pid, "libvirtd"));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(ran, (true, false));
     }
 }
