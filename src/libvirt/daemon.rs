@@ -533,15 +533,15 @@ fn answers(uri: &str) -> bool {
 /// Process `pid` runs the program `name`: its executable's file name, or the program the dynamic
 /// loader was started to run (` (deleted)` after an upgrade still counts).
 fn runs_program(pid: i32, name: &str) -> bool {
-    let Ok(exe) = fs::read_link(format!("/proc/{pid}/exe")) else {
+    let Ok(link) = fs::read_link(format!("/proc/{pid}/exe")) else {
         return false;
     };
-    let named = |path: &Path| {
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n == name || n.strip_prefix(name) == Some(" (deleted)"))
-    };
-    named(&exe)
+    let link = link.as_os_str().as_bytes();
+    let exe = Path::new(std::ffi::OsStr::from_bytes(
+        link.strip_suffix(b" (deleted)").unwrap_or(link),
+    ));
+    let named = |path: &Path| path.file_name().is_some_and(|n| n == name);
+    named(exe)
         || (fs::canonicalize(LOADER).is_ok_and(|loader| loader == exe)
             && program_of_loader(pid).is_some_and(|program| named(&program)))
 }
@@ -763,6 +763,20 @@ mod pid_tests {
         assert!(runs_program(me, name));
         assert!(!runs_program(me, "libvirtd"));
         assert!(!runs_program(i32::MAX, "libvirtd"));
+    }
+
+    #[test]
+    fn a_program_whose_file_was_replaced_since_it_started_is_still_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = dir.path().join("sleep");
+        fs::copy(program_in_path("sleep").expect("sleep in PATH"), &copy).unwrap();
+        let mut child = Command::new(&copy).arg("60").spawn().unwrap();
+        // An upgrade: the file the process runs is gone; its exe reads "PATH (deleted)".
+        fs::remove_file(&copy).unwrap();
+        let known = runs_program(child.id() as i32, "sleep");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(known);
     }
 
     #[test]
