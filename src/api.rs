@@ -554,7 +554,8 @@ async fn report_health(
     health: tonic_health::server::HealthReporter,
     mut last: bool,
 ) {
-    let mut changes = launcher.subscribe();
+    // Health follows the phase: woken by the course only, not by each volume's progress.
+    let mut changes = launcher.subscribe_course();
     let mut closing = launcher.closing();
     loop {
         let now = serving(&changes.borrow_and_update()) && !*closing.borrow_and_update();

@@ -428,7 +428,7 @@ fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
 async fn follow(launcher: &Launcher, started: Instant, signals: &mut StopSignals) -> ExitCode {
-    let mut changes = launcher.subscribe();
+    let mut changes = launcher.subscribe_course();
     let mut last: Option<(Phase, &'static str)> = None;
     let terminate = async {
         let which = signals.recv().await;

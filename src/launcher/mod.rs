@@ -243,6 +243,11 @@ pub struct Launcher {
     options: LaunchOptions,
     state: Mutex<State>,
     changes: watch::Sender<Status>,
+    /// The status again, sent only when what shows the VM's course changes (`Status::course`):
+    /// for followers that print that course (`vmlauncher run`, on the main thread). Woken by
+    /// every change, such a follower cost the Sync that moved a volume's phase one futex wake-up
+    /// of another thread per change, on the Sync's path.
+    course: watch::Sender<Status>,
     events: EventLog,
     task_slot: tokio::sync::Mutex<()>,
     next_task_id: AtomicU64,
@@ -368,6 +373,7 @@ impl Launcher {
             hv: RwLock::new(Some(Arc::new(hv))),
             domain_name: name.clone(),
             changes: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
+            course: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
             options,
             state: Mutex::new(state),
             events: EventLog {
@@ -497,6 +503,12 @@ impl Launcher {
         self.changes.subscribe()
     }
 
+    /// A receiver that sees the status when the VM's course changes (phase, printable status,
+    /// power state, phase reason, finished), not at each change of a volume or a task.
+    pub fn subscribe_course(&self) -> watch::Receiver<Status> {
+        self.course.subscribe()
+    }
+
     pub fn status(&self) -> Status {
         self.changes.borrow().clone()
     }
@@ -559,6 +571,9 @@ impl Launcher {
         change(&mut state);
         let new = self.status_of(&state);
         let old = self.changes.send_replace(new.clone());
+        if new.course() != old.course() {
+            self.course.send_replace(new.clone());
+        }
         if new.summary_differs(&old) {
             self.events
                 .publish(EventKind::Status(Box::new(new.clone())));

@@ -104,6 +104,25 @@ pub struct Status {
 }
 
 impl Status {
+    /// What shows the VM's course to someone following it.
+    pub(super) fn course(
+        &self,
+    ) -> (
+        Phase,
+        &'static str,
+        &Option<PowerState>,
+        Option<&'static str>,
+        bool,
+    ) {
+        (
+            self.phase,
+            self.printable_status,
+            &self.power_state,
+            self.phase_reason,
+            self.finished,
+        )
+    }
+
     /// What the stream reports as a status change: everything but the volumes (they have their
     /// own events).
     pub(super) fn summary_differs(&self, other: &Status) -> bool {

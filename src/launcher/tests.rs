@@ -289,3 +289,31 @@ async fn a_late_device_removal_waits_for_the_task_and_spares_a_volume_plugged_ag
     assert_eq!(volumes.len(), 1, "{volumes:?}");
     assert_eq!(volumes[0].phase, VolumePhase::Ready);
 }
+
+/// `vmlauncher run` and the health reporter follow the VM's course; a volume's progress (several
+/// status changes per attach) must not wake them, since each wake of the terminal's follower is a
+/// futex wake-up of the main thread on the Sync's path. A change of phase still does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_change_moves_the_status_but_not_the_course() {
+    let t = test_launcher("course").await;
+    let l = &t.launcher;
+    let (mut every, mut course) = (l.subscribe(), l.subscribe_course());
+    every.mark_unchanged();
+    course.mark_unchanged();
+    let disk = DiskDef {
+        volume: "v".into(),
+        target: "sda".into(),
+        bus: Bus::Scsi,
+        ..DiskDef::default()
+    };
+    l.set_volume(&disk, VolumePhase::Attaching, "", String::new());
+    l.set_volume(&disk, VolumePhase::Ready, "", String::new());
+    assert!(every.has_changed().unwrap(), "the status moved");
+    assert!(!course.has_changed().unwrap(), "the course did not");
+    let before = l.status().phase;
+    assert_eq!(course.borrow().phase, before);
+    l.update(|s| s.observation = Observation::Vanished);
+    assert_ne!(l.status().phase, before, "a vanished domain is a new phase");
+    assert!(course.has_changed().unwrap(), "a new phase is a new course");
+    assert_eq!(course.borrow_and_update().phase, l.status().phase);
+}
