@@ -348,7 +348,7 @@ impl PrivateDaemon {
     /// every driver module it finds (network, nodedev, storage, secret, nwfilter, interface:
     /// each with its state, threads and, for nodedev, a udev scan of the host) and skips any it
     /// does not find; the launcher uses only the QEMU driver. Measured with the test guest:
-    /// libvirtd RSS 31.3 MiB with every driver, 27.8 MiB with this and two malloc arenas.
+    /// libvirtd RSS 31.3 MiB with every driver, 27.8 MiB with this and two glibc malloc arenas.
     /// Where the module is not at a known place, the directory stays empty of it and libvirtd
     /// is started without the setting (every driver, as before).
     fn prepare_driver_dir(&self) -> io::Result<()> {
@@ -533,6 +533,11 @@ fn answers(uri: &str) -> bool {
 /// Process `pid` runs the program `name`: its executable's file name, or the program the dynamic
 /// loader was started to run (` (deleted)` after an upgrade still counts).
 fn runs_program(pid: i32, name: &str) -> bool {
+    runs_program_via(pid, name, Path::new(LOADER))
+}
+
+/// [`runs_program`], with `loader` as the dynamic loader.
+fn runs_program_via(pid: i32, name: &str, loader: &Path) -> bool {
     let Ok(link) = fs::read_link(format!("/proc/{pid}/exe")) else {
         return false;
     };
@@ -542,7 +547,7 @@ fn runs_program(pid: i32, name: &str) -> bool {
     ));
     let named = |path: &Path| path.file_name().is_some_and(|n| n == name);
     named(exe)
-        || (fs::canonicalize(LOADER).is_ok_and(|loader| loader == exe)
+        || (fs::canonicalize(loader).is_ok_and(|loader| loader == exe)
             && program_of_loader(pid).is_some_and(|program| named(&program)))
 }
 
@@ -629,7 +634,7 @@ auth_unix_ro = "none"
 auth_unix_rw = "none"
 log_outputs = "3:stderr"
 # One client (the launcher, now and then virsh): a few workers, not libvirt's 5 to 20 (+5 for
-# priority calls), each a thread with its stack and malloc arena.
+# priority calls), each a thread with its stack (and, with glibc's malloc, its arena).
 min_workers = 2
 max_workers = 8
 prio_workers = 2
@@ -647,22 +652,23 @@ admin_max_workers = 2
 /// in small pieces and frees most of them; glibc keeps what is freed below the pieces still live
 /// and gives back only the top of a heap. Measured with the test guest and 16 disks: libvirtd's
 /// second arena held 4.4 MiB of which 0.55 MiB was in use (`malloc_stats`), RSS 28.3 MiB. With
-/// jemalloc (one arena, no thread caches, freed pages given back at once): RSS 24.9 MiB,
-/// anonymous 7.3 → 3.3 MiB. glibc's own knobs (one arena, no fastbins or tcache, trim threshold
+/// jemalloc (one arena, no thread caches, freed pages given back at once): RSS 24.9 MiB
+/// (24.5–24.7 in the bench), anonymous 7.3 → 3.3 MiB. glibc's own knobs (one arena, no fastbins or tcache, trim threshold
 /// 0) gave back 1 MiB. libvirtd waits on QEMU and its client; it is not allocation-bound.
 ///
 /// Preloaded by the dynamic loader's `--preload`, not by `LD_PRELOAD`: libvirt passes
 /// `LD_PRELOAD` on to every QEMU it starts, and guests keep the allocator QEMU was built for.
 /// So libvirtd's `/proc/PID/exe` is the loader; [`runs_program`] knows it by its arguments. The
 /// loader is started through `name`, a link to it named `libvirtd`, because a process's name
-/// (what ps, top and `pgrep -x` show) is the file name it was started by.
+/// (what ps, top and `pgrep -x` show) is the file name it was started by. The loader takes
+/// `--argv0` since glibc 2.33; with an older glibc, libvirtd starts as it is.
 fn libvirtd_command(name: &Path) -> Command {
     let jemalloc = JEMALLOC_DIRS
         .iter()
         .map(|dir| Path::new(dir).join(JEMALLOC))
         .find(|lib| lib.exists());
     match (jemalloc, program_in_path(LIBVIRTD)) {
-        (Some(jemalloc), Some(libvirtd)) if Path::new(LOADER).exists() => {
+        (Some(jemalloc), Some(libvirtd)) if Path::new(LOADER).exists() && glibc_at_least(2, 33) => {
             let _ = fs::remove_file(name);
             let started_as = match name.parent().map(|dir| {
                 fs::DirBuilder::new()
@@ -696,6 +702,18 @@ fn libvirtd_command(name: &Path) -> Command {
     }
 }
 
+/// The running glibc (the launcher's, which is libvirtd's) is `major.minor` or later.
+fn glibc_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: gnu_get_libc_version returns a static NUL-terminated string such as "2.36".
+    let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let mut parts = version
+        .to_str()
+        .unwrap_or("")
+        .split('.')
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
 /// The first `name` in `$PATH` that is a file.
 fn program_in_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
@@ -708,6 +726,9 @@ fn program_in_path(name: &str) -> Option<PathBuf> {
 const LOADER: &str = "/lib64/ld-linux-x86-64.so.2";
 #[cfg(target_arch = "aarch64")]
 const LOADER: &str = "/lib/ld-linux-aarch64.so.1";
+/// Elsewhere, no loader is known: libvirtd starts as it is.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const LOADER: &str = "";
 
 /// jemalloc's library (Debian's `libjemalloc2`), and where distributions install it.
 const JEMALLOC: &str = "libjemalloc.so.2";
@@ -765,18 +786,60 @@ mod pid_tests {
         assert!(!runs_program(i32::MAX, "libvirtd"));
     }
 
+    /// Runs `program` with `args`, again while it is "text file busy": a test thread that forks
+    /// meanwhile may hold the copy's write descriptor until its child execs.
+    fn spawn_copy(program: &Path, args: &[&std::ffi::OsStr]) -> std::process::Child {
+        for _ in 0..50 {
+            match Command::new(program).args(args).spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => std::thread::yield_now(),
+                spawned => return spawned.unwrap(),
+            }
+        }
+        panic!("{} stayed busy", program.display());
+    }
+
     #[test]
     fn a_program_whose_file_was_replaced_since_it_started_is_still_known() {
         let dir = tempfile::tempdir().unwrap();
         let copy = dir.path().join("sleep");
         fs::copy(program_in_path("sleep").expect("sleep in PATH"), &copy).unwrap();
-        let mut child = Command::new(&copy).arg("60").spawn().unwrap();
+        let mut child = spawn_copy(&copy, &["60".as_ref()]);
         // An upgrade: the file the process runs is gone; its exe reads "PATH (deleted)".
         fs::remove_file(&copy).unwrap();
         let known = runs_program(child.id() as i32, "sleep");
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(known);
+    }
+
+    #[test]
+    fn a_program_started_through_a_loader_replaced_since_is_still_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let loader = dir.path().join("ld.so");
+        fs::copy(LOADER, &loader).unwrap();
+        let loader = fs::canonicalize(&loader).unwrap();
+        let sleep = program_in_path("sleep").expect("sleep in PATH");
+        let mut child = spawn_copy(
+            &loader,
+            &[
+                "--argv0".as_ref(),
+                "sleep".as_ref(),
+                sleep.as_os_str(),
+                "60".as_ref(),
+            ],
+        );
+        // A glibc upgrade replaced the loader (a new file at its path, as dpkg installs one):
+        // the running process's exe link reads "LOADER (deleted)".
+        fs::remove_file(&loader).unwrap();
+        fs::copy(LOADER, &loader).unwrap();
+        let pid = child.id() as i32;
+        let known = (
+            runs_program_via(pid, "sleep", &loader),
+            runs_program_via(pid, "libvirtd", &loader),
+        );
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(known, (true, false));
     }
 
     #[test]

@@ -50,9 +50,11 @@ pub(crate) fn skip_unused_ssh_crypto_setup() {
         if !symbol.is_null() {
             // SAFETY: libssh2's `int libssh2_init(int flags)`; it only counts its callers and
             // records the flags when crypto set-up is skipped.
-            let init: extern "C" fn(libc::c_int) -> libc::c_int =
-                unsafe { std::mem::transmute(symbol) };
-            init(LIBSSH2_INIT_NO_CRYPTO);
+            unsafe {
+                let init: unsafe extern "C" fn(libc::c_int) -> libc::c_int =
+                    std::mem::transmute(symbol);
+                init(LIBSSH2_INIT_NO_CRYPTO);
+            }
         }
     });
 }
