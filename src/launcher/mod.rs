@@ -245,9 +245,8 @@ pub struct Launcher {
     changes: watch::Sender<Status>,
     /// The status again, sent only when what shows the VM's course changes (`Status::course`):
     /// for followers that need no more (`vmlauncher run` on the main thread, the health
-    /// reporter). Woken by
-    /// every change, such a follower cost the Sync that moved a volume's phase one futex wake-up
-    /// of another thread per change, on the Sync's path.
+    /// reporter). Woken by every change, such a follower cost the Sync that moved a volume's
+    /// phase one futex wake-up of another thread per change, on the Sync's path.
     course: watch::Sender<Status>,
     events: EventLog,
     task_slot: tokio::sync::Mutex<()>,

@@ -313,7 +313,9 @@ impl PrivateDaemon {
             path: path.to_path_buf(),
             source,
         };
-        for sub in ["etc", "run", "lib", "cache", "log/qemu", "sock"] {
+        for sub in [
+            "etc", "run", "lib", "cache", "log/qemu", "sock", "drivers", "bin",
+        ] {
             let path = self.dir.join(sub);
             fs::DirBuilder::new()
                 .recursive(true)
@@ -334,35 +336,39 @@ impl PrivateDaemon {
         for (path, text) in files {
             fs::write(&path, text).map_err(|e| prepare(&path, e))?;
         }
-        self.prepare_driver_dir()
-            .map_err(|e| prepare(&self.driver_dir(), e))?;
-        Ok(())
-    }
-
-    /// Where libvirtd looks for its connection drivers (`LIBVIRT_DRIVER_DIR`).
-    fn driver_dir(&self) -> PathBuf {
-        self.dir.join("drivers")
-    }
-
-    /// The QEMU driver alone, linked into a directory of its own. A monolithic libvirtd loads
-    /// every driver module it finds (network, nodedev, storage, secret, nwfilter, interface:
-    /// each with its state, threads and, for nodedev, a udev scan of the host) and skips any it
-    /// does not find; the launcher uses only the QEMU driver. Measured with the test guest:
-    /// libvirtd RSS 31.3 MiB with every driver, 27.8 MiB with this and two glibc malloc arenas.
-    /// Where the module is not at a known place, the directory stays empty of it and libvirtd
-    /// is started without the setting (every driver, as before).
-    fn prepare_driver_dir(&self) -> io::Result<()> {
-        let dir = self.driver_dir();
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)?;
-        let link = dir.join(QEMU_DRIVER_MODULE);
-        let _ = fs::remove_file(&link);
-        if let Some(module) = installed_library(Path::new(DRIVER_SUBDIR).join(QEMU_DRIVER_MODULE)) {
-            std::os::unix::fs::symlink(module, &link)?;
+        // The QEMU driver alone, in a directory of its own (see `LIBVIRT_DRIVER_DIR` below), and
+        // the loader under libvirtd's name (see `libvirtd_command`).
+        let links = [
+            (
+                self.driver_dir().join(QEMU_DRIVER_MODULE),
+                installed_library(Path::new(DRIVER_SUBDIR).join(QEMU_DRIVER_MODULE)),
+            ),
+            (
+                self.loader_link(),
+                Path::new(LOADER).exists().then(|| PathBuf::from(LOADER)),
+            ),
+        ];
+        for (link, target) in links {
+            relink(&link, target.as_deref()).map_err(|e| prepare(&link, e))?;
         }
         Ok(())
+    }
+
+    /// A link to the dynamic loader named like the daemon (`libvirtd_command`).
+    fn loader_link(&self) -> PathBuf {
+        self.dir.join("bin").join(LIBVIRTD)
+    }
+
+    /// Where libvirtd looks for its connection drivers (`LIBVIRT_DRIVER_DIR`): a link to the QEMU
+    /// driver's module alone. A monolithic libvirtd loads every driver module it finds (network,
+    /// nodedev, storage, secret, nwfilter, interface: each with its state, threads and, for
+    /// nodedev, a udev scan of the host) and skips any it does not find; the launcher uses only
+    /// the QEMU driver. Measured with the test guest: libvirtd RSS 31.3 MiB with every driver,
+    /// 27.8 MiB with this and two glibc malloc arenas. Where the module is not at a known place,
+    /// the directory stays empty of it and libvirtd is started without the setting (every
+    /// driver, as before).
+    fn driver_dir(&self) -> PathBuf {
+        self.dir.join("drivers")
     }
 
     /// Starts libvirtd in a mount namespace of its own that covers libvirt's fixed paths with
@@ -398,7 +404,7 @@ impl PrivateDaemon {
         // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
         // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
         let one_cpu = first_allowed_cpu();
-        let mut command = libvirtd_command(&self.dir.join("bin").join(LIBVIRTD));
+        let mut command = libvirtd_command(&self.loader_link());
         if self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
             command.env("LIBVIRT_DRIVER_DIR", self.driver_dir());
         }
@@ -564,7 +570,6 @@ fn program_of_loader(pid: i32) -> Option<PathBuf> {
     None
 }
 
-/// The process exists and is not a zombie.
 /// Waits until process `pid` has exited (a zombie has), at most until `deadline`; true if it
 /// has. Any process, our child or not: woken by the kernel through a pidfd; where there are no
 /// pidfds (Linux before 5.3), by a look at /proc every 20 ms.
@@ -601,6 +606,7 @@ pub fn wait_process_exit(pid: i32, deadline: Instant) -> bool {
     }
 }
 
+/// The process exists and is not a zombie.
 pub fn process_alive(pid: i32) -> bool {
     let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return false;
@@ -649,31 +655,21 @@ admin_max_workers = 2
 /// and gives back only the top of a heap. Measured with the test guest and 16 disks: libvirtd's
 /// second arena held 4.4 MiB of which 0.55 MiB was in use (`malloc_stats`), RSS 28.3 MiB. With
 /// jemalloc (one arena, no thread caches, freed pages given back at once): RSS 24.9 MiB
-/// (24.5–24.7 in the bench), anonymous 7.3 → 3.3 MiB. glibc's own knobs (one arena, no fastbins or tcache, trim threshold
-/// 0) gave back 1 MiB. libvirtd waits on QEMU and its client; it is not allocation-bound.
+/// (24.5–24.7 in the bench), anonymous 7.3 → 3.3 MiB. glibc's own knobs (one arena, no
+/// fastbins or tcache, trim threshold 0) gave back 1 MiB. libvirtd waits on QEMU and its client; it is not allocation-bound.
 ///
 /// Preloaded by the dynamic loader's `--preload`, not by `LD_PRELOAD`: libvirt passes
 /// `LD_PRELOAD` on to every QEMU it starts, and guests keep the allocator QEMU was built for.
 /// So libvirtd's `/proc/PID/exe` is the loader; [`runs_program`] knows it by its arguments. The
 /// loader is started through `name`, a link to it named `libvirtd`, because a process's name
-/// (what ps, top and `pgrep -x` show) is the file name it was started by. The loader takes
-/// `--argv0` since glibc 2.33; with an older glibc, libvirtd starts as it is.
-fn libvirtd_command(name: &Path) -> Command {
+/// (what ps, top and `pgrep -x` show) is the file name it was started by; `prepare` makes the
+/// link. The loader takes `--argv0` since glibc 2.33; with an older glibc, libvirtd starts as
+/// it is.
+fn libvirtd_command(loader_link: &Path) -> Command {
     let jemalloc = installed_library(JEMALLOC);
     match (jemalloc, program_in_path(LIBVIRTD)) {
         (Some(jemalloc), Some(libvirtd)) if Path::new(LOADER).exists() && glibc_at_least(2, 33) => {
-            let _ = fs::remove_file(name);
-            let started_as = match name.parent().map(|dir| {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)?;
-                std::os::unix::fs::symlink(LOADER, name)
-            }) {
-                Some(Ok(())) => name,
-                _ => Path::new(LOADER),
-            };
-            let mut command = Command::new(started_as);
+            let mut command = Command::new(loader_link);
             command
                 .arg("--preload")
                 .arg(jemalloc)
@@ -705,6 +701,15 @@ fn glibc_at_least(major: u32, minor: u32) -> bool {
         .split('.')
         .map(|n| n.parse::<u32>().unwrap_or(0));
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (major, minor)
+}
+
+/// `link` made anew: a symbolic link to `target`, or nothing where there is no target.
+fn relink(link: &Path, target: Option<&Path>) -> io::Result<()> {
+    crate::durable::remove_if_present(link)?;
+    match target {
+        Some(target) => std::os::unix::fs::symlink(target, link),
+        None => Ok(()),
+    }
 }
 
 /// The first `name` in `$PATH` that is a file.
