@@ -135,11 +135,7 @@ async fn sync_ok(
     volumes: &[(&str, &str, &Loop)],
     what: impl std::fmt::Display,
 ) -> proto::SyncResponse {
-    client
-        .sync(request(volumes))
-        .await
-        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
-        .into_inner()
+    common::sync_ok(client, request(volumes), what).await
 }
 
 fn phase(reply: &proto::SyncResponse, volume: &str) -> (i32, String, String) {

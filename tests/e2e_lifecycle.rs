@@ -299,15 +299,12 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
             "  volumes:\n  - name: blk\n    persistentVolumeClaim: {claimName: blk, hotpluggable: true}\n",
         );
     let mut client = vmlauncher::api::connect(&first.socket()).await.unwrap();
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: with_block.clone(),
-            block_devices: [("blk".to_string(), lo.block_device())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let block_request = |spec| proto::SyncRequest {
+        spec,
+        block_devices: [("blk".to_string(), lo.block_device())].into(),
+        ..Default::default()
+    };
+    let reply = common::sync_ok(&mut client, block_request(with_block.clone()), "attach").await;
     assert!(
         reply
             .volumes
@@ -335,8 +332,8 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         })
         .count();
     assert_eq!(qemus, 1, "no second QEMU");
-    let status =
-        common::status(&mut vmlauncher::api::connect(&second.socket()).await.unwrap()).await;
+    let mut client = vmlauncher::api::connect(&second.socket()).await.unwrap();
+    let status = common::status(&mut client).await;
     let volumes: Vec<_> = status
         .volumes
         .iter()
@@ -351,26 +348,14 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
         ]
     );
     // Syncing the same spec again changes nothing: the adopted state is the real one.
-    let mut client = vmlauncher::api::connect(&second.socket()).await.unwrap();
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: with_block,
-            block_devices: [("blk".to_string(), lo.block_device())].into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = common::sync_ok(&mut client, block_request(with_block), "the same again").await;
     assert!(reply.plan.is_empty(), "{:?}", reply.plan);
     // The new launcher owns the old one's node: dropping the volume removes it.
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: with_disk,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let without_block = proto::SyncRequest {
+        spec: with_disk,
+        ..Default::default()
+    };
+    let reply = common::sync_ok(&mut client, without_block, "drop the block volume").await;
     assert_eq!(reply.plan.len(), 1, "{:?}", reply.plan);
     assert!(!node.exists(), "the adopted block node was not removed");
     drop(client);

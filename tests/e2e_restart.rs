@@ -55,14 +55,11 @@ fn wait_disks(console: &mut ConsoleLog, want: &BTreeSet<String>, kept: &BTreeSet
 }
 
 async fn sync(client: &mut Client, spec: String) -> proto::SyncResponse {
-    client
-        .sync(proto::SyncRequest {
-            spec,
-            ..Default::default()
-        })
-        .await
-        .expect("Sync")
-        .into_inner()
+    let request = proto::SyncRequest {
+        spec,
+        ..Default::default()
+    };
+    common::sync_ok(client, request, "Sync").await
 }
 
 fn phases(volumes: &[proto::VolumeStatus]) -> Vec<(String, i32)> {

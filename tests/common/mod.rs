@@ -587,6 +587,20 @@ pub async fn status(client: &mut Client) -> vmlauncher::api::proto::Status {
         .into_inner()
 }
 
+/// Sends `request` through `client`; the Sync must succeed (else a panic naming the step,
+/// `what`). The reply.
+pub async fn sync_ok(
+    client: &mut Client,
+    request: vmlauncher::api::proto::SyncRequest,
+    what: impl std::fmt::Display,
+) -> vmlauncher::api::proto::SyncResponse {
+    client
+        .sync(request)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e:?}"))
+        .into_inner()
+}
+
 /// The spec (and block devices) the launcher last took, through `client`; the call must succeed.
 pub async fn spec(client: &mut Client) -> vmlauncher::api::proto::GetSpecResponse {
     client
