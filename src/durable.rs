@@ -38,9 +38,6 @@ pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
     Ok(Contents::Read(bytes))
 }
 
-/// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
-/// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
-/// of the directory (which makes the rename itself durable).
 /// Removes `path` if it is there; a path already gone is not an error.
 pub fn remove_if_present(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
@@ -49,6 +46,9 @@ pub fn remove_if_present(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
+/// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
+/// of the directory (which makes the rename itself durable).
 pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, bytes, true)
 }
