@@ -4,12 +4,10 @@
 use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
-use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 /// The longest console line kept whole; a longer one is cut (a serial console is 80 columns).
@@ -183,28 +181,16 @@ impl ConsoleLog {
                 }
                 return Ok(Some(line));
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if Instant::now() >= deadline {
                 return Ok(None);
             }
-            let ms = (deadline - now).as_millis().min(i32::MAX as u128) as i32;
-            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
-            let mut fds = [PollFd::new(self.inotify.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, timeout) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(e) => {
-                    return Err(ConsoleError::Read {
-                        path: self.path.clone(),
-                        source: e.into(),
-                    })
+            // Which file changed does not matter: the next read tells.
+            crate::host::watch::wait_and_drain(&self.inotify, deadline).map_err(|source| {
+                ConsoleError::Read {
+                    path: self.path.clone(),
+                    source,
                 }
-            }
-            // Drain the notifications; which file changed does not matter, the read tells.
-            while let Ok(events) = self.inotify.read_events() {
-                if events.is_empty() {
-                    break;
-                }
-            }
+            })?;
         }
     }
 
@@ -250,15 +236,6 @@ mod tests {
         std::iter::from_fn(|| console.next_line(deadline).unwrap())
             .take(n)
             .collect()
-    }
-
-    /// The log as QEMU holds it: opened once, appended to.
-    fn qemu_writer(path: &Path) -> File {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap()
     }
 
     #[test]
@@ -333,7 +310,7 @@ mod tests {
     fn follows_a_log_bounded_by_copy_and_truncation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = qemu_writer(&path);
+        let mut qemu = crate::logs::qemu_appender(&path);
         qemu.write_all(b"one\n").unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -350,7 +327,7 @@ mod tests {
     fn follows_from_the_end_across_a_rotation() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = qemu_writer(&path);
+        let mut qemu = crate::logs::qemu_appender(&path);
         qemu.write_all(b"old\n").unwrap();
         let mut console = ConsoleLog::from_end(&path).unwrap();
         qemu.write_all(b"new1\n").unwrap();
@@ -367,7 +344,7 @@ mod tests {
     fn follows_a_log_emptied_without_a_copy() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
-        let mut qemu = qemu_writer(&path);
+        let mut qemu = crate::logs::qemu_appender(&path);
         qemu.write_all(b"a long line, longer than the bound times four\n")
             .unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();

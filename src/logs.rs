@@ -30,6 +30,7 @@ use std::time::Duration;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 
 use crate::durable::remove_if_present;
+use crate::host::watch::poll_timeout;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 /// virtlogd's default `max_size`: the bound of each log unless the owner gives another.
@@ -249,14 +250,16 @@ fn watch(bounded: &[Bounded], max_size: u64, inotify: Option<&Inotify>, stop: &O
                 Err(e) => tracing::warn!(log = %path.display(), error = %e, "cannot bound the log"),
             }
         }
-        // The spacing, ended early only by a stop.
-        if readable(stop, timeout(CHECK_SPACING)) {
+        // The spacing (without notifications, the whole interval), ended early only by a stop.
+        let spacing = if inotify.is_some() {
+            CHECK_SPACING
+        } else {
+            POLL_INTERVAL
+        };
+        if readable(stop, poll_timeout(spacing)) {
             return;
         }
         let Some(inotify) = inotify else {
-            if readable(stop, timeout(POLL_INTERVAL - CHECK_SPACING)) {
-                return;
-            }
             continue;
         };
         let mut fds = [
@@ -279,30 +282,28 @@ fn watch(bounded: &[Bounded], max_size: u64, inotify: Option<&Inotify>, stop: &O
     }
 }
 
-fn timeout(d: Duration) -> PollTimeout {
-    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
-}
-
 /// Whether `fd` turns readable (or hung up) within `timeout`.
 fn readable(fd: &OwnedFd, timeout: PollTimeout) -> bool {
     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
     matches!(poll(&mut fds, timeout), Ok(n) if n > 0)
 }
 
+/// A log opened as QEMU holds it, once and with `O_APPEND` (for the tests here and the console
+/// follower's).
+#[cfg(test)]
+pub(crate) fn qemu_appender(path: &Path) -> std::fs::File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::fs::File;
     use std::io::Write;
     use std::time::Instant;
-
-    fn appender(path: &Path) -> File {
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .unwrap()
-    }
 
     /// The thread, on the console log and a directory of QEMU logs, bounded at the minimum.
     fn start_on(console: &Path, logs: &Path) -> LogBound {
@@ -329,7 +330,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("console.log");
         // QEMU's descriptor: opened once with O_APPEND and kept.
-        let mut qemu = appender(&path);
+        let mut qemu = qemu_appender(&path);
         qemu.write_all(&[b'a'; 5000]).unwrap();
         assert!(bound_one(&path, 4096).unwrap());
         assert_eq!(
@@ -413,7 +414,7 @@ mod tests {
         let bound = start_on(&console, &logs);
         fs::create_dir(&logs).unwrap();
         let domain_log = logs.join("vm.log");
-        appender(&domain_log)
+        qemu_appender(&domain_log)
             .write_all(&[b'x'; 2 * MIN_MAX_SIZE as usize])
             .unwrap();
         wait_bounded(&domain_log, &[dir.path()], || leftover.exists());
@@ -434,7 +435,7 @@ mod tests {
         let console = dir.path().join("console.log");
         let domain_log = logs.join("vm.log");
         let bound = start_on(&console, &logs);
-        let mut writers = [appender(&console), appender(&domain_log)];
+        let mut writers = [qemu_appender(&console), qemu_appender(&domain_log)];
         // The first round may be caught by the thread's first check; the second can only be
         // caught by a notification of the writes.
         for round in [3, 2] {

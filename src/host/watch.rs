@@ -126,20 +126,29 @@ pub fn wait_for_change_in(
         if done() {
             return Ok(true);
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        if Instant::now() >= deadline {
             return Ok(false);
         }
-        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
-        ) {
-            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-            Err(e) => return Err(e.into()),
-        }
-        while inotify.read_events().is_ok_and(|events| !events.is_empty()) {}
+        wait_and_drain(&inotify, deadline)?;
     }
+}
+
+/// Waits until `inotify` has notifications or `deadline` passes (an interrupted wait counts as a
+/// wake-up), then drains them: which file changed is for the caller's next look to find out.
+pub(crate) fn wait_and_drain(inotify: &Inotify, deadline: Instant) -> io::Result<()> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+    match poll(&mut fds, poll_timeout(left)) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    while inotify.read_events().is_ok_and(|events| !events.is_empty()) {}
+    Ok(())
+}
+
+/// `d` as a poll timeout; one too long for poll waits as long as poll can.
+pub(crate) fn poll_timeout(d: std::time::Duration) -> PollTimeout {
+    PollTimeout::try_from(d).unwrap_or(PollTimeout::MAX)
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, MsFlags};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{poll, PollFd, PollFlags};
 use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -595,10 +595,7 @@ pub fn wait_process_exit(pid: i32, deadline: Instant) -> bool {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
-        match poll(
-            &mut fds,
-            PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX),
-        ) {
+        match poll(&mut fds, crate::host::watch::poll_timeout(left)) {
             Ok(n) => return n > 0,
             Err(nix::errno::Errno::EINTR) => {}
             Err(_) => return !process_alive(pid),
