@@ -14,7 +14,7 @@ use common::{
 };
 use vmlauncher::api::proto::{self, event::Kind};
 use vmlauncher::host::watch::wait_for_change_in;
-use vmlauncher::libvirt::daemon::wait_process_exit;
+use vmlauncher::libvirt::process::wait_process_exit;
 
 /// The test guest `name` launched and booted, and its QEMU's pid.
 fn booted(name: &str, kernel_args: &str) -> (Launched, i32) {

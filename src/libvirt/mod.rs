@@ -7,6 +7,7 @@
 pub mod capcache;
 pub mod daemon;
 pub mod events;
+pub mod process;
 mod states;
 
 use std::path::PathBuf;

@@ -499,7 +499,7 @@ impl Launched {
     }
 }
 
-pub use vmlauncher::libvirt::daemon::process_alive as alive;
+pub use vmlauncher::libvirt::process::process_alive as alive;
 
 /// Sends `signal` to process `pid`: a test's crash of a QEMU or a daemon (by its pid file), or
 /// a stop of a launcher.
