@@ -14,6 +14,7 @@
 //! [`crate::host::block::BlockDevices`].
 
 mod io_errors;
+mod known;
 mod reconciler;
 mod saved;
 mod status;
@@ -52,7 +53,7 @@ pub use status::{
 use sync::pending_watcher;
 pub use sync::{BlockSource, PlannedAction, SyncInput};
 
-/// When the live disks were read: `events::delivered()` and `own_device_changes` just before.
+/// When the live disks were read: `delivered::count()` and `own_device_changes` just before.
 type LiveKey = (u64, u64);
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
@@ -234,7 +235,8 @@ pub enum StartKind {
 /// when both are held.
 /// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
 /// locks inside `block` and `saved` are leaves: taken alone, never while calling out, and never
-/// with `state` held.
+/// with `state` held; the one exception, the log of delivered events (`libvirt::delivered`,
+/// which never waits for anything) taken under `live_disks` and `observed_at`.
 #[derive(Debug)]
 pub struct Launcher {
     connector: Arc<Connector>,
@@ -277,15 +279,16 @@ pub struct Launcher {
     closing: watch::Sender<bool>,
     /// Disk I/O errors, reported at a bounded rate (a leaf lock).
     io_errors: Mutex<io_errors::IoErrorReports>,
-    /// The live disks last read from libvirt, with `events::delivered()` as it was just before
+    /// The live disks last read from libvirt, with `delivered::count()` as it was just before
     /// that read: still the truth while no event has come since and the launcher changed no
-    /// device itself (a no-op Sync then costs no libvirt call; see `live_disks`).
+    /// device itself, or carried over the removals of devices since (a no-op Sync then costs no
+    /// libvirt call; see `live_disks`).
     live_disks: Mutex<Option<(LiveKey, Vec<domain::LiveDisk>)>>,
-    /// Bumped before each attach or detach of the launcher's own: with `events::delivered()`,
+    /// Bumped before each attach or detach of the launcher's own: with `delivered::count()`,
     /// the key under which `live_disks` are kept (a read that overlapped a change is never
     /// taken for current).
     own_device_changes: AtomicU64,
-    /// `events::delivered()` just before the last successful read of the power state.
+    /// `delivered::count()` just before the last successful read of the power state.
     observed_at: Mutex<Option<u64>>,
     /// Held for one read of the power state and its update (`refresh`), so that reads never
     /// interleave.
@@ -595,9 +598,10 @@ impl Launcher {
     }
 
     /// The `<disk>` elements of the live domain. Read from libvirt (a round trip and a parse of
-    /// the whole domain XML) only when something may have changed them since the last read: an
-    /// event from libvirt (a device added or removed, a lifecycle change, a reconnect), the
-    /// launcher's own attach or detach (`forget_live_disks`), or the periodic resync. Called with
+    /// the whole domain XML) only when something may have changed them since the last read in
+    /// a way the events do not tell (`current_live_disks`): an event from libvirt other than a
+    /// device's removal (a device added, a lifecycle change, a reconnect), the launcher's own
+    /// attach or detach (`forget_live_disks`), or the periodic resync. Called with
     /// the task slot held (by a task, or by the reconciler's read while idle), so no attach or
     /// detach of the launcher's own overlaps the read.
     async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
@@ -613,17 +617,26 @@ impl Launcher {
         Ok(live)
     }
 
-    /// The live disks last read, if nothing can have changed them since (`key` is now).
-    fn current_live_disks(&self, key: LiveKey) -> Option<Vec<domain::LiveDisk>> {
-        match &*self.live_disks.lock().expect("live disks lock") {
-            Some((at, disks)) if *at == key => Some(disks.clone()),
-            _ => None,
+    /// The live disks last read, if nothing can have changed them since (`key` is now), or if
+    /// the events since tell all that changed (`known::carry_disks`): then kept under `key`.
+    /// (The log of delivered events is a leaf lock, taken under this one.)
+    fn current_live_disks(&self, (now, own): LiveKey) -> Option<Vec<domain::LiveDisk>> {
+        let mut kept = self.live_disks.lock().expect("live disks lock");
+        let ((at, read_own), disks) = kept.as_mut()?;
+        if *read_own != own || *at > now {
+            return None;
         }
+        if *at < now {
+            let changes = crate::libvirt::delivered::between(*at, now)?;
+            *disks = known::carry_disks(disks, &self.domain_name, &changes)?;
+            *at = now;
+        }
+        Some(disks.clone())
     }
 
     fn live_key(&self) -> LiveKey {
         (
-            crate::libvirt::events::delivered(),
+            crate::libvirt::delivered::count(),
             self.own_device_changes.load(Ordering::SeqCst),
         )
     }

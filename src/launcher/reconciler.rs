@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::io_errors::IoErrorReport;
+use super::known;
 use super::{
     EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
 };
@@ -30,14 +31,14 @@ impl Launcher {
         // One read and its update at a time: two interleaved (the reconciler's and a task's)
         // could leave the older state under the newer event count, taken for current.
         let _reading = self.state_read.lock().await;
-        let seen = crate::libvirt::events::delivered();
+        let seen = crate::libvirt::delivered::count();
         let n = self.domain_name.clone();
         let read = self.call(move |hv| hv.power_state(&n));
         if *self.closing.borrow() {
             // The launcher removed the domain meanwhile, on purpose.
             return;
         }
-        *self.observed_at.lock().expect("observed lock") = read.is_ok().then_some(seen);
+        let observed_at = read.is_ok().then_some(seen);
         let observation = match read {
             Ok(power) => Observation::Domain(power),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
@@ -61,18 +62,41 @@ impl Launcher {
             }
             s.observation = observation;
         });
+        // Only now: a task that finds the count current takes the observation for the truth,
+        // so the observation must be there first (set before, a task in between took the
+        // previous observation for the one read at `seen`).
+        *self.observed_at.lock().expect("observed lock") = observed_at;
     }
 
     /// Re-reads the real state unless it is known to be current: read after the last event libvirt
-    /// delivered, and found a domain. Every change of a domain's state comes with an event (a
-    /// lost connection too), so a state read since the last event is still the truth.
+    /// delivered, or before device events only, and found a domain. Every change of a domain's
+    /// state comes with an event of its own (a lost connection too), so a state read since the
+    /// last other event is still the truth.
     pub(super) async fn refresh_if_stale(&self) {
-        let seen = crate::libvirt::events::delivered();
-        let current = *self.observed_at.lock().expect("observed lock") == Some(seen)
+        let seen = crate::libvirt::delivered::count();
+        let current = self.power_state_current_at(seen)
             && matches!(self.observation(), Observation::Domain(_));
         if !current {
             self.refresh().await;
         }
+    }
+
+    /// Whether the power state last read is the truth at count `now`: read since the last event,
+    /// or before device events only (`known::power_state_carries`; then kept as read at `now`).
+    /// (The log of delivered events is a leaf lock, taken under `observed_at`.)
+    fn power_state_current_at(&self, now: u64) -> bool {
+        let mut observed = self.observed_at.lock().expect("observed lock");
+        let Some(at) = *observed else {
+            return false;
+        };
+        let carries = at == now
+            || (at < now
+                && crate::libvirt::delivered::between(at, now)
+                    .is_some_and(|changes| known::power_state_carries(&changes)));
+        if carries {
+            *observed = Some(now);
+        }
+        carries
     }
 
     /// After an event (which may have changed the disks, by anyone), reads the live disks now if
@@ -473,10 +497,17 @@ pub(super) async fn reconciler(
     mut events: mpsc::UnboundedReceiver<HypervisorEvent>,
 ) {
     let interval = match launcher.upgrade() {
-        Some(l) => l.options.resync_interval,
+        Some(l) => {
+            // The first pass reconciles what the start found. It reads the state again only if an
+            // event came since the start read it, then reads the disks while idle (the start
+            // keeps none). (The periodic resync's first tick, at once, read everything again.)
+            l.wake.notify_one();
+            l.options.resync_interval
+        }
         None => return,
     };
-    let mut resync = tokio::time::interval(interval);
+    let first_resync = tokio::time::Instant::now() + interval;
+    let mut resync = tokio::time::interval_at(first_resync, interval);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let Some(l) = launcher.upgrade() else {
@@ -489,7 +520,8 @@ pub(super) async fn reconciler(
         // Whether any event of the batch may have changed the disks (a device came or went).
         let mut devices = false;
         // The periodic resync reads everything again, whatever the events said: the safety net
-        // for an event lost; anything else reads the state only if an event came since.
+        // for an event lost; anything else reads the state only if an event other than a device's
+        // came since.
         let (look, resyncing) = tokio::select! {
             event = events.recv() => match event {
                 Some(first) => {

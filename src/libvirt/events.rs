@@ -8,12 +8,13 @@
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use tokio::sync::mpsc::UnboundedSender;
 use virt::connect::Connect;
 use virt::sys;
+
+use super::delivered::{self, Change};
 
 /// What libvirt told us, with the domain by name (the launcher filters for its own).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,17 +59,6 @@ pub enum EventError {
         #[source]
         source: virt::error::Error,
     },
-}
-
-/// How many events libvirt's callbacks have handed over so far, in this process. Counted in the
-/// callback itself, before the event is queued: whoever read libvirt's state when the count was
-/// `n` knows it is still true while the count is `n` (nothing came since), even if the event has
-/// not been handled yet.
-static DELIVERED: AtomicU64 = AtomicU64::new(0);
-
-/// The number of events delivered so far (see [`DELIVERED`]).
-pub fn delivered() -> u64 {
-    DELIVERED.load(Ordering::SeqCst)
 }
 
 /// Registers libvirt's default event loop implementation and runs it on a thread of its own.
@@ -143,8 +133,9 @@ type DiskChangeCallback = unsafe extern "C" fn(
 impl EventRegistration {
     /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added and device-removed
     /// events of every domain on `conn`, to the connection-close callback, and, only to count
-    /// them (see [`DELIVERED`]), to the events that tell of a disk changed by someone else: a
-    /// block job's end (a pivot changes a source), a tray moved, a medium changed.
+    /// them (see [`delivered`](super::delivered)), to the events that tell of a disk changed by
+    /// someone else: a block job's end (a pivot changes a source), a tray moved, a medium
+    /// changed.
     pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {
         let mut reg = EventRegistration {
             conn: conn.clone(),
@@ -280,9 +271,30 @@ unsafe extern "C" fn free_sender(opaque: *mut c_void) {
 unsafe fn send(opaque: *mut c_void, event: HypervisorEvent) {
     // SAFETY: guaranteed by the caller; libvirt keeps it alive until `free_sender`.
     let tx = unsafe { &*(opaque as *const Sender) };
-    count_delivered();
+    delivered::deliver(change_of(&event));
     // A closed receiver means the launcher is shutting down: nothing is left to tell.
     let _ = tx.send(event);
+}
+
+/// What `event` may have changed, for the log of delivered events.
+fn change_of(event: &HypervisorEvent) -> Change {
+    match event {
+        // A device event is known by its domain and alias; without them it tells nothing.
+        HypervisorEvent::DeviceRemoved { domain, alias }
+        | HypervisorEvent::DeviceAdded { domain, alias }
+            if domain.is_empty() || alias.is_empty() =>
+        {
+            Change::Other
+        }
+        HypervisorEvent::DeviceRemoved { domain, alias } => Change::DeviceRemoved {
+            domain: domain.clone(),
+            alias: alias.clone(),
+        },
+        HypervisorEvent::DeviceAdded { domain, .. } => Change::DeviceAdded {
+            domain: domain.clone(),
+        },
+        _ => Change::Other,
+    }
 }
 
 /// Sends the event that `event` makes of the domain's name, for the events that carry nothing else.
@@ -379,9 +391,8 @@ unsafe extern "C" fn on_device_removed(
 /// A disk may have changed under the launcher (a block job ended, a tray moved, a medium was
 /// changed): nothing to handle, only counted, so that the live disks the launcher keeps are read
 /// again before the next plan.
-/// One more event handed over (see [`DELIVERED`]): counted before it is queued.
 fn count_delivered() {
-    DELIVERED.fetch_add(1, Ordering::SeqCst);
+    delivered::deliver(Change::Other);
 }
 
 unsafe extern "C" fn on_block_job(
@@ -469,4 +480,41 @@ unsafe extern "C" fn on_io_error(
 unsafe extern "C" fn on_close(_conn: sys::virConnectPtr, reason: c_int, opaque: *mut c_void) {
     // SAFETY: `opaque` is the Sender given at registration.
     unsafe { send(opaque, HypervisorEvent::ConnectionClosed { reason }) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_knows_a_device_event_only_by_its_domain_and_alias() {
+        let removed = |domain: &str, alias: &str| HypervisorEvent::DeviceRemoved {
+            domain: domain.into(),
+            alias: alias.into(),
+        };
+        assert_eq!(
+            change_of(&removed("vm", "ua-a")),
+            Change::DeviceRemoved {
+                domain: "vm".into(),
+                alias: "ua-a".into()
+            }
+        );
+        let added = HypervisorEvent::DeviceAdded {
+            domain: "vm".into(),
+            alias: "ua-b".into(),
+        };
+        assert_eq!(
+            change_of(&added),
+            Change::DeviceAdded {
+                domain: "vm".into()
+            }
+        );
+        // libvirt could not name the domain (or the device): it may be this one's.
+        assert_eq!(change_of(&removed("", "ua-a")), Change::Other);
+        assert_eq!(change_of(&removed("vm", "")), Change::Other);
+        let reboot = HypervisorEvent::Reboot {
+            domain: "vm".into(),
+        };
+        assert_eq!(change_of(&reboot), Change::Other);
+    }
 }

@@ -6,6 +6,7 @@
 
 pub mod capcache;
 pub mod daemon;
+pub mod delivered;
 pub mod events;
 pub mod process;
 mod states;
