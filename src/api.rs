@@ -272,15 +272,13 @@ impl Service {
     }
 }
 
-/// Runs a launcher call to its end even if the client goes away: a gRPC handler is dropped when
-/// its caller cancels, and a task cut off between its start and its end would stay "in flight"
-/// for good.
+/// Runs a launcher call to its end even if the client goes away (see `run_to_end`).
 async fn detached<T: Send + 'static>(
     call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
 ) -> Result<T, tonic::Status> {
-    tokio::spawn(call)
+    crate::run_to_end::run_to_end(call)
         .await
-        .map_err(|e| tonic::Status::internal(format!("the launcher call panicked: {e}")))?
+        .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
         .map_err(to_status)
 }
 

@@ -21,10 +21,11 @@
 //! | [`domain`] | the domain XML model, its writer, the live-XML reader | call libvirt |
 //! | `hotplug` | a Sync's plan: diff live vs desired scsi disks, targets, units | act on it |
 //! | [`host`] | host side: images, cidata ISOs, block nodes, cgroup rules, `host::block::BlockDevices`, capabilities, path watches | decide when |
-//! | [`libvirt`] | the connection, the private daemon, the event FFI, libvirt's state/event tables | hold policy |
+//! | [`libvirt`] | the connection, the private daemon, the event FFI and the log of delivered events, libvirt's state/event tables, which program a pid runs | hold policy |
 //! | [`lifecycle`] | the state model's pure rules: phase, admit, settle, reconcile, run strategy, restarts | do I/O |
 //! | `launcher` | the core that executes them: one VM, tasks, reconciler, Sync, status and events | parse or serialise |
 //! | [`api`] | the gRPC server and client connection; maps errors to gRPC codes | hold state |
+//! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
 //! | [`run`] | the `run` entrypoint: runtime dir, daemon, launcher, socket, signals | — |
 //! | [`exit`] | every exit code and every mapping to one | — |
 //! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
@@ -49,6 +50,7 @@ pub mod libvirt;
 pub mod lifecycle;
 pub mod logs;
 pub mod run;
+pub(crate) mod run_to_end;
 pub mod runtime_dir;
 pub mod spec;
 pub(crate) mod volumes;

@@ -36,6 +36,26 @@ async fn sync(
         .map(tonic::Response::into_inner)
 }
 
+/// Sends SIGCONT to the process when dropped: a libvirtd a test stopped is never left stopped,
+/// even when the test fails half-way.
+struct Resumed(i32);
+
+impl Drop for Resumed {
+    fn drop(&mut self) {
+        let _ = common::signal_pid(self.0, nix::sys::signal::Signal::SIGCONT);
+    }
+}
+
+/// A dry-run Sync to `spec`, which must succeed.
+async fn dry_run(client: &mut common::Client, spec: String) -> proto::SyncResponse {
+    let request = proto::SyncRequest {
+        spec,
+        dry_run: true,
+        ..Default::default()
+    };
+    common::sync_ok(client, request, "a dry run").await
+}
+
 /// `(serial, size in 512-byte sectors)` for every disk in a `VMLTEST-DISKS` line.
 fn sized_serials(line: &str) -> Vec<(String, u64)> {
     line.split_whitespace()
@@ -74,14 +94,11 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let one = disk_image(vm.dir(), "one.img", 8);
     let two = disk_image(vm.dir(), "two.img", 16);
     // Mixed case on purpose: KubeVirt lower-cases serials; we keep them as written.
-    let both = guest_spec(
-        name,
-        "",
-        &[
-            ("one", "E2E-Serial-One", &one),
-            ("two", "e2e.serial_TWO", &two),
-        ],
-    );
+    let two_disks = [
+        ("one", "E2E-Serial-One", one.as_path()),
+        ("two", "e2e.serial_TWO", two.as_path()),
+    ];
+    let both = guest_spec(name, "", &two_disks);
     let only_one = guest_spec(name, "", &[("one", "E2E-Serial-One", &one)]);
 
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
@@ -204,15 +221,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     );
 
     // A dry run plans without doing.
-    let reply = client
-        .sync(proto::SyncRequest {
-            spec: both.clone(),
-            dry_run: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = dry_run(&mut client, both.clone()).await;
     assert_eq!(
         reply
             .plan
@@ -226,6 +235,66 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         before,
         "a dry run touched the domain"
     );
+
+    // A caller that stops waiting cuts nothing off. A Sync whose deadline (gRPC's
+    // `grpc-timeout`, which the server enforces by dropping the call) passes while it waits
+    // for the task slot is still applied once the slot is free. The slot is held by a Sync
+    // whose attach waits for a libvirtd stopped with SIGSTOP.
+    let three = disk_image(vm.dir(), "three.img", 8);
+    let [disk_one, disk_two] = two_disks;
+    let all_three = guest_spec(
+        name,
+        "",
+        &[disk_one, disk_two, ("three", "E2E-THREE", three.as_path())],
+    );
+    let mut events = common::EventWatcher::start(&vm.socket()).await;
+    common::signal_pid(daemon_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Resumed(daemon_pid);
+    let holding = {
+        let (mut client, both) = (client.clone(), both.clone());
+        tokio::spawn(async move { sync(&mut client, both).await })
+    };
+    events
+        .wait_for("disk two attaching", GUEST_DEADLINE, |e| {
+            matches!(&e.kind, Some(proto::event::Kind::Volume(v))
+                if v.name == "two" && v.phase == proto::volume_status::Phase::Attaching as i32)
+        })
+        .await;
+    let mut request = tonic::Request::new(proto::SyncRequest {
+        spec: all_three.clone(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_millis(500));
+    // tonic's client keeps the deadline too; bounded here all the same.
+    let given_up = tokio::time::timeout(GUEST_DEADLINE, client.sync(request))
+        .await
+        .expect("the call ends at its deadline")
+        .expect_err("the deadline passes while the slot is held");
+    assert!(
+        matches!(
+            given_up.code(),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        "{given_up:?}"
+    );
+    drop(stopped);
+    holding.await.unwrap().expect("the Sync that held the slot");
+    // The slot is handed over in order: this dry run comes after the Sync given up.
+    let after = dry_run(&mut client, all_three.clone()).await;
+    assert!(
+        after.plan.is_empty(),
+        "the given-up Sync was not applied: {:?}",
+        after.plan
+    );
+    console.line("disk three in the guest", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && common::guest_serials(l).contains(&"E2E-THREE".into())
+    });
+    sync(&mut client, only_one.clone())
+        .await
+        .expect("back to disk one alone");
+    console.line("only disk one in the guest again", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && common::guest_serials(l) == ["E2E-Serial-One"]
+    });
 
     // The CLI client sees the same state.
     let status = common::cli_status(&vm.socket());
