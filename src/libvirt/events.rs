@@ -180,8 +180,8 @@ impl EventRegistration {
                         unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *mut c_void),
                     >(on_lifecycle)),
                 ),
-                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, on_device_removed),
-                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, on_device_added),
+                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, on_device::<true>),
+                device(sys::VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, on_device::<false>),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_BLOCK_JOB_2 as i32,
                     Some(std::mem::transmute::<BlockJobCallback, GenericCallback>(
@@ -356,7 +356,9 @@ unsafe extern "C" fn on_lifecycle(
     0
 }
 
-unsafe extern "C" fn on_device_added(
+/// The device-added (`REMOVED` false) and device-removed (`REMOVED` true) callbacks: one body,
+/// two events.
+unsafe extern "C" fn on_device<const REMOVED: bool>(
     _conn: sys::virConnectPtr,
     dom: sys::virDomainPtr,
     alias: *const c_char,
@@ -365,25 +367,9 @@ unsafe extern "C" fn on_device_added(
     // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
     unsafe {
         let alias = c_string(alias);
-        send_for(opaque, dom, |domain| HypervisorEvent::DeviceAdded {
-            domain,
-            alias,
-        });
-    }
-}
-
-unsafe extern "C" fn on_device_removed(
-    _conn: sys::virConnectPtr,
-    dom: sys::virDomainPtr,
-    alias: *const c_char,
-    opaque: *mut c_void,
-) {
-    // SAFETY: libvirt passes a valid domain, alias string and our opaque pointer.
-    unsafe {
-        let alias = c_string(alias);
-        send_for(opaque, dom, |domain| HypervisorEvent::DeviceRemoved {
-            domain,
-            alias,
+        send_for(opaque, dom, |domain| match REMOVED {
+            true => HypervisorEvent::DeviceRemoved { domain, alias },
+            false => HypervisorEvent::DeviceAdded { domain, alias },
         });
     }
 }
