@@ -11,7 +11,8 @@
 //! - one scsi disk: Sync attach (until its reply) / `attachDeviceFlags`; the same until the guest
 //!   prints the disk's serial on its console; Sync detach (until its reply, which waits for
 //!   libvirt's DEVICE_REMOVED) / `detachDeviceFlags` and DEVICE_REMOVED; a Sync that changes
-//!   nothing (launcher only);
+//!   nothing, and a gRPC call that does nothing (`grpc.health.v1` Check: what a call costs before
+//!   the launcher does anything), on the same connection (launcher only);
 //! - 64 disks: one Sync / 64 sequential `attachDeviceFlags`; the same until the guest prints all
 //!   64 serials; and the 64 detaches;
 //! - memory with 16 disks attached: RSS, RssAnon and PSS of the launcher and of every other
@@ -37,6 +38,8 @@ use std::time::{Duration, Instant};
 use common::{guest_spec, Client, ConsoleWait, Launched, BOOT_DEADLINE};
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc::UnboundedReceiver;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::{live_disks, target_name};
@@ -514,7 +517,11 @@ fn main() {
     console.line("the guest's first disk report", GUEST_DEADLINE, |l| {
         l.starts_with("VMLTEST-DISKS")
     });
-    let mut client = rt.block_on(api::connect(&vm.socket())).unwrap();
+    let channel = rt.block_on(api::channel(&vm.socket())).unwrap();
+    let mut client = Client::new(channel.clone());
+    // The same connection's round trip to a handler that does nothing but read a map: what any
+    // call costs before the launcher does anything.
+    let mut health = HealthClient::new(channel);
     let mut raw = Raw::open(&vm.libvirt_uri(), &format!("default_{NAME}"));
 
     // Start. Raw libvirt has no daemon to start: its side defines and starts a copy of the
@@ -557,8 +564,12 @@ fn main() {
     let raw_image = vm.dir().join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
     common::sparse_file(&raw_image, 8);
-    let (mut launcher, mut raw_side, mut noop) =
-        (DiskSamples::default(), DiskSamples::default(), vec![]);
+    let (mut launcher, mut raw_side, mut noop, mut round_trip) = (
+        DiskSamples::default(),
+        DiskSamples::default(),
+        vec![],
+        vec![],
+    );
     for cycle in 0..ONE_DISK_CYCLES {
         for launcher_turn in [cycle % 2 == 0, cycle % 2 == 1] {
             if launcher_turn {
@@ -580,6 +591,10 @@ fn main() {
                     "a no-op Sync planned {:?}",
                     reply.plan
                 );
+                let t = Instant::now();
+                rt.block_on(health.check(HealthCheckRequest::default()))
+                    .unwrap_or_else(|e| panic!("health Check: {e}"));
+                round_trip.push(t.elapsed());
             } else {
                 let serial = format!("BR-{cycle}");
                 let xml = raw_disk_xml(&raw_image, &serial, 0);
@@ -598,6 +613,11 @@ fn main() {
     rows.push(Row {
         what: "Sync that changes nothing",
         launcher: noop,
+        raw: None,
+    });
+    rows.push(Row {
+        what: "gRPC round trip to a handler that does nothing (`grpc.health.v1` Check)",
+        launcher: round_trip,
         raw: None,
     });
 

@@ -570,9 +570,15 @@ async fn report_health(
 
 /// A client for the launcher listening on the unix socket `path`.
 pub async fn connect(path: &Path) -> Result<LauncherClient<Channel>, ApiError> {
+    Ok(LauncherClient::new(channel(path).await?))
+}
+
+/// A connection to the server listening on the unix socket `path`, for any of its services
+/// (the launcher's, `grpc.health.v1`, reflection).
+pub async fn channel(path: &Path) -> Result<Channel, ApiError> {
     let socket = path.to_path_buf();
     // The URI is required by the API but unused: every connection goes to the socket.
-    let channel = Endpoint::from_static("http://[::1]:50051")
+    Endpoint::from_static("http://[::1]:50051")
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let socket = socket.clone();
             async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
@@ -581,8 +587,7 @@ pub async fn connect(path: &Path) -> Result<LauncherClient<Channel>, ApiError> {
         .map_err(|source| ApiError::Connect {
             path: path.into(),
             source,
-        })?;
-    Ok(LauncherClient::new(channel))
+        })
 }
 
 #[cfg(test)]
