@@ -21,6 +21,11 @@ use crate::lifecycle::{self, Command, Observation, Reaction, VmState};
 /// `release_free_memory_while_idle`).
 const FREE_MEMORY_KEPT: usize = 512 << 10;
 
+/// How long the launcher must have had no event before it looks at its free memory: the look
+/// walks the allocator's free lists (tens of µs), and a Sync that follows an event at once (a
+/// node daemon's next step) must not wait behind it.
+const QUIET_BEFORE_RELEASE: Duration = Duration::from_millis(100);
+
 impl Launcher {
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
     pub(super) async fn refresh(&self) {
@@ -120,7 +125,8 @@ impl Launcher {
     /// much of it: a Sync of many disks leaves freed memory scattered through the heap, which
     /// glibc keeps (it only trims the top), so the launcher would stay at the size of its
     /// largest Sync for the rest of the VM's life. Not after every change: the next Sync would
-    /// fault the pages in again (a trim costs 40–100 µs on the bench machine).
+    /// fault the pages in again (a trim costs 40–100 µs on the bench machine). Called once the
+    /// events have been quiet for `QUIET_BEFORE_RELEASE`.
     fn release_free_memory_while_idle(&self) {
         let Ok(_slot) = self.task_slot.try_lock() else {
             return;
@@ -509,6 +515,8 @@ pub(super) async fn reconciler(
     let first_resync = tokio::time::Instant::now() + interval;
     let mut resync = tokio::time::interval_at(first_resync, interval);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When to look at the free memory: set after events, pushed back by each later one.
+    let mut release_due: Option<Instant> = None;
     loop {
         let Some(l) = launcher.upgrade() else {
             return;
@@ -517,6 +525,7 @@ pub(super) async fn reconciler(
         let sleep_until = timer.unwrap_or_else(Instant::now);
         let io_due = l.io_errors.lock().expect("io errors lock").due();
         let io_due_at = io_due.unwrap_or_else(Instant::now);
+        let release_at = release_due.unwrap_or_else(Instant::now);
         // Whether any event of the batch may have changed the disks (a device came or went).
         let mut devices = false;
         // The periodic resync reads everything again, whatever the events said: the safety net
@@ -547,6 +556,11 @@ pub(super) async fn reconciler(
             _ = l.wake.notified() => (true, false),
             _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => (true, false),
             _ = tokio::time::sleep_until(io_due_at.into()), if io_due.is_some() => (l.flush_io_errors(), false),
+            _ = tokio::time::sleep_until(release_at.into()), if release_due.is_some() => {
+                release_due = None;
+                l.release_free_memory_while_idle();
+                continue;
+            }
         };
         if resyncing {
             l.forget_live_disks();
@@ -563,7 +577,7 @@ pub(super) async fn reconciler(
         }
         if look || devices {
             l.read_live_disks_while_idle().await;
-            l.release_free_memory_while_idle();
+            release_due = Some(Instant::now() + QUIET_BEFORE_RELEASE);
         }
     }
 }
