@@ -4,6 +4,7 @@ use prost::Message as _;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
+    no_ssh_crypto_preload()?;
     let descriptors = protox::compile(["vmlauncher/v1/launcher.proto"], ["proto"])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
@@ -11,5 +12,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         descriptors.encode_to_vec(),
     )?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}
+
+/// Builds `OUT_DIR/no_ssh_crypto.so` from `src/libvirt/no_ssh_crypto.c`: the shared object the
+/// private libvirtd preloads (src/libvirt/daemon.rs embeds it).
+fn no_ssh_crypto_preload() -> Result<(), Box<dyn std::error::Error>> {
+    let source = "src/libvirt/no_ssh_crypto.c";
+    println!("cargo:rerun-if-changed={source}");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("no_ssh_crypto.so");
+    let status = cc::Build::new()
+        .get_compiler()
+        .to_command()
+        .args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-s", "-o"])
+        .arg(&out)
+        .arg(source)
+        .arg("-ldl")
+        .status()?;
+    if !status.success() {
+        return Err(format!("compiling {source} failed: {status}").into());
+    }
     Ok(())
 }

@@ -140,6 +140,10 @@ async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
         maps(daemon).contains("libjemalloc.so.2"),
         "libvirtd maps jemalloc"
     );
+    assert!(
+        maps(daemon).contains("no_ssh_crypto.so") && !maps(qemu).contains("no_ssh_crypto.so"),
+        "libvirtd, and it alone, preloads the shim that skips OpenSSL's set-up"
+    );
     let comm = std::fs::read_to_string(format!("/proc/{daemon}/comm")).unwrap();
     assert_eq!(comm.trim(), "libvirtd", "known by its name in ps and top");
     assert!(

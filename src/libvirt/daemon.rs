@@ -15,7 +15,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -350,7 +350,19 @@ impl PrivateDaemon {
         for (link, target) in links {
             relink(&link, target.as_deref()).map_err(|e| prepare(&link, e))?;
         }
+        // Replaced, never rewritten in place: a daemon this launcher adopts may have it mapped.
+        let preload = self.no_ssh_crypto();
+        if fs::read(&preload).ok().as_deref() != Some(NO_SSH_CRYPTO) {
+            crate::durable::write_atomically(&preload, NO_SSH_CRYPTO)
+                .map_err(|e| prepare(&preload, e))?;
+        }
         Ok(())
+    }
+
+    /// Where `prepare` puts the preload that keeps libvirtd from setting up OpenSSL
+    /// (`no_ssh_crypto.c`).
+    fn no_ssh_crypto(&self) -> PathBuf {
+        self.dir.join("bin").join("no_ssh_crypto.so")
     }
 
     /// A link to the dynamic loader named like the daemon (`libvirtd_command`).
@@ -403,7 +415,7 @@ impl PrivateDaemon {
         // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
         // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
         let one_cpu = first_allowed_cpu();
-        let mut command = libvirtd_command(&self.loader_link());
+        let mut command = libvirtd_command(&self.loader_link(), &self.no_ssh_crypto());
         if self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
             command.env("LIBVIRT_DRIVER_DIR", self.driver_dir());
         }
@@ -560,8 +572,9 @@ admin_max_workers = 2
     )
 }
 
-/// How libvirtd is started: with jemalloc as its allocator where jemalloc is installed, as it
-/// is otherwise.
+/// How libvirtd is started: through the dynamic loader, with jemalloc as its allocator where
+/// jemalloc is installed and with `no_ssh_crypto` preloaded (see `no_ssh_crypto.c`), or as it is
+/// where the loader cannot do that.
 ///
 /// libvirtd's start-up (QEMU's capabilities, the CPU map, the domain's XML) allocates a few MiB
 /// in small pieces and frees most of them; glibc keeps what is freed below the pieces still live
@@ -579,31 +592,70 @@ admin_max_workers = 2
 /// (what ps, top and `pgrep -x` show) is the file name it was started by; `prepare` makes the
 /// link. The loader takes `--argv0` since glibc 2.33; with an older glibc, libvirtd starts as
 /// it is.
-fn libvirtd_command(loader_link: &Path) -> Command {
+fn libvirtd_command(loader_link: &Path, no_ssh_crypto: &Path) -> Command {
+    let libvirtd =
+        program_in_path(LIBVIRTD).filter(|_| Path::new(LOADER).exists() && glibc_at_least(2, 33));
     let jemalloc = installed_library(JEMALLOC);
-    match (jemalloc, program_in_path(LIBVIRTD)) {
-        (Some(jemalloc), Some(libvirtd)) if Path::new(LOADER).exists() && glibc_at_least(2, 33) => {
-            let mut command = Command::new(loader_link);
-            command
-                .arg("--preload")
-                .arg(jemalloc)
-                .args(["--argv0", LIBVIRTD])
-                .arg(libvirtd)
-                .env(
-                    "MALLOC_CONF",
-                    "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0",
-                );
-            command
-        }
-        _ => {
-            let mut command = Command::new(LIBVIRTD);
-            // glibc's default of up to 8 arenas per core, one per thread that allocates, keeps
-            // freed memory in each: two are plenty for a daemon that serves one launcher.
-            command.env("MALLOC_ARENA_MAX", "2");
-            command
-        }
-    }
+    let preload = preload_list(jemalloc.as_deref(), no_ssh_crypto);
+    let (Some(libvirtd), Some(preload)) = (libvirtd, preload) else {
+        return glibc_libvirtd();
+    };
+    let mut command = Command::new(loader_link);
+    command
+        .arg("--preload")
+        .arg(preload)
+        .args(["--argv0", LIBVIRTD])
+        .arg(libvirtd);
+    match jemalloc {
+        Some(_) => command.env(
+            "MALLOC_CONF",
+            "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0",
+        ),
+        None => command.env("MALLOC_ARENA_MAX", "2"),
+    };
+    command
 }
+
+/// libvirtd started as it is, on glibc's malloc.
+fn glibc_libvirtd() -> Command {
+    let mut command = Command::new(LIBVIRTD);
+    // glibc's default of up to 8 arenas per core, one per thread that allocates, keeps freed
+    // memory in each: two are plenty for a daemon that serves one launcher.
+    command.env("MALLOC_ARENA_MAX", "2");
+    command
+}
+
+/// The loader's `--preload` list: jemalloc where it is installed, and `no_ssh_crypto` unless its
+/// path holds a space or a colon (the list's separators); `None` when that leaves nothing. (On a
+/// runtime dir mounted `noexec` the loader cannot map `no_ssh_crypto`: it says so in libvirtd's
+/// log and goes on without it.)
+fn preload_list(jemalloc: Option<&Path>, no_ssh_crypto: &Path) -> Option<std::ffi::OsString> {
+    let separable = |path: &Path| {
+        !path
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .any(|b| *b == b' ' || *b == b':')
+    };
+    let objects: Vec<&Path> = jemalloc
+        .into_iter()
+        .chain(Some(no_ssh_crypto).filter(|p| separable(p)))
+        .collect();
+    if objects.is_empty() {
+        return None;
+    }
+    Some(std::ffi::OsString::from_vec(
+        objects
+            .iter()
+            .map(|p| p.as_os_str().as_bytes())
+            .collect::<Vec<_>>()
+            .join(&b':'),
+    ))
+}
+
+/// The preload `prepare` writes into the daemon's directory: `no_ssh_crypto.c`, built by
+/// `build.rs`.
+const NO_SSH_CRYPTO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/no_ssh_crypto.so"));
 
 /// The running glibc (the launcher's, which is libvirtd's) is `major.minor` or later.
 fn glibc_at_least(major: u32, minor: u32) -> bool {
@@ -670,4 +722,46 @@ swtpm_user = "root"
 swtpm_group = "root"
 {cgroups}"#
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_preload_list_joins_what_the_loader_can_separate() {
+        let jemalloc = Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
+        let cases: [(Option<&Path>, &str, Option<&str>); 5] = [
+            (
+                Some(jemalloc),
+                "/run/vm/libvirt/bin/no_ssh_crypto.so",
+                Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2:/run/vm/libvirt/bin/no_ssh_crypto.so"),
+            ),
+            (None, "/run/vm/bin/no_ssh_crypto.so", Some("/run/vm/bin/no_ssh_crypto.so")),
+            (
+                Some(jemalloc),
+                "/run/my vm/bin/no_ssh_crypto.so",
+                Some("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+            ),
+            (None, "/run/a:b/bin/no_ssh_crypto.so", None),
+            (None, "/run/my vm/bin/no_ssh_crypto.so", None),
+        ];
+        for (jemalloc, shim, expected) in cases {
+            assert_eq!(
+                preload_list(jemalloc, Path::new(shim)),
+                expected.map(std::ffi::OsString::from),
+                "{jemalloc:?} + {shim}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_embedded_preload_is_a_shared_object() {
+        assert_eq!(&NO_SSH_CRYPTO[..4], b"\x7fELF");
+        // ET_DYN: a shared object the loader can preload.
+        assert_eq!(
+            u16::from_le_bytes([NO_SSH_CRYPTO[16], NO_SSH_CRYPTO[17]]),
+            3
+        );
+    }
 }
