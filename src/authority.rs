@@ -18,10 +18,14 @@
 //!
 //! A connection whose first header block carries an authority the server accepts (Go's
 //! `localhost`, tonic's `[::1]:50051`) is rewritten no further: that block goes on with the
-//! client's own encoding, and the rest of the connection passes through untouched. Every stock
-//! client keeps one authority on a connection; decoding every block cost each call 40 µs
-//! (`perf`: `loona-hpack` builds its Huffman table for every Huffman-coded string, and Rust's
-//! h2 client sends `:path` as one on every request).
+//! client's own encoding, and the rest of the connection passes through untouched, copied and
+//! not parsed. Decoding every block cost each call 40 µs (`perf`: `loona-hpack` builds its
+//! Huffman table for every Huffman-coded string, and Rust's h2 client sends `:path` as one on
+//! every request). A gRPC channel sends its one authority on every call unless a call overrides
+//! it (grpc-java's `CallOptions.withAuthority`, C core's per-call host): a connection whose
+//! first call sends an accepted authority and a later one the socket path has that later call
+//! refused, as without this module. A first block with no `:authority` at all decides for
+//! rewriting, which is always correct.
 
 use std::io;
 use std::pin::Pin;
@@ -87,13 +91,14 @@ struct OpenBlock {
 enum Mode {
     /// No header block has come yet.
     Undecided,
-    /// The first block's authority was refused by the server's HTTP/2 layer: every block is
-    /// decoded, fixed and re-encoded with our own HPACK state (what C core and Java clients need).
+    /// The first block had no authority, or one the server's HTTP/2 layer refuses: every block
+    /// is decoded, fixed and re-encoded with our own HPACK state (what C core and Java clients
+    /// need).
     Rewriting,
-    /// The first block's authority was accepted: the client keeps the same one on a connection
-    /// (every stock gRPC client does), so the rest passes through untouched and the server
-    /// decodes the client's encoding itself. (A later authority the server refuses would be
-    /// refused, for that stream alone.)
+    /// The first block's authority was accepted: a gRPC channel sends the same one on every
+    /// call, so the rest passes through untouched and the server decodes the client's encoding
+    /// itself. (A later call that overrides it with one the server refuses is refused, that
+    /// stream alone; see the module's doc.)
     PassThrough,
 }
 
@@ -330,9 +335,9 @@ impl Rewriter {
             .decode(&block.fragment)
             .map_err(|e| AuthorityError::Hpack(format!("{e:?}")))?;
         if self.mode == Mode::Undecided {
-            let accepted = headers
-                .iter()
-                .all(|(name, value)| name != b":authority" || is_valid_authority(value));
+            let authorities = || headers.iter().filter(|(name, _)| name == b":authority");
+            let accepted = authorities().next().is_some()
+                && authorities().all(|(_, value)| is_valid_authority(value));
             if accepted {
                 // The server's HPACK table then follows the client's encoder, as if we were
                 // not there.
@@ -623,9 +628,17 @@ mod tests {
         let mut client = loona_hpack::Encoder::new();
         let mut input = PREFACE.to_vec();
         input.extend(frame(0x4, 0, 0, &[0, 3, 0, 0, 0, 100]));
-        // What Go sends, then (no stock client does) one the server refuses.
+        // What Go sends, then one the server refuses (a call that overrides the authority). The
+        // first block opens with a dynamic table size update, which our encoder never writes:
+        // a re-encoded block would differ from the client's. The second refers back to the
+        // client's table (its :path is indexed), which only the client's own first block filled.
         for (stream, authority) in [(1, &b"localhost"[..]), (3, b"%2Fs")] {
-            let block = client_block(&mut client, authority);
+            let mut block = if stream == 1 {
+                vec![0x3f, 0xe1, 0x1f] // table size 4096
+            } else {
+                vec![]
+            };
+            block.extend(client_block(&mut client, authority));
             input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, stream, &block));
             input.extend(frame(0x0, FLAG_END_STREAM, stream, b"\0\0\0\0\0"));
         }
@@ -647,6 +660,26 @@ mod tests {
             b"%2Fs",
             "left for the server to refuse"
         );
+        assert_eq!(
+            frames[3].3[2],
+            (b":path".to_vec(), b"/grpc.health.v1.Health/Check".to_vec()),
+            "the second block decodes against the table the client's first one filled"
+        );
+    }
+
+    #[test]
+    fn a_first_block_without_an_authority_decides_for_rewriting() {
+        let mut client = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        let first = client.encode([(&b":method"[..], &b"POST"[..]), (b":path", b"/x")]);
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &first));
+        let second = client_block(&mut client, b"%2Fs");
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 3, &second));
+        let mut rewriter = Rewriter::default();
+        let mut out = Vec::new();
+        rewriter.feed(&input, &mut out).unwrap();
+        assert_eq!(rewriter.rewritten(), 1);
+        assert_eq!(authority_of(&server_view(&out)[1].3), b"localhost");
     }
 
     #[test]
