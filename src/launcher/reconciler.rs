@@ -21,10 +21,13 @@ use crate::lifecycle::{self, Command, Observation, Reaction, VmState};
 /// `release_free_memory_while_idle`).
 const FREE_MEMORY_KEPT: usize = 512 << 10;
 
-/// How long the launcher must have had no event before it looks at its free memory: the look
+/// How long the reconciler must have been quiet before it looks at the free memory: the look
 /// walks the allocator's free lists (tens of µs), and a Sync that follows an event at once (a
 /// node daemon's next step) must not wait behind it.
 const QUIET_BEFORE_RELEASE: Duration = Duration::from_millis(100);
+/// The longest a look at the free memory waits after the pass that asked for it, however busy
+/// the reconciler stays.
+const LONGEST_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 
 impl Launcher {
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
@@ -126,7 +129,8 @@ impl Launcher {
     /// glibc keeps (it only trims the top), so the launcher would stay at the size of its
     /// largest Sync for the rest of the VM's life. Not after every change: the next Sync would
     /// fault the pages in again (a trim costs 40–100 µs on the bench machine). Called once the
-    /// events have been quiet for `QUIET_BEFORE_RELEASE`.
+    /// reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked, or at the
+    /// latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {
         let Ok(_slot) = self.task_slot.try_lock() else {
             return;
@@ -515,8 +519,9 @@ pub(super) async fn reconciler(
     let first_resync = tokio::time::Instant::now() + interval;
     let mut resync = tokio::time::interval_at(first_resync, interval);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When to look at the free memory: set after events, pushed back by each later one.
-    let mut release_due: Option<Instant> = None;
+    // When to look at the free memory, and when it was first asked for: set by each pass that
+    // looked at the VM or its disks, pushed back by each later one, up to LONGEST_BEFORE_RELEASE.
+    let mut release_due: Option<(Instant, Instant)> = None;
     loop {
         let Some(l) = launcher.upgrade() else {
             return;
@@ -525,7 +530,7 @@ pub(super) async fn reconciler(
         let sleep_until = timer.unwrap_or_else(Instant::now);
         let io_due = l.io_errors.lock().expect("io errors lock").due();
         let io_due_at = io_due.unwrap_or_else(Instant::now);
-        let release_at = release_due.unwrap_or_else(Instant::now);
+        let release_at = release_due.map_or_else(Instant::now, |(due, _)| due);
         // Whether any event of the batch may have changed the disks (a device came or went).
         let mut devices = false;
         // The periodic resync reads everything again, whatever the events said: the safety net
@@ -577,7 +582,12 @@ pub(super) async fn reconciler(
         }
         if look || devices {
             l.read_live_disks_while_idle().await;
-            release_due = Some(Instant::now() + QUIET_BEFORE_RELEASE);
+            let now = Instant::now();
+            let first = release_due.map_or(now, |(_, first)| first);
+            release_due = Some((
+                (now + QUIET_BEFORE_RELEASE).min(first + LONGEST_BEFORE_RELEASE),
+                first,
+            ));
         }
     }
 }

@@ -351,10 +351,13 @@ impl PrivateDaemon {
             relink(&link, target.as_deref()).map_err(|e| prepare(&link, e))?;
         }
         // Replaced, never rewritten in place: a daemon this launcher adopts may have it mapped.
+        // Only memory depends on it: where it cannot be written, libvirtd starts without it (the
+        // loader says so in its log).
         let preload = self.no_ssh_crypto();
         if fs::read(&preload).ok().as_deref() != Some(NO_SSH_CRYPTO) {
-            crate::durable::write_atomically(&preload, NO_SSH_CRYPTO)
-                .map_err(|e| prepare(&preload, e))?;
+            if let Err(e) = crate::durable::write_atomically(&preload, NO_SSH_CRYPTO) {
+                tracing::warn!(path = %preload.display(), error = %e, "cannot write libvirtd's preload");
+            }
         }
         Ok(())
     }

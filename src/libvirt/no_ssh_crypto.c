@@ -6,8 +6,10 @@
  * every cipher, digest and engine of OpenSSL's libcrypto (seen with a gdb breakpoint on
  * OPENSSL_init_crypto). libssh2 sets its crypto up only on its first initialisation: called
  * first with LIBSSH2_INIT_NO_CRYPTO, as this constructor does before libvirtd's main runs, it
- * never does. libvirtd serves one launcher over a unix socket and speaks no SSH; OpenSSL 3 sets
- * itself up on first use all the same. The launcher does the same for itself
+ * never does. libvirtd serves one launcher over a unix socket and speaks no SSH (it would for a
+ * migration over qemu+libssh2://, which the launcher never asks for; with libssh2 on OpenSSL 3,
+ * as on Debian, even that would work: OpenSSL sets itself up on first use). The launcher does
+ * the same for itself
  * (src/libvirt/mod.rs). Measured on Debian 12: libvirtd RSS and PSS 1.2 MiB less, libcrypto's
  * resident pages 2.9 -> 1.5 MiB.
  *
