@@ -18,10 +18,10 @@
 //!
 //! A connection whose first header block carries an authority the server accepts (Go's
 //! `localhost`, tonic's `[::1]:50051`) is rewritten no further: that block goes on with the
-//! client's own encoding, and the rest of the connection passes through untouched, copied and
-//! not parsed. Decoding every block cost each call 40 µs (`perf`: `loona-hpack` builds its
-//! Huffman table for every Huffman-coded string, and Rust's h2 client sends `:path` as one on
-//! every request). A gRPC channel sends its one authority on every call unless a call overrides
+//! client's own encoding, and the rest of the connection passes through untouched: the server
+//! reads the socket itself. Decoding every block cost each call 40 µs (`perf`: `loona-hpack`
+//! builds its Huffman table for every Huffman-coded string, and Rust's h2 client sends `:path`
+//! as one on every request). A gRPC channel sends its one authority on every call unless a call overrides
 //! it (grpc-java's `CallOptions.withAuthority`, C core's per-call host): a connection whose
 //! first call sends an accepted authority and a later one the socket path has that later call
 //! refused, as without this module. A first block with no `:authority` at all decides for
@@ -163,6 +163,11 @@ impl Rewriter {
     /// How many authorities this connection had rewritten.
     pub fn rewritten(&self) -> u64 {
         self.rewritten
+    }
+
+    /// Whether the rest of the connection passes through untouched (see [`Mode::PassThrough`]).
+    pub fn passes_through(&self) -> bool {
+        self.mode == Mode::PassThrough
     }
 
     /// Consumes `input`, appending what the server should read to `out`.
@@ -460,6 +465,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for FixAuthority<S> {
             if this.eof {
                 return Poll::Ready(Ok(()));
             }
+            if this.rewriter.passes_through() {
+                // Nothing left to look at: the server reads the socket into its own buffer,
+                // with no copy through ours.
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
+            }
             let mut raw = [0u8; 16 * 1024];
             let mut raw_buf = ReadBuf::new(&mut raw);
             match Pin::new(&mut this.inner).poll_read(cx, &mut raw_buf) {
@@ -665,6 +675,22 @@ mod tests {
             (b":path".to_vec(), b"/grpc.health.v1.Health/Check".to_vec()),
             "the second block decodes against the table the client's first one filled"
         );
+    }
+
+    #[tokio::test]
+    async fn a_passed_through_connection_reads_through_the_socket() {
+        use tokio::io::AsyncReadExt;
+        let mut client = loona_hpack::Encoder::new();
+        let mut input = PREFACE.to_vec();
+        let block = client_block(&mut client, b"localhost");
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, 1, &block));
+        // More than one read's worth after the switch.
+        input.extend(frame(0x0, FLAG_END_STREAM, 1, &vec![7u8; 40_000]));
+        let mut connection = FixAuthority::new(&input[..]);
+        let mut out = Vec::new();
+        connection.read_to_end(&mut out).await.unwrap();
+        assert!(connection.rewriter.passes_through());
+        assert_eq!(out, input);
     }
 
     #[test]
