@@ -614,7 +614,7 @@ fn libvirtd_command(loader_link: &Path, no_ssh_crypto: &Path) -> Command {
             "MALLOC_CONF",
             "narenas:1,tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0",
         ),
-        None => command.env("MALLOC_ARENA_MAX", "2"),
+        None => on_glibc_malloc(&mut command),
     };
     command
 }
@@ -622,10 +622,14 @@ fn libvirtd_command(loader_link: &Path, no_ssh_crypto: &Path) -> Command {
 /// libvirtd started as it is, on glibc's malloc.
 fn glibc_libvirtd() -> Command {
     let mut command = Command::new(LIBVIRTD);
-    // glibc's default of up to 8 arenas per core, one per thread that allocates, keeps freed
-    // memory in each: two are plenty for a daemon that serves one launcher.
-    command.env("MALLOC_ARENA_MAX", "2");
+    on_glibc_malloc(&mut command);
     command
+}
+
+/// glibc's default of up to 8 arenas per core, one per thread that allocates, keeps freed
+/// memory in each: two are plenty for a daemon that serves one launcher.
+fn on_glibc_malloc(command: &mut Command) -> &mut Command {
+    command.env("MALLOC_ARENA_MAX", "2")
 }
 
 /// The loader's `--preload` list: jemalloc where it is installed, and `no_ssh_crypto` unless its
