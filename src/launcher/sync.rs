@@ -212,9 +212,11 @@ impl Launcher {
         }: &PreparedSync,
     ) -> Result<SyncOutcome, LauncherError> {
         let dry_run = input.dry_run;
+        // Before the state lock: `block` is a leaf, never taken under `state`.
+        let opts = self.convert_options();
         let current = {
             let s = self.state.lock().expect("state lock");
-            convert::convert(&s.spec, &self.convert_options())?
+            convert::convert(&s.spec, &opts)?
         };
         let frozen = hotplug::frozen_fields_changed(&current, desired);
         if !frozen.is_empty() {

@@ -251,9 +251,11 @@ impl Launcher {
     /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
     /// is replaced, so that a restart boots what the owner last asked for.
     pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
+        // Before the state lock: `block` is a leaf, never taken under `state`.
+        let opts = self.convert_options();
         let (vmi, mut def, waiting) = {
             let s = self.state.lock().expect("state lock");
-            let def = convert::convert(&s.spec, &self.convert_options())?;
+            let def = convert::convert(&s.spec, &opts)?;
             // Hot-plugged volumes that wait for their source or failed to attach.
             let waiting: BTreeSet<String> = s
                 .volumes
