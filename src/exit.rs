@@ -1,6 +1,7 @@
 //! The launcher's exit codes: one enum, derived from how the VM and the process ended. The README
 //! tabulates them; scripts and node daemons depend on the numbers. Every mapping to a code lives
-//! here: from a final phase, from a launcher error, from a gRPC status a client verb received.
+//! here: from a final phase, from a launcher error, from a gRPC status a client verb received, and
+//! from the signal that killed the launcher (what PID 1 reports).
 
 use crate::launcher::LauncherError;
 use crate::lifecycle::Phase;
@@ -33,10 +34,12 @@ impl ExitCode {
     pub fn from_final_phase(phase: Phase, reason: Option<&str>) -> ExitCode {
         match (phase, reason) {
             (Phase::Succeeded, _) => ExitCode::Succeeded,
+            // Stopped before it ever ran (run strategy Manual or Halted): nothing failed.
+            (Phase::Scheduled, _) => ExitCode::Succeeded,
             (Phase::Failed, Some("GracePeriodExpired")) => ExitCode::GracePeriodExpired,
             (Phase::Failed, _) => ExitCode::GuestFailed,
             (Phase::Unknown, _) => ExitCode::HypervisorUnavailable,
-            (Phase::Scheduled | Phase::Running, _) => ExitCode::Internal,
+            (Phase::Running, _) => ExitCode::Internal,
         }
     }
 
@@ -81,6 +84,12 @@ impl ExitCode {
     }
 }
 
+/// The exit status PID 1 (`init`) gives for a launcher killed by `signal`: 128 + its number, as
+/// a shell reports a killed command, so that 137 reads as SIGKILL (e.g. the OOM killer).
+pub fn killed_by(signal: nix::sys::signal::Signal) -> i32 {
+    128 + signal as i32
+}
+
 impl From<ExitCode> for std::process::ExitCode {
     fn from(code: ExitCode) -> Self {
         std::process::ExitCode::from(code as u8)
@@ -113,6 +122,22 @@ mod tests {
             ExitCode::from_final_phase(Phase::Unknown, None),
             ExitCode::HypervisorUnavailable
         );
+        assert_eq!(
+            ExitCode::from_final_phase(Phase::Scheduled, None),
+            ExitCode::Succeeded
+        );
+        assert_eq!(
+            ExitCode::from_final_phase(Phase::Running, None),
+            ExitCode::Internal
+        );
+    }
+
+    #[test]
+    fn a_killed_launcher_exits_as_a_shell_reports_it() {
+        use nix::sys::signal::Signal;
+        assert_eq!(killed_by(Signal::SIGKILL), 137);
+        assert_eq!(killed_by(Signal::SIGTERM), 143);
+        assert_eq!(killed_by(Signal::SIGSEGV), 139);
     }
 
     #[test]

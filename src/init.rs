@@ -56,7 +56,7 @@ fn supervise(launcher: Pid, signals: &SigSet) -> i32 {
                 match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(pid, code)) if pid == launcher => return code,
                     Ok(WaitStatus::Signaled(pid, signal, _)) if pid == launcher => {
-                        return 128 + signal as i32
+                        return crate::exit::killed_by(signal)
                     }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => {}

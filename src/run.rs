@@ -459,11 +459,7 @@ async fn follow(launcher: &Launcher, started: Instant, signals: &mut StopSignals
             last = Some(shown);
         }
         if status.finished {
-            return match status.phase {
-                // Stopped before it ever ran (Manual, Halted): nothing failed.
-                Phase::Scheduled => ExitCode::Succeeded,
-                phase => ExitCode::from_final_phase(phase, status.phase_reason),
-            };
+            return ExitCode::from_final_phase(status.phase, status.phase_reason);
         }
         tokio::select! {
             changed = changes.changed() => {
