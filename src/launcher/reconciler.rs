@@ -547,7 +547,7 @@ pub(super) async fn reconciler(
                         devices |= is_device_event(&event);
                         look |= l.on_event(event).await;
                         handled += 1;
-                        if handled > EVENT_BATCH {
+                        if handled == EVENT_BATCH {
                             break;
                         }
                         let Ok(queued) = events.try_recv() else { break };
