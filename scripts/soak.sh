@@ -10,7 +10,7 @@
 # then, ROUNDS times (default 5), tests/e2e_restart.rs: the launcher killed (SIGKILL) between
 # Syncs and in the middle of one, restarted, converging with nothing unplugged; a pending volume
 # across a guest restart; SIGTERM and Kill interrupting a Sync.
-# Figures are the lines starting with SOAK. Needs what scripts/setup.sh installs; ~10 min.
+# Figures are the lines starting with SOAK. Needs what scripts/setup.sh installs; ~4–7 min.
 #   scripts/soak.sh [CYCLES [PAUSES [ROUNDS]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."

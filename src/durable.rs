@@ -1,6 +1,8 @@
 //! The launcher's own small state files (the hotplug records, the last Sync, the shared capability
-//! cache): replaced whole or not at all (durably where a machine crash matters), and read back bounded and never through a
-//! symlink. One place for the crash-safety rules, so no file gets them half right.
+//! cache): replaced whole or not at all (durably where a machine crash matters), or overwritten
+//! in place where the content itself shows whether it is whole (`overwrite_in_place`, the last
+//! Sync's framed slots); read back bounded and never through a symlink. One place for the
+//! crash-safety rules, so no file gets them half right.
 
 use std::fs;
 use std::io::{self, Read, Write};

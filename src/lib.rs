@@ -1,6 +1,8 @@
 //! vmlauncher: one process, one virtual machine, kept in the state its owner asks for.
 //!
-//! Data flows forward, each stage a module that knows nothing of the later ones:
+//! Data flows forward, each stage a module that calls none of the later ones (it may name a
+//! later one's vocabulary: the spec keeps `lifecycle::RunStrategy`, `volumes` the default
+//! namespace `convert` gives a domain):
 //!
 //! ```text
 //!  text ──► spec ──► convert ──► domain ──► libvirt ──► QEMU
@@ -21,16 +23,19 @@
 //! | [`domain`] | the domain XML model, its writer, the live-XML reader | call libvirt |
 //! | `hotplug` | a Sync's plan: diff live vs desired scsi disks, targets, units | act on it |
 //! | [`host`] | host side: images, cidata ISOs, block nodes, cgroup rules, `host::block::BlockDevices`, capabilities, path watches | decide when |
-//! | [`libvirt`] | the connection, the private daemon, the event FFI and the log of delivered events, libvirt's state/event tables, which program a pid runs | hold policy |
+//! | [`libvirt`] | the connection, the private daemon and its preload, the shared QEMU capability cache, the event FFI and the log of delivered events, libvirt's state/event tables, which program a pid runs | hold policy |
 //! | [`lifecycle`] | the state model's pure rules: phase, admit, settle, reconcile, run strategy, restarts | do I/O |
-//! | `launcher` | the core that executes them: one VM, tasks, reconciler, Sync, status and events | parse or serialise |
+//! | `launcher` | the core that executes them: one VM, tasks, reconciler, Sync, status and events; the last accepted Sync on disk (its own JSON) | parse specs or XML |
 //! | [`api`] | the gRPC server and client connection; maps errors to gRPC codes | hold state |
+//! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through | touch anything but header blocks |
 //! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
-//! | [`run`] | the `run` entrypoint: runtime dir, daemon, launcher, socket, signals | — |
+//! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals | — |
+//! | [`runtime_dir`] | the runtime dir: the launcher's own (owner, mode, no symlink), one launcher at a time | — |
 //! | [`exit`] | every exit code and every mapping to one | — |
 //! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
 //! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |
 //! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
+//! | [`fuzzing`] | the fuzz targets' bodies (`fuzz/`), and the corpus replayed by `cargo test` | — |
 //!
 //! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
 

@@ -1,6 +1,7 @@
 //! libvirt domain events and the connection-close callback, through `virt::sys` (the `virt` crate
-//! has no wrapper for event registration). This is the only FFI in vmlauncher besides the state
-//! query in `super`.
+//! has no wrapper for event registration). The launcher's other foreign calls are one-liners:
+//! the state query and `libssh2_init` in `super`, glibc's `mallinfo2`/`malloc_trim` in the
+//! reconciler, `gnu_get_libc_version` in `daemon`.
 //!
 //! libvirt calls the callbacks on the event-loop thread ([`ensure_event_loop`]). Each callback only
 //! turns its arguments into a [`HypervisorEvent`] and sends it on an *unbounded* channel: an event is
