@@ -1,8 +1,9 @@
 //! vmlauncher: one process, one virtual machine, kept in the state its owner asks for.
 //!
-//! Data flows forward, each stage a module that calls none of the later ones (it may name a
-//! later one's vocabulary: the spec keeps `lifecycle::RunStrategy`, `volumes` the default
-//! namespace `convert` gives a domain):
+//! Data flows forward, each stage a module that depends on no later stage's behaviour. A stage
+//! may use a later module's vocabulary or a small helper of it: the spec keeps
+//! `lifecycle::RunStrategy`, `volumes` the default namespace `convert` gives a domain, `convert`
+//! names targets with `domain::target_name`, `libvirt` waits with `host::watch::poll_timeout`.
 //!
 //! ```text
 //!  text ──► spec ──► convert ──► domain ──► libvirt ──► QEMU

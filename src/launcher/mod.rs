@@ -5,7 +5,8 @@
 //! call into it.
 //!
 //! libvirt calls block, so they run under `block_in_place` (`call`): the worker hands its other
-//! tasks over first. One task at a time holds `task_slot`;
+//! tasks over first; connecting, and starting the private daemon again, run on the blocking pool.
+//! One task at a time holds `task_slot`;
 //! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
 //! rules live in `lifecycle`; this module executes them.
 //!

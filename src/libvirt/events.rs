@@ -1,7 +1,8 @@
 //! libvirt domain events and the connection-close callback, through `virt::sys` (the `virt` crate
-//! has no wrapper for event registration). The launcher's other foreign calls are one-liners:
-//! the state query and `libssh2_init` in `super`, glibc's `mallinfo2`/`malloc_trim` in the
-//! reconciler, `gnu_get_libc_version` in `daemon`.
+//! has no wrapper for event registration). The launcher's other foreign calls are one-liners,
+//! among them the state query and `libssh2_init` (through `dlsym`) in `super`, glibc's
+//! `mallopt` in `main` and `mallinfo2`/`malloc_trim` in the reconciler, `gnu_get_libc_version` in
+//! `daemon`, `pidfd_open` in `process`, and libbpf's program query in `host::cgroup`.
 //!
 //! libvirt calls the callbacks on the event-loop thread ([`ensure_event_loop`]). Each callback only
 //! turns its arguments into a [`HypervisorEvent`] and sends it on an *unbounded* channel: an event is
