@@ -119,7 +119,16 @@ impl ConsoleLog {
         // that: what this reader had not read yet is in the copy from where it stood, and
         // the log started again at 0. A rotation during a read sends it round again from
         // where that read began. Lost: all but the last of two rotations between two reads.
+        //
+        // While a rotation is under way (its copy, `NAME.1.partial`, not yet renamed into place)
+        // the log may be truncated already and written again by QEMU: bytes read at this
+        // reader's old position would be the new generation's middle, and its start would come
+        // after them. So nothing is read from the log then; the rename wakes the reader (the
+        // directory's IN_MOVED_TO). The copy is looked at before the generation after a read: a
+        // rotation that ends between the two looks still shows in the second.
         let older_path = crate::logs::older_generation(&self.path);
+        let partial_path = crate::logs::partial_copy(&self.path);
+        let rotating = || fs::symlink_metadata(&partial_path).is_ok();
         for _ in 0..4 {
             let older_now = generation(&older_path);
             if older_now != self.older_seen {
@@ -131,10 +140,13 @@ impl ConsoleLog {
                 }
                 file.seek(SeekFrom::Start(0)).map_err(read_err)?;
             }
+            if rotating() {
+                break;
+            }
             let before = file.stream_position().map_err(read_err)?;
             let mut fresh = Vec::new();
             file.read_to_end(&mut fresh).map_err(read_err)?;
-            if generation(&older_path) == self.older_seen {
+            if !rotating() && generation(&older_path) == self.older_seen {
                 chunk.extend_from_slice(&fresh);
                 break;
             }
@@ -320,6 +332,45 @@ mod tests {
         qemu.write_all(b"three\n").unwrap();
         let lines = next_lines(&mut console, 2, deadline);
         assert_eq!(lines, ["two", "three"]);
+    }
+
+    /// The launcher truncates the log before it renames the copy into place, and QEMU may
+    /// write the new generation past this reader's position in between: nothing is read from
+    /// the log until the rename, so the lines still come in order (a CI run of the console-flood
+    /// e2e test once saw them out of order).
+    #[test]
+    fn waits_out_a_rotation_caught_between_its_truncation_and_its_rename() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let mut qemu = crate::logs::qemu_appender(&path);
+        qemu.write_all(b"old-1\nold-2\n").unwrap();
+        let mut console = ConsoleLog::from_start(&path).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        assert_eq!(
+            console.next_line(deadline).unwrap().as_deref(),
+            Some("old-1")
+        );
+        assert_eq!(
+            console.next_line(deadline).unwrap().as_deref(),
+            Some("old-2")
+        );
+        qemu.write_all(b"old-3\n").unwrap();
+        // `bound_one`'s steps, stopped before the rename: the copy, the truncation, and QEMU
+        // writing the new generation past where the reader stands (12 bytes in).
+        let partial = crate::logs::partial_copy(&path);
+        fs::copy(&path, &partial).unwrap();
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+        qemu.write_all(b"new-1\nnew-2\nnew-3\n").unwrap();
+        // One read, no waiting: nothing while the rotation is under way.
+        assert_eq!(console.next_line(Instant::now()).unwrap(), None);
+        fs::rename(&partial, crate::logs::older_generation(&path)).unwrap();
+        let lines = next_lines(&mut console, 4, deadline);
+        assert_eq!(lines, ["old-3", "new-1", "new-2", "new-3"]);
     }
 
     /// From the end: only what came after the follower opened, across a rotation.

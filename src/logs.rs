@@ -167,8 +167,10 @@ fn copy_to(log: &fs::File, len: u64, to: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// `NAME.1.partial`: the copy while it is written.
-fn partial_copy(path: &Path) -> PathBuf {
+/// `NAME.1.partial`: the copy while it is written. It is there from before the copy until the
+/// rename after the truncation, so while it is there a reader cannot tell the log's bytes from
+/// the next generation's (`crate::console` waits for it to go).
+pub fn partial_copy(path: &Path) -> PathBuf {
     let mut name = older_generation(path).into_os_string();
     name.push(".partial");
     PathBuf::from(name)
