@@ -72,7 +72,13 @@ impl ConsoleLog {
         inotify
             .add_watch(
                 dir,
-                AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_MOVED_TO,
+                // IN_DELETE and IN_MOVED_FROM too: a rotation's leftover copy that a new
+                // launcher removes (or renames) ends the wait for it (see `read_available`).
+                AddWatchFlags::IN_CREATE
+                    | AddWatchFlags::IN_MODIFY
+                    | AddWatchFlags::IN_MOVED_TO
+                    | AddWatchFlags::IN_MOVED_FROM
+                    | AddWatchFlags::IN_DELETE,
             )
             .map_err(|e| watch_err(e.into()))?;
         let older_seen = generation(&crate::logs::older_generation(path));
@@ -135,6 +141,12 @@ impl ConsoleLog {
                 self.older_seen = older_now;
                 let position = file.stream_position().map_err(read_err)?;
                 if let Ok(mut older) = File::open(&older_path) {
+                    // The copy opened is the one that counts: another rotation's rename
+                    // between the look and the open must not look like one more rotation
+                    // later (its lines would be read again from 0).
+                    if let Ok(m) = older.metadata() {
+                        self.older_seen = Some(identity(&m));
+                    }
                     older.seek(SeekFrom::Start(position)).map_err(read_err)?;
                     older.read_to_end(&mut chunk).map_err(read_err)?;
                 }
@@ -232,9 +244,11 @@ impl ConsoleLog {
 
 /// A file's identity: its inode and when it last changed (an inode number alone comes back).
 fn generation(path: &Path) -> Option<(u64, i64, i64)> {
-    fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()))
+    fs::symlink_metadata(path).ok().map(|m| identity(&m))
+}
+
+fn identity(m: &fs::Metadata) -> (u64, i64, i64) {
+    (m.ino(), m.ctime(), m.ctime_nsec())
 }
 
 #[cfg(test)]

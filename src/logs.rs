@@ -145,7 +145,14 @@ pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
         // Put in place only now that the log is truncated: a reader that sees a new NAME.1
         // finds it whole and the log started again (`crate::console` relies on it). Replaces
         // whatever is at NAME.1, a link included, without following it.
-        fs::rename(&partial, &older)?;
+        if let Err(e) = fs::rename(&partial, &older) {
+            // A copy left in place would keep every reader waiting for this rotation to end
+            // (`crate::console`). Without it and without NAME.1, a reader still sees that the
+            // log started again (NAME.1 gone), and reads it from 0.
+            let _ = remove_if_present(&partial);
+            let _ = remove_if_present(&older);
+            return Err(e);
+        }
     }
     Ok(true)
 }
