@@ -257,6 +257,15 @@ mod tests {
     use std::io::Write;
     use std::time::Duration;
 
+    /// A console log in a temp dir (kept while the first value lives), and QEMU's way of
+    /// appending to it.
+    fn qemu_log() -> (tempfile::TempDir, std::path::PathBuf, File) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("console.log");
+        let qemu = crate::logs::qemu_appender(&path);
+        (dir, path, qemu)
+    }
+
     /// The next `n` lines, each within `deadline`.
     fn next_lines(console: &mut ConsoleLog, n: usize, deadline: Instant) -> Vec<String> {
         std::iter::from_fn(|| console.next_line(deadline).unwrap())
@@ -334,9 +343,7 @@ mod tests {
     /// read yet from the copy, then the log again from its start, losing no line.
     #[test]
     fn follows_a_log_bounded_by_copy_and_truncation() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
-        let mut qemu = crate::logs::qemu_appender(&path);
+        let (_dir, path, mut qemu) = qemu_log();
         qemu.write_all(b"one\n").unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -354,9 +361,7 @@ mod tests {
     /// e2e test once saw them out of order).
     #[test]
     fn waits_out_a_rotation_caught_between_its_truncation_and_its_rename() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
-        let mut qemu = crate::logs::qemu_appender(&path);
+        let (_dir, path, mut qemu) = qemu_log();
         qemu.write_all(b"old-1\nold-2\n").unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -390,9 +395,7 @@ mod tests {
     /// From the end: only what came after the follower opened, across a rotation.
     #[test]
     fn follows_from_the_end_across_a_rotation() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
-        let mut qemu = crate::logs::qemu_appender(&path);
+        let (_dir, path, mut qemu) = qemu_log();
         qemu.write_all(b"old\n").unwrap();
         let mut console = ConsoleLog::from_end(&path).unwrap();
         qemu.write_all(b"new1\n").unwrap();
@@ -407,9 +410,7 @@ mod tests {
     /// which starts the log again at 0.
     #[test]
     fn follows_a_log_emptied_without_a_copy() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
-        let mut qemu = crate::logs::qemu_appender(&path);
+        let (_dir, path, mut qemu) = qemu_log();
         qemu.write_all(b"a long line, longer than the bound times four\n")
             .unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
