@@ -375,37 +375,38 @@ impl Rewriter {
 }
 
 /// Writes `block` with the header block `encoded` as one HEADERS frame (its priority and
-/// END_STREAM kept, its padding dropped) followed by CONTINUATIONs of at most 16 KiB.
+/// END_STREAM kept, its padding dropped) followed by CONTINUATIONs of at most 16 KiB. Written
+/// straight from `encoded`: a passed-through first block is the client's whole fragment.
 fn write_block(out: &mut Vec<u8>, block: &OpenBlock, encoded: &[u8]) {
     let priority = block.priority.as_ref().map_or(&[][..], |p| &p[..]);
-    let mut payload = Vec::with_capacity(priority.len() + encoded.len());
-    payload.extend_from_slice(priority);
-    payload.extend_from_slice(encoded);
-    let mut chunks = payload.chunks(MAX_FRAME).peekable();
-    let mut first = true;
-    // An empty block still needs its HEADERS frame.
-    let empty: &[u8] = &[];
-    let mut next = chunks.next().or(Some(empty));
-    while let Some(chunk) = next {
-        next = chunks.next();
-        let mut flags = 0;
-        let frame_type = if first {
-            if block.end_stream {
-                flags |= FLAG_END_STREAM;
-            }
-            if block.priority.is_some() {
-                flags |= FLAG_PRIORITY;
-            }
-            TYPE_HEADERS
-        } else {
-            TYPE_CONTINUATION
-        };
-        if next.is_none() {
-            flags |= FLAG_END_HEADERS;
-        }
-        write_frame_header(out, chunk.len(), frame_type, flags, block.stream);
+    // The HEADERS frame carries the priority fields and as much of the block as fits beside
+    // them; an empty block still gets its HEADERS frame.
+    let (first, mut rest) = encoded.split_at(encoded.len().min(MAX_FRAME - priority.len()));
+    let mut flags = 0;
+    if block.end_stream {
+        flags |= FLAG_END_STREAM;
+    }
+    if block.priority.is_some() {
+        flags |= FLAG_PRIORITY;
+    }
+    if rest.is_empty() {
+        flags |= FLAG_END_HEADERS;
+    }
+    write_frame_header(
+        out,
+        priority.len() + first.len(),
+        TYPE_HEADERS,
+        flags,
+        block.stream,
+    );
+    out.extend_from_slice(priority);
+    out.extend_from_slice(first);
+    while !rest.is_empty() {
+        let (chunk, after) = rest.split_at(rest.len().min(MAX_FRAME));
+        rest = after;
+        let flags = if rest.is_empty() { FLAG_END_HEADERS } else { 0 };
+        write_frame_header(out, chunk.len(), TYPE_CONTINUATION, flags, block.stream);
         out.extend_from_slice(chunk);
-        first = false;
     }
 }
 
