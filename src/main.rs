@@ -40,9 +40,10 @@ fn init_logging(format: LogFormat) {
 fn main() -> std::process::ExitCode {
     // Before any thread exists: glibc gives each thread that allocates an arena of its own
     // (up to 8 per core), each holding freed memory. The launcher allocates little, and mostly on
-    // its one async worker: one arena for all its threads held 0.4 MiB less than two (the
-    // side-by-side bench, 16 disks: RssAnon 4.06 → 3.68 MiB), with no change in its timings
-    // (its threads rarely allocate at once, and glibc's per-thread caches take no lock).
+    // its one async worker: one arena for all its threads held 0.2–0.4 MiB less than two (the
+    // side-by-side bench, 16 disks, three runs each way: RssAnon 4.01–4.14 → 3.77–3.83 MiB), with
+    // no change in its timings (its threads rarely allocate at once, and glibc's per-thread
+    // caches take no lock).
     // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);

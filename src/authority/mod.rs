@@ -21,10 +21,10 @@
 //! client's own encoding, and the rest of the connection passes through untouched: the server
 //! reads the socket itself. Decoding every block cost each call 40 µs (`perf`: `loona-hpack`
 //! builds its Huffman table for every Huffman-coded string, and Rust's h2 client sends `:path`
-//! as one on every request). A gRPC channel sends its one authority on every call unless a call overrides
-//! it (grpc-java's `CallOptions.withAuthority`, C core's per-call host): a connection whose
-//! first call sends an accepted authority and a later one the socket path has that later call
-//! refused, as without this module. A first block with no `:authority` at all decides for
+//! as one on every request). A gRPC channel sends its one authority on every call unless a call
+//! overrides it (grpc-java's `CallOptions.withAuthority`, C core's per-call host): a connection
+//! whose first call sends an accepted authority and a later one the socket path has that later
+//! call refused, as without this module. A first block with no `:authority` at all decides for
 //! rewriting, which is always correct.
 
 use std::io;

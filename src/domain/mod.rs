@@ -323,8 +323,9 @@ pub struct InterfaceDef {
 /// A guest port published on the host: libvirt's `<portForward proto address><range start to/>`.
 /// libvirt 9.0 keeps this element on a user-mode (slirp) interface but does not apply it (only
 /// its passt backend would, and 9.0 refuses that backend): the launcher applies it itself through
-/// QEMU's monitor once the domain runs (`publish_ports` in `libvirt`, after each start). Writing it in the
-/// XML keeps the domain self-describing, so the live XML is the one record of what is published.
+/// QEMU's monitor once the domain runs (`publish_ports` in `libvirt`, after each start). Writing
+/// it in the XML keeps the domain self-describing, so the live XML is the one record of what is
+/// published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortForward {
     /// `tcp` or `udp`.
