@@ -287,6 +287,14 @@ impl Launched {
             .append(true)
             .open(runtime_dir.join("launcher.stderr"))
             .unwrap();
+        // VMLAUNCHER_TEST_WRAPPER: a command that runs every launcher a test or bench starts
+        // (e.g. valgrind, for scripts/hot-symbols.sh), split at white space.
+        let from_env = std::env::var("VMLAUNCHER_TEST_WRAPPER").unwrap_or_default();
+        let wrapper: Vec<&str> = if wrapper.is_empty() {
+            from_env.split_whitespace().collect()
+        } else {
+            wrapper.to_vec()
+        };
         let mut command = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
