@@ -260,8 +260,7 @@ mod tests {
     /// A console log in a temp dir (kept while the first value lives), and QEMU's way of
     /// appending to it.
     fn qemu_log() -> (tempfile::TempDir, std::path::PathBuf, File) {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (dir, path) = crate::testing::temp_path("console.log");
         let qemu = crate::logs::qemu_appender(&path);
         (dir, path, qemu)
     }
@@ -275,8 +274,7 @@ mod tests {
 
     #[test]
     fn follows_a_file_that_appears_and_grows() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (_dir, path) = crate::testing::temp_path("console.log");
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let writer = {
             let path = path.clone();
@@ -301,8 +299,7 @@ mod tests {
 
     #[test]
     fn times_out_with_the_last_lines() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (_dir, path) = crate::testing::temp_path("console.log");
         std::fs::write(&path, "old line\n").unwrap();
         let mut console = ConsoleLog::from_end(&path).unwrap();
         std::fs::OpenOptions::new()
@@ -325,8 +322,7 @@ mod tests {
 
     #[test]
     fn a_line_without_end_is_cut_at_the_bound() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (_dir, path) = crate::testing::temp_path("console.log");
         let mut text = vec![b'x'; MAX_LINE * 2 + 10];
         text.extend_from_slice(b"\nEND\n");
         std::fs::write(&path, &text).unwrap();
@@ -429,8 +425,7 @@ mod tests {
     /// the new file from its start.
     #[test]
     fn follows_a_rotated_log() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (dir, path) = crate::testing::temp_path("console.log");
         std::fs::write(&path, "before\n").unwrap();
         let mut console = ConsoleLog::from_start(&path).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);

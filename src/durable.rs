@@ -121,8 +121,7 @@ mod tests {
 
     #[test]
     fn reads_missing_whole_and_too_large_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
+        let (_dir, path) = crate::testing::temp_path("f");
         assert_eq!(read_bounded(&path, 4).unwrap(), Contents::Missing);
         fs::write(&path, b"1234").unwrap();
         assert_eq!(
@@ -145,8 +144,7 @@ mod tests {
 
     #[test]
     fn a_write_replaces_the_file_private_and_leaves_no_temp_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.json");
+        let (dir, path) = crate::testing::temp_path("state.json");
         fs::write(&path, b"old").unwrap();
         write_durably(&path, b"new").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"new");
@@ -165,8 +163,7 @@ mod tests {
 
     #[test]
     fn an_overwrite_in_place_shortens_and_never_follows_or_blocks() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("slot");
+        let (dir, path) = crate::testing::temp_path("slot");
         overwrite_in_place(&path, b"a longer first text").unwrap();
         overwrite_in_place(&path, b"short").unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"short");

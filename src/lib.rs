@@ -59,6 +59,8 @@ pub mod run;
 pub(crate) mod run_to_end;
 pub mod runtime_dir;
 pub mod spec;
+#[cfg(test)]
+mod testing;
 pub(crate) mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.

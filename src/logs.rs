@@ -336,8 +336,7 @@ mod tests {
 
     #[test]
     fn a_log_over_its_bound_is_kept_as_the_older_generation_and_started_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (dir, path) = crate::testing::temp_path("console.log");
         // QEMU's descriptor: opened once with O_APPEND and kept.
         let mut qemu = qemu_appender(&path);
         qemu.write_all(&[b'a'; 5000]).unwrap();
@@ -354,8 +353,7 @@ mod tests {
 
     #[test]
     fn a_log_within_its_bound_is_left_as_it_is() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (dir, path) = crate::testing::temp_path("console.log");
         fs::write(&path, [b'a'; 4096]).unwrap();
         assert!(!bound_one(&path, 4096).unwrap());
         assert_eq!(fs::metadata(&path).unwrap().len(), 4096);
@@ -365,8 +363,7 @@ mod tests {
 
     #[test]
     fn the_older_generation_is_replaced_and_links_are_not_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (dir, path) = crate::testing::temp_path("console.log");
         let elsewhere = dir.path().join("elsewhere");
         fs::write(&elsewhere, "not a log").unwrap();
         // A link at NAME.1 is replaced, not written through.
@@ -386,8 +383,7 @@ mod tests {
 
     #[test]
     fn a_log_too_large_to_copy_is_emptied_and_the_older_copy_is_replaced_by_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("console.log");
+        let (_dir, path) = crate::testing::temp_path("console.log");
         fs::write(older_generation(&path), "an older generation").unwrap();
         fs::write(&path, vec![b'a'; (COPY_LIMIT * 4096 + 1) as usize]).unwrap();
         assert!(bound_one(&path, 4096).unwrap());
@@ -398,8 +394,7 @@ mod tests {
 
     #[test]
     fn what_is_not_a_regular_file_is_left_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("fifo.log");
+        let (dir, fifo) = crate::testing::temp_path("fifo.log");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let socket = dir.path().join("socket.log");
         let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -415,8 +410,7 @@ mod tests {
     /// POLL_INTERVAL, and a copy a killed launcher left half-written is removed at start.
     #[test]
     fn without_a_watch_the_logs_are_checked_periodically() {
-        let dir = tempfile::tempdir().unwrap();
-        let console = dir.path().join("console.log");
+        let (dir, console) = crate::testing::temp_path("console.log");
         let leftover = partial_copy(&console);
         fs::write(&leftover, "half a copy").unwrap();
         let logs = dir.path().join("qemu");
@@ -438,8 +432,7 @@ mod tests {
     /// back under it, woken by the writes (the test waits on the effect, with a deadline).
     #[test]
     fn the_thread_bounds_logs_that_appear_and_grow() {
-        let dir = tempfile::tempdir().unwrap();
-        let logs = dir.path().join("qemu");
+        let (dir, logs) = crate::testing::temp_path("qemu");
         fs::create_dir(&logs).unwrap();
         let console = dir.path().join("console.log");
         let domain_log = logs.join("vm.log");

@@ -166,8 +166,7 @@ mod tests {
 
     #[test]
     fn a_fresh_dir_is_made_private_and_locked_once() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("rt");
+        let (_tmp, path) = crate::testing::temp_path("rt");
         let (_dir, lock) = RuntimeDir::claim(&path).unwrap();
         assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o700);
         let second = RuntimeDir::claim(&path).unwrap_err();
@@ -182,8 +181,7 @@ mod tests {
 
     #[test]
     fn a_dir_others_may_write_or_a_symlink_is_refused() {
-        let tmp = tempfile::tempdir().unwrap();
-        let open = tmp.path().join("open");
+        let (tmp, open) = crate::testing::temp_path("open");
         fs::create_dir(&open).unwrap();
         fs::write(open.join("libvirtd.conf"), "planted").unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
@@ -221,8 +219,7 @@ mod tests {
 
     #[test]
     fn a_planted_lock_symlink_is_not_followed() {
-        let tmp = tempfile::tempdir().unwrap();
-        let rt = tmp.path().join("rt");
+        let (tmp, rt) = crate::testing::temp_path("rt");
         fs::create_dir(&rt).unwrap();
         fs::set_permissions(&rt, fs::Permissions::from_mode(0o700)).unwrap();
         let victim = tmp.path().join("victim");

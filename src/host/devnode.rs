@@ -417,8 +417,7 @@ mod tests {
     /// it was taken for is undone.
     #[test]
     fn an_undone_plug_leaves_a_node_it_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let hp = dir.path().join("hotplug");
+        let (_dir, hp) = crate::testing::temp_path("hotplug");
         make_node(&hp, "vol-a", LOOP0, ROOT).unwrap().keep();
         drop(make_node(&hp, "vol-a", LOOP0, ROOT).unwrap());
         assert!(std::fs::symlink_metadata(hp.join("vol-a")).is_ok());
@@ -428,8 +427,7 @@ mod tests {
 
     #[test]
     fn makes_a_0660_block_node_and_removes_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let hp = dir.path().join("hotplug");
+        let (_dir, hp) = crate::testing::temp_path("hotplug");
         let guard = make_node(&hp, "vol-a", LOOP0, NodeOwner { uid: 107, gid: 108 }).unwrap();
         let meta = std::fs::symlink_metadata(hp.join("vol-a")).unwrap();
         assert!(meta.file_type().is_block_device());
@@ -467,8 +465,7 @@ mod tests {
 
     #[test]
     fn never_follows_or_replaces_what_is_there() {
-        let dir = tempfile::tempdir().unwrap();
-        let outside = dir.path().join("outside");
+        let (dir, outside) = crate::testing::temp_path("outside");
         std::fs::write(&outside, b"x").unwrap();
         std::os::unix::fs::symlink(&outside, dir.path().join("link")).unwrap();
         let err = make_node(dir.path(), "link", LOOP0, ROOT).unwrap_err();

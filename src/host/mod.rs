@@ -344,8 +344,7 @@ mod tests {
 
     #[test]
     fn existing_file_is_accepted_and_kept() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("a.img");
+        let (_dir, path) = crate::testing::temp_path("a.img");
         fs::write(&path, b"data").unwrap();
         prepare_host_disk(&path, Some(1 << 20)).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"data", "never truncated");
@@ -353,8 +352,7 @@ mod tests {
 
     #[test]
     fn missing_file_is_an_error_unless_created() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/b.img");
+        let (_dir, path) = crate::testing::temp_path("sub/b.img");
         let err = prepare_host_disk(&path, None).unwrap_err();
         assert_eq!(err.reason(), "SourceNotFound");
         assert!(!path.exists());
@@ -373,8 +371,7 @@ mod tests {
 
     #[test]
     fn empty_disk_and_overlay_are_qcow2_of_the_right_size() {
-        let dir = tempfile::tempdir().unwrap();
-        let empty = dir.path().join("e/empty.qcow2");
+        let (dir, empty) = crate::testing::temp_path("e/empty.qcow2");
         prepare_volume(&resolved(
             empty.clone(),
             Preparation::EmptyQcow2 { capacity: 3 << 20 },
@@ -428,9 +425,8 @@ mod tests {
     /// image, and is just data in a claim's (the guest wrote it; the overlay reads it as raw).
     #[test]
     fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
-        let dir = tempfile::tempdir().unwrap();
         // What the launcher writes on top of a backing is exactly such an image.
-        let base = dir.path().join("base.img");
+        let (dir, base) = crate::testing::temp_path("base.img");
         fs::File::create(&base).unwrap().set_len(1 << 20).unwrap();
         let pointing = dir.path().join("pointing.qcow2");
         create_qcow2(&pointing, 1 << 20, Some((&base, "raw"))).unwrap();
@@ -470,8 +466,7 @@ mod tests {
     #[test]
     fn qemu_reads_our_qcow2_overlay() {
         use std::io::Write;
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("base.img");
+        let (dir, base) = crate::testing::temp_path("base.img");
         fs::File::create(&base).unwrap().set_len(7 << 20).unwrap();
         let overlay = dir.path().join("overlay.qcow2");
         create_qcow2(&overlay, 7 << 20, Some((&base, "raw"))).unwrap();
@@ -528,8 +523,7 @@ mod tests {
 
     #[test]
     fn cidata_iso_has_the_label_and_files() {
-        let dir = tempfile::tempdir().unwrap();
-        let iso = dir.path().join("ci/cidata.iso");
+        let (dir, iso) = crate::testing::temp_path("ci/cidata.iso");
         let files = vec![
             ("meta-data".to_string(), b"instance-id: a.b\n".to_vec()),
             ("user-data".to_string(), b"#cloud-config\n".to_vec()),

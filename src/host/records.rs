@@ -149,8 +149,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_starts_empty() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hotplug-records.json");
+        let (dir, path) = crate::testing::temp_path("hotplug-records.json");
         assert_eq!(Records::load(&path).unwrap(), Records::default());
         let mut r = Records::default();
         let dev = DevNumber { major: 7, minor: 3 };
@@ -227,8 +226,7 @@ mod tests {
     #[test]
     fn a_path_that_is_not_utf8_is_an_error_not_a_panic() {
         use std::os::unix::ffi::OsStrExt;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hotplug-records.json");
+        let (_dir, path) = crate::testing::temp_path("hotplug-records.json");
         let mut r = Records::default();
         r.nodes.insert(
             "a".into(),

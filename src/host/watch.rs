@@ -158,8 +158,7 @@ mod tests {
 
     #[test]
     fn a_blocking_wait_wakes_on_a_change_and_ends_at_its_deadline() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("log");
+        let (dir, file) = crate::testing::temp_path("log");
         std::fs::write(&file, [b'x'; 100]).unwrap();
         let truncater = {
             let file = file.clone();
@@ -182,8 +181,7 @@ mod tests {
 
     #[tokio::test]
     async fn wakes_when_a_file_appears_even_in_a_directory_made_later() {
-        let dir = tempfile::tempdir().unwrap();
-        let target = dir.path().join("later/disk.img");
+        let (dir, target) = crate::testing::temp_path("later/disk.img");
         let mut watch = PathWatch::new(std::slice::from_ref(&target)).unwrap();
         let sub = dir.path().join("later");
         let maker = tokio::spawn(async move { std::fs::create_dir(&sub).unwrap() });

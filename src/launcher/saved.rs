@@ -230,8 +230,7 @@ mod tests {
 
     #[test]
     fn the_newest_request_comes_back_from_two_private_slots() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("last-sync");
+        let (dir, base) = crate::testing::temp_path("last-sync");
         let (saved, found) = SavedSyncs::open(&base);
         assert!(found.unwrap().is_none());
         saved.save(&input("first")).unwrap();
@@ -251,8 +250,7 @@ mod tests {
 
     #[test]
     fn a_torn_newest_slot_leaves_the_request_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("last-sync");
+        let (dir, base) = crate::testing::temp_path("last-sync");
         let (saved, _) = SavedSyncs::open(&base);
         saved.save(&input("older")).unwrap(); // generation 1, slot 1
         saved.save(&input("newer")).unwrap(); // generation 2, slot 0
@@ -278,8 +276,7 @@ mod tests {
 
     #[test]
     fn a_new_start_over_old_slots_writes_the_newest() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("last-sync");
+        let (_dir, base) = crate::testing::temp_path("last-sync");
         let (saved, _) = SavedSyncs::open(&base);
         for spec in ["a", "b", "c", "d", "e"] {
             saved.save(&input(spec)).unwrap();
@@ -293,8 +290,7 @@ mod tests {
 
     #[test]
     fn a_symlink_in_a_slot_is_replaced_not_followed() {
-        let dir = tempfile::tempdir().unwrap();
-        let victim = dir.path().join("victim");
+        let (dir, victim) = crate::testing::temp_path("victim");
         fs::write(&victim, "precious").unwrap();
         let base = dir.path().join("last-sync");
         for i in 0..2 {
@@ -311,8 +307,7 @@ mod tests {
 
     #[test]
     fn damaged_or_foreign_slots_are_an_error_naming_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let base = dir.path().join("last-sync");
+        let (dir, base) = crate::testing::temp_path("last-sync");
         let found_with = |bytes: &[u8]| {
             fs::write(dir.path().join("last-sync.1.json"), bytes).unwrap();
             SavedSyncs::open(&base).1

@@ -156,8 +156,7 @@ mod tests {
     #[test]
     fn seed_and_publish_move_only_cache_files_and_only_changes() {
         let shared = tempfile::tempdir().unwrap();
-        let private = tempfile::tempdir().unwrap();
-        let private_caps = private.path().join(PRIVATE_SUBDIR);
+        let (_private, private_caps) = crate::testing::temp_path(PRIVATE_SUBDIR);
         // Nothing shared yet: nothing seeded, and the private dir is not even made.
         assert_eq!(seed(&shared.path().join("none"), &private_caps).unwrap(), 0);
         assert!(!private_caps.exists());
@@ -176,8 +175,7 @@ mod tests {
         assert_eq!(publish(&private_caps, shared.path()).unwrap(), 0);
 
         // A second launcher starts from the shared file.
-        let second = tempfile::tempdir().unwrap();
-        let second_caps = second.path().join(PRIVATE_SUBDIR);
+        let (_second, second_caps) = crate::testing::temp_path(PRIVATE_SUBDIR);
         assert_eq!(seed(shared.path(), &second_caps).unwrap(), 1);
         assert_eq!(
             fs::read_to_string(second_caps.join("abc.xml")).unwrap(),

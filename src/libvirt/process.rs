@@ -164,8 +164,7 @@ mod tests {
 
     #[test]
     fn a_program_whose_file_was_replaced_since_it_started_is_still_known() {
-        let dir = tempfile::tempdir().unwrap();
-        let copy = dir.path().join("sleep");
+        let (_dir, copy) = crate::testing::temp_path("sleep");
         fs::copy(program_in_path("sleep").expect("sleep in PATH"), &copy).unwrap();
         let mut child = spawn_copy(&copy, &["60".as_ref()]);
         // An upgrade: the file the process runs is gone; its exe reads "PATH (deleted)".
@@ -178,8 +177,7 @@ mod tests {
 
     #[test]
     fn a_program_started_through_a_loader_replaced_since_is_still_known() {
-        let dir = tempfile::tempdir().unwrap();
-        let loader = dir.path().join("ld.so");
+        let (_dir, loader) = crate::testing::temp_path("ld.so");
         fs::copy(LOADER, &loader).unwrap();
         let loader = fs::canonicalize(&loader).unwrap();
         let mut child = cat_through(&loader);
