@@ -53,7 +53,10 @@ fn hot_code_first() {
     }
     println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
     if list.exists() {
-        println!("cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}", list.display());
+        println!(
+            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
+            list.display()
+        );
         println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
     }
 }
