@@ -179,9 +179,10 @@ ctl=$work/ctl.\$\$ ack=$work/ack.\$\$
 mkfifo "\$ctl" "\$ack"
 perf record -q -e page-faults -c 1 -p \$\$ -D -1 --control "fifo:\$ctl,\$ack" \\
     -o "$work/faults.\$\$" 2> /dev/null &
-exec {to_perf}> "\$ctl" {from_perf}< "\$ack"
+# Opened read-write, so that neither open waits for perf; a perf that never answers fails here.
+exec {to_perf}<> "\$ctl" {from_perf}<> "\$ack"
 echo enable >&\$to_perf
-read -r -u \$from_perf reply
+read -r -t 60 -u \$from_perf reply || { echo "from-loop: perf did not start" >&2; exit 1; }
 exec {to_perf}>&- {from_perf}<&- "$mnt/vmlauncher" "\$@"
 EOF
 chmod +x "$work/from-loop"
