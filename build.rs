@@ -38,7 +38,7 @@ fn no_ssh_crypto_preload() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Links a release binary with the functions a running launcher executes packed together ahead of
 /// the rest of its code. The kernel maps a binary's code in 64 KiB windows around each page a
-/// process touches; spread over 3.4 MB, the 1.6 MB a launcher runs kept all of it resident.
+/// process touches; spread over 3.4 MB, the 1.7 MB a launcher runs kept all of it resident.
 /// `layout/hot-symbols.txt` names them exactly as this build names them (scripts/hot-symbols.sh
 /// writes it from a profile of the release binary); a name the build lacks is skipped, so a stale
 /// list costs pages, never correctness. Relative relocations are packed (DT_RELR, glibc 2.36):

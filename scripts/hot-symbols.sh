@@ -116,7 +116,8 @@ workload() {
     profiled=
 }
 
-# merge FILE...: the list, plus the names in FILEs that the built binary has.
+# merge FILE...: the list, plus the names in FILEs, as far as the built binary has them; fails
+# when that changes nothing.
 merge() {
     python3 - "$built" "$out" "$@" > "$out.new" << 'EOF'
 import subprocess, sys
@@ -128,12 +129,13 @@ for path in found:
     names |= set(open(path).read().split()) & code
 print("\n".join(sorted(names)))
 EOF
-    local before after
-    before=$(grep -c . "$out" || true)
+    echo "hot-symbols: $(grep -c . "$out.new") functions ($(grep -c . "$out") before)" >&2
+    # Unchanged: the file is left as it is, so that cargo does not relink for nothing.
+    if cmp -s "$out.new" "$out"; then
+        rm "$out.new"
+        return 1
+    fi
     mv "$out.new" "$out"
-    after=$(grep -c . "$out" || true)
-    echo "hot-symbols: $after functions in $out ($before before)" >&2
-    [ "$after" != "$before" ]
 }
 
 # 1. callgrind: every function that ran in the binary, by its linkage name (`'N` marks a
