@@ -24,6 +24,8 @@ use crate::launcher::{
 };
 use crate::lifecycle::Command;
 
+mod reflection;
+
 /// The generated protobuf and gRPC types.
 #[allow(missing_debug_implementations, clippy::all)]
 pub mod proto {
@@ -49,8 +51,6 @@ pub enum ApiError {
     },
     #[error("the gRPC server failed")]
     Serve(#[source] tonic::transport::Error),
-    #[error("cannot build the reflection service")]
-    Reflection(#[source] tonic_reflection::server::Error),
 }
 
 impl ApiError {
@@ -494,20 +494,7 @@ pub async fn serve(
     let first = serving(&launcher.status());
     set_health(&health, first).await;
     tokio::spawn(report_health(launcher.clone(), health, first));
-    // Both versions: grpcurl asks v1 first, Python's grpcio-reflection only knows v1alpha.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            // Each builder lists only its own version; both are served.
-            .include_reflection_service(false)
-            .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(
-                tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET,
-            )
-    };
-    let reflection_v1 = reflection().build_v1().map_err(ApiError::Reflection)?;
-    let reflection_v1alpha = reflection().build_v1alpha().map_err(ApiError::Reflection)?;
+    let (reflection_v1, reflection_v1alpha) = reflection::services();
     // Every connection goes through the authority fix: stock C-core and Java clients send the
     // socket path as `:authority`, which the HTTP/2 layer would refuse.
     let incoming = UnixListenerStream::new(listener)

@@ -587,7 +587,7 @@ impl Launcher {
             old.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
         for v in &new.volumes {
             if old_volumes.get(v.name.as_str()) != Some(&v) {
-                self.events.publish(EventKind::Volume(v.clone()));
+                self.events.publish(EventKind::Volume(Box::new(v.clone())));
             }
         }
         for v in &old.volumes {
