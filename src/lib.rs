@@ -34,12 +34,14 @@
 //! | [`runtime_dir`] | the runtime dir: the launcher's own (owner, mode, no symlink), one launcher at a time | — |
 //! | [`exit`] | every exit code and every mapping to one | — |
 //! | [`console`], [`init`] | the serial console follower; PID-1 duties | — |
+//! | [`allocator`] | glibc malloc's settings for a launcher: one arena, no per-thread cache (a second start) | — |
 //! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |
 //! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
 //! | [`fuzzing`] | the fuzz targets' bodies (`fuzz/`), and the corpus replayed by `cargo test` | — |
 //!
 //! See `docs/DESIGN.md` for the state model, the hotplug flow and the decisions behind them.
 
+pub mod allocator;
 pub mod api;
 pub mod authority;
 pub mod console;

@@ -38,18 +38,8 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> std::process::ExitCode {
-    // Before any thread exists: glibc gives each thread that allocates an arena of its own
-    // (up to 8 per core), each holding freed memory. The launcher allocates little, and mostly on
-    // its one async worker: one arena for all its threads held 0.2–0.4 MiB less than two (the
-    // side-by-side bench, 16 disks, three runs each way: RssAnon 4.01–4.14 → 3.77–3.83 MiB), with
-    // no change in its timings (its threads rarely allocate at once, and glibc's per-thread
-    // caches take no lock).
-    // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
-    // First, before any thread exists: as PID 1, fork a reaper that stays PID 1.
-    vmlauncher::init::become_init_if_pid1();
+    // Before any thread exists (`vmlauncher::allocator` says why and what was measured).
+    vmlauncher::allocator::one_arena();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -62,6 +52,12 @@ fn main() -> std::process::ExitCode {
             return code.into();
         }
     };
+    if matches!(cli.command, Command::Run { .. }) {
+        // The launcher proper, which lives as long as the VM; the client verbs are short.
+        vmlauncher::allocator::with_tuned_malloc();
+    }
+    // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
+    vmlauncher::init::become_init_if_pid1();
     init_logging(cli.log_format);
     if matches!(cli.command, Command::Run { .. }) {
         // Capabilities are per thread: drop them while this is the only thread.
