@@ -141,7 +141,7 @@ EOF
 # 1. callgrind: every function that ran in the binary, by its linkage name (`'N` marks a
 # recursion depth).
 cargo build --release --locked --manifest-path "$repo/Cargo.toml" --bin vmlauncher
-workload "valgrind --tool=callgrind --trace-children=yes --demangle=no --callgrind-out-file=$work/callgrind.%p"
+workload "valgrind --tool=callgrind --trace-children=yes --trace-children-skip=/usr/*,/bin/*,/sbin/*,*/libvirtd --demangle=no --callgrind-out-file=$work/callgrind.%p"
 python3 - "$built" "$work"/callgrind.* > "$work/ran.txt" << 'EOF'
 import re, sys
 binary, files = sys.argv[1], sys.argv[2:]
