@@ -10,11 +10,14 @@
 //!   threads keeps up to seven freed chunks of each small size for itself, out of reach of
 //!   `malloc_trim`; they added up to a third of the heap (in use 1.05 MB, of which 0.58 MB live
 //!   by valgrind's massif; heap resident 1.03 → 0.70 MiB without the cache). A tunable, which
-//!   glibc reads only when a process starts: so `run` starts itself again (its own program file), once, with it
-//!   ([`with_tuned_malloc`]), and puts the environment back as it found it before anything else
-//!   runs, so libvirtd, QEMU and hooks do not inherit it. Without the cache every free goes to
-//!   the arena (a lock nobody else holds, at this launcher's rate of allocation: the bench's
-//!   no-op Sync and attach timings did not move).
+//!   glibc reads only when a process starts: so `run` starts its own program file again, once,
+//!   with it ([`with_tuned_malloc`]), and puts the environment back as it found it before
+//!   anything else runs, so libvirtd, QEMU and hooks do not inherit it. Without the cache every
+//!   free goes to the arena, under its lock, which the launcher's threads seldom contend for at
+//!   its rate of allocation. The bench, two
+//!   runs each way in one sitting: launcher RSS 20.13 / 20.39 → 19.95 / 19.95 MiB, RssAnon 3.62 /
+//!   3.71 → 3.39 / 3.35, no-op Sync 0.52 / 0.54 → 0.45 / 0.50 ms, attach ratio 1.081 / 1.118 →
+//!   1.088 / 1.132 (unchanged builds spread over 1.075–1.137 the same day).
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
