@@ -119,6 +119,18 @@ async fn a_killed_libvirtd_is_unknown_then_restarted_with_the_vm_still_running()
     assert!(!alive(qemu) && !alive(new_daemon));
 }
 
+/// The environment a process was started with (`/proc/PID/environ`: what it changed later is
+/// not shown there).
+fn environ(pid: i32) -> Vec<u8> {
+    std::fs::read(format!("/proc/{pid}/environ")).unwrap()
+}
+
+fn mentions(bytes: &[u8], what: &str) -> bool {
+    bytes
+        .windows(what.len())
+        .any(|window| window == what.as_bytes())
+}
+
 /// libvirtd gives back what its start-up freed (jemalloc, preloaded by the dynamic loader), and
 /// the QEMU it starts keeps glibc's malloc: libvirt passes `LD_PRELOAD` on to QEMU, so the
 /// preload must not be one.
@@ -130,12 +142,6 @@ async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
     let (mut vm, qemu) = booted(name, "");
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     let maps = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let environ = |pid: i32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-    let mentions = |bytes: &[u8], what: &str| {
-        bytes
-            .windows(what.len())
-            .any(|window| window == what.as_bytes())
-    };
     assert!(
         maps(daemon).contains("libjemalloc.so.2"),
         "libvirtd maps jemalloc"
@@ -171,13 +177,6 @@ async fn the_launcher_runs_without_mallocs_thread_cache_and_its_children_do_not_
     let (mut vm, qemu) = booted(name, "");
     let launcher = vm.child.id() as i32;
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
-    // What each process was started with (what it changed later is not shown here).
-    let environ = |pid: i32| std::fs::read(format!("/proc/{pid}/environ")).unwrap();
-    let mentions = |bytes: &[u8], what: &str| {
-        bytes
-            .windows(what.len())
-            .any(|window| window == what.as_bytes())
-    };
     assert!(
         mentions(
             &environ(launcher),

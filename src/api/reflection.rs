@@ -10,11 +10,12 @@ use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use tonic::server::NamedService;
+use tonic_reflection::server::{v1, v1alpha};
 
 /// Both versions: grpcurl asks v1 first, Python's grpcio-reflection only knows v1alpha.
 pub(super) fn services() -> (
-    BuiltOnFirstCall<impl ReflectionService>,
-    BuiltOnFirstCall<impl ReflectionService>,
+    BuiltOnFirstCall<v1::ServerReflectionServer<impl v1::ServerReflection>>,
+    BuiltOnFirstCall<v1alpha::ServerReflectionServer<impl v1alpha::ServerReflection>>,
 ) {
     (
         BuiltOnFirstCall::new(|| {
@@ -28,35 +29,6 @@ pub(super) fn services() -> (
                 .expect("the embedded descriptor sets decode (tested)")
         }),
     )
-}
-
-/// What tonic's router needs of a service; the reflection servers' types are opaque.
-pub(super) trait ReflectionService:
-    tower::Service<
-        http::Request<tonic::body::Body>,
-        Response = http::Response<tonic::body::Body>,
-        Error = std::convert::Infallible,
-        Future: Send + 'static,
-    > + NamedService
-    + Clone
-    + Send
-    + Sync
-    + 'static
-{
-}
-
-impl<S> ReflectionService for S where
-    S: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = std::convert::Infallible,
-            Future: Send + 'static,
-        > + NamedService
-        + Clone
-        + Send
-        + Sync
-        + 'static
-{
 }
 
 fn builder() -> tonic_reflection::server::Builder<'static> {
