@@ -20,7 +20,6 @@
 //!   1.088 / 1.132 (unchanged builds spread over 1.075–1.137 the same day).
 
 use std::ffi::{OsStr, OsString};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 
 const TUNABLES: &str = "GLIBC_TUNABLES";
@@ -49,7 +48,7 @@ pub fn with_tuned_malloc() {
     let current = std::env::var_os(TUNABLES);
     if current
         .as_deref()
-        .is_some_and(|t| contains(t, b"glibc.malloc.tcache_count"))
+        .is_some_and(|t| t.to_string_lossy().contains("glibc.malloc.tcache_count"))
     {
         return;
     }
@@ -85,11 +84,4 @@ fn restore(before: &OsStr) {
         std::env::set_var(TUNABLES, before);
     }
     std::env::remove_var(BEFORE);
-}
-
-fn contains(haystack: &OsStr, needle: &[u8]) -> bool {
-    haystack
-        .as_bytes()
-        .windows(needle.len())
-        .any(|window| window == needle)
 }

@@ -52,14 +52,15 @@ fn main() -> std::process::ExitCode {
             return code.into();
         }
     };
-    if matches!(cli.command, Command::Run { .. }) {
-        // The launcher proper, which lives as long as the VM; the client verbs are short.
+    // The launcher proper, which lives as long as the VM; the client verbs are short.
+    let runs_a_vm = matches!(cli.command, Command::Run { .. });
+    if runs_a_vm {
         vmlauncher::allocator::with_tuned_malloc();
     }
     // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
     vmlauncher::init::become_init_if_pid1();
     init_logging(cli.log_format);
-    if matches!(cli.command, Command::Run { .. }) {
+    if runs_a_vm {
         // Capabilities are per thread: drop them while this is the only thread.
         match vmlauncher::host::caps::drop_unneeded() {
             Ok(dropped) => tracing::info!(?dropped, "dropped capabilities"),
