@@ -12,6 +12,7 @@ mod cli;
 
 use cli::args::{Cli, Command, LogFormat};
 use cli::client::{edit_volumes, events, send_command, status, sync, Verb};
+use cli::out;
 use cli::spec_edit::{add_volume, remove_volume};
 
 fn init_logging(format: LogFormat) {
@@ -174,7 +175,7 @@ async fn dispatch(command: Command) -> ExitCode {
             };
             match convert::convert(&vmi, &opts) {
                 Ok(def) => {
-                    print!("{}", def.to_xml());
+                    out!("{}", def.to_xml());
                     ExitCode::Succeeded
                 }
                 Err(e) => {

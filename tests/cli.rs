@@ -169,6 +169,33 @@ fn convert_prints_deterministic_xml() {
 }
 
 #[test]
+fn output_to_a_reader_that_has_gone_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    // `vmlauncher convert ... | head -0`: the pipe's read end is closed before anything is
+    // written, so the first write fails with a broken pipe.
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    drop(read_end);
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let out = Command::new(common::bin())
+        .args(["convert", example, "--emulation", "tcg"])
+        .stdout(std::process::Stdio::from(write_end))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), out.status.signal()),
+        (Some(0), None),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn usage_errors_exit_64() {
     let out = vmlauncher(&["frobnicate"], None);
     assert_eq!(out.status.code(), Some(64));

@@ -8,6 +8,7 @@ use vmlauncher::exit::ExitCode;
 use vmlauncher::run;
 
 use super::args::{Output, Target};
+use super::outln;
 use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
 
@@ -49,13 +50,16 @@ pub(crate) async fn send_command(target: &Target, verb: Verb) -> ExitCode {
     };
     let status = reply.status.unwrap_or_default();
     match target.output {
-        Output::Json => println!(
+        Output::Json => outln!(
             "{}",
             serde_json::json!({"taskId": reply.task_id, "status": status_json(&status)})
         ),
-        Output::Text => println!(
+        Output::Text => outln!(
             "task {} done: phase {} ({}), vm state {}",
-            reply.task_id, status.phase, status.printable_status, status.vm_state
+            reply.task_id,
+            status.phase,
+            status.printable_status,
+            status.vm_state
         ),
     }
     ExitCode::Succeeded
@@ -234,17 +238,17 @@ pub(crate) async fn sync_request(
                 .map(|c| serde_json::json!({"action": action(c), "volume": c.volume, "target": c.target}))
                 .collect();
             let volumes: Vec<_> = response.volumes.iter().map(volume_json).collect();
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes})
             );
         }
         Output::Text => {
             if response.plan.is_empty() {
-                println!("nothing to change");
+                outln!("nothing to change");
             }
             for c in &response.plan {
-                println!(
+                outln!(
                     "{}{} {} ({})",
                     if dry_run { "would " } else { "" },
                     action(c),
@@ -276,21 +280,25 @@ pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
         Err(status) => return rpc_failed(status),
     };
     match output {
-        Output::Json => println!("{}", status_json(&s)),
+        Output::Json => outln!("{}", status_json(&s)),
         Output::Text => {
-            println!("domain:      {}", s.domain_name);
-            println!("libvirt:     {}", s.libvirt_uri);
-            println!(
+            outln!("domain:      {}", s.domain_name);
+            outln!("libvirt:     {}", s.libvirt_uri);
+            outln!(
                 "phase:       {} ({}) {}",
-                s.phase, s.printable_status, s.phase_reason
+                s.phase,
+                s.printable_status,
+                s.phase_reason
             );
-            println!(
+            outln!(
                 "strategy:    {} (restarts {}, next in {} ms)",
-                s.run_strategy, s.restart_count, s.next_restart_in_ms
+                s.run_strategy,
+                s.restart_count,
+                s.next_restart_in_ms
             );
-            println!("power state: {}", s.power_state);
-            println!("vm state:    {}", s.vm_state);
-            println!(
+            outln!("power state: {}", s.power_state);
+            outln!("vm state:    {}", s.vm_state);
+            outln!(
                 "task:        {}",
                 if s.task_state.is_empty() {
                     "-"
@@ -299,9 +307,12 @@ pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
                 }
             );
             for c in &s.conditions {
-                println!(
+                outln!(
                     "condition:   {}={} {} {}",
-                    c.r#type, c.status, c.reason, c.message
+                    c.r#type,
+                    c.status,
+                    c.reason,
+                    c.message
                 );
             }
             print_interfaces(&s.interfaces);

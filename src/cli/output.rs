@@ -2,6 +2,8 @@
 
 use vmlauncher::api::proto;
 
+use super::outln;
+
 pub(crate) fn volume_phase(v: &proto::VolumeStatus) -> &'static str {
     proto::volume_status::Phase::try_from(v.phase)
         .map(|p| p.as_str_name().trim_start_matches("PHASE_"))
@@ -23,9 +25,13 @@ pub(crate) fn volume_json(v: &proto::VolumeStatus) -> serde_json::Value {
 }
 
 pub(crate) fn print_volumes(volumes: &[proto::VolumeStatus]) {
-    println!(
+    outln!(
         "{:<20} {:<8} {:<8} {:<10} {:<36} reason",
-        "VOLUME", "TARGET", "BUS", "PHASE", "SERIAL"
+        "VOLUME",
+        "TARGET",
+        "BUS",
+        "PHASE",
+        "SERIAL"
     );
     for v in volumes {
         let why = if v.message.is_empty() {
@@ -33,7 +39,7 @@ pub(crate) fn print_volumes(volumes: &[proto::VolumeStatus]) {
         } else {
             format!("{}: {}", v.reason, v.message)
         };
-        println!(
+        outln!(
             "{:<20} {:<8} {:<8} {:<10} {:<36} {why}",
             v.name,
             v.target,
@@ -87,7 +93,7 @@ pub(crate) fn print_interfaces(interfaces: &[proto::InterfaceStatus]) {
                 )
             })
             .collect();
-        println!(
+        outln!(
             "interface:   {} {} {} {}",
             i.name,
             i.mac,
