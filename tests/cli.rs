@@ -172,8 +172,9 @@ fn convert_prints_deterministic_xml() {
 fn output_to_a_reader_that_has_gone_ends_quietly() {
     use std::os::unix::process::ExitStatusExt;
     // `vmlauncher convert ... | head -0`: the pipe's read end is closed before anything is
-    // written, so the first write fails with a broken pipe.
-    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    // written, so the first write fails with a broken pipe. Close-on-exec: a test running
+    // beside this one must not inherit the read end and keep the pipe open.
+    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
     drop(read_end);
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
     let out = Command::new(common::bin())

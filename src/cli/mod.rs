@@ -7,7 +7,8 @@ pub(crate) mod output;
 pub(crate) mod spec_edit;
 
 /// `println!` for what a verb prints: a reader that has gone (`vmlauncher status | head -1`)
-/// ends the verb quietly, as it ends `cat` or `grep`, where std's `println!` panics.
+/// silences the rest of the output, where std's `println!` panics; the verb still ends with its
+/// own exit code (a Sync whose volume failed says so under `set -o pipefail`).
 macro_rules! outln {
     ($($arg:tt)*) => {
         $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
@@ -23,12 +24,20 @@ macro_rules! out {
 }
 pub(crate) use out;
 
+/// Set once stdout's reader has gone: nothing more is written.
+static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 pub(crate) fn write_stdout(text: std::fmt::Arguments) {
     use std::io::Write;
+    use std::sync::atomic::Ordering;
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
-            std::process::exit(0);
+            STDOUT_GONE.store(true, Ordering::Relaxed);
+            return;
         }
         eprintln!("vmlauncher: cannot write to stdout: {e}");
         std::process::exit(vmlauncher::exit::ExitCode::Internal as i32);
