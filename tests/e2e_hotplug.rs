@@ -296,6 +296,70 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         l.starts_with("VMLTEST-DISKS") && common::guest_serials(l) == ["E2E-Serial-One"]
     });
 
+    // Two attaches are before libvirt at once; the second waits in libvirtd for the domain's
+    // job, held by the first. With QEMU stopped, the first holds it past libvirt's 30 s wait:
+    // the second asks again, its status saying why, instead of failing, and both are attached
+    // once QEMU runs again.
+    let four = disk_image(vm.dir(), "four.img", 8);
+    let five = disk_image(vm.dir(), "five.img", 8);
+    let with_four_and_five = guest_spec(
+        name,
+        "",
+        &[
+            ("one", "E2E-Serial-One", one.as_path()),
+            ("four", "E2E-FOUR", four.as_path()),
+            ("five", "E2E-FIVE", five.as_path()),
+        ],
+    );
+    let mut events = common::EventWatcher::start(&vm.socket()).await;
+    common::signal_pid(qemu_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Resumed(qemu_pid);
+    let attaching = {
+        let mut client = client.clone();
+        tokio::spawn(async move { sync(&mut client, with_four_and_five).await })
+    };
+    events
+        .wait_for(
+            "an attach asking libvirt again after its 30 s wait for the job",
+            Duration::from_secs(120),
+            |e| {
+                matches!(&e.kind, Some(proto::event::Kind::Volume(v))
+                    if v.reason == "WaitingForDomainJob"
+                        && v.phase == proto::volume_status::Phase::Attaching as i32)
+            },
+        )
+        .await;
+    drop(stopped);
+    let reply = attaching
+        .await
+        .unwrap()
+        .expect("the Sync of disks four and five");
+    let phases: Vec<_> = reply
+        .volumes
+        .iter()
+        .map(|v| (v.name.as_str(), v.phase))
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            ("five", ready_phase),
+            ("four", ready_phase),
+            ("one", ready_phase)
+        ]
+    );
+    console.line("disks four and five in the guest", GUEST_DEADLINE, |l| {
+        let serials = common::guest_serials(l);
+        l.starts_with("VMLTEST-DISKS")
+            && serials.contains(&"E2E-FOUR".into())
+            && serials.contains(&"E2E-FIVE".into())
+    });
+    sync(&mut client, only_one.clone())
+        .await
+        .expect("back to disk one alone");
+    console.line("only disk one in the guest again", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-DISKS") && common::guest_serials(l) == ["E2E-Serial-One"]
+    });
+
     // The CLI client sees the same state.
     let status = common::cli_status(&vm.socket());
     assert_eq!(status["phase"], "Running");

@@ -365,9 +365,23 @@ impl Launcher {
     /// The libvirt step of an attach; true if it worked.
     pub(super) fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
-        let (n, xml) = (self.domain_name.clone(), disk.to_xml());
+        let xml = disk.to_xml();
         self.forget_live_disks();
-        match self.call(move |hv| hv.attach(&n, &xml, persist)) {
+        let mut attempts = 1;
+        let attached = loop {
+            match self.call(|hv| hv.attach(&self.domain_name, &xml, persist)) {
+                Err(LauncherError::Libvirt(e))
+                    if e.is_operation_timeout() && attempts < JOB_WAIT_ATTEMPTS =>
+                {
+                    attempts += 1;
+                    let message = e.libvirt_message();
+                    tracing::info!(volume = %disk.volume, %message, "asking libvirt again");
+                    self.set_volume(disk, VolumePhase::Attaching, "WaitingForDomainJob", message);
+                }
+                result => break result,
+            }
+        };
+        match attached {
             Ok(()) => {
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
                 true
@@ -523,11 +537,20 @@ impl Launcher {
 /// time and queues the next: with a second request already waiting in libvirtd when a job ends,
 /// libvirt starts it at once, and what the launcher does between two attaches (the volume's
 /// status, the next disk's host side, the round trip) is off the path. The plan has chosen
-/// every disk's target and drive address, so the order libvirt takes them in changes nothing.
+/// every disk's target and drive address, so the order libvirt takes them in changes nothing
+/// the launcher reports (the guest names disks in the order it finds them, as it always could).
 const ATTACHES_IN_FLIGHT: usize = 2;
 
+/// How many times an attach asks libvirt when libvirt's wait for the domain's job runs out.
+/// libvirt gives up after 30 s (`VIR_JOB_WAIT_TIME`) with a timeout; an attach queued behind the
+/// other one in flight meets that only when QEMU or its storage holds that other attach so long,
+/// and one at a time it would have waited: so it asks again, up to 2.5 minutes in all, its
+/// volume Attaching with the reason `WaitingForDomainJob` meanwhile.
+const JOB_WAIT_ATTEMPTS: u32 = 5;
+
 /// Runs `work` on each of `items`, `at_once` at a time (on this thread and `at_once - 1`
-/// scoped ones), in the items' order of start; none starts once `interrupted` says so.
+/// scoped ones), taking the items in order; none starts once `interrupted` says so. If the
+/// system refuses a thread (a pod's `pids.max`, say), fewer run at once, down to this thread.
 fn in_flight<T: Sync>(
     items: &[T],
     at_once: usize,
@@ -548,7 +571,13 @@ fn in_flight<T: Sync>(
     };
     std::thread::scope(|scope| {
         for _ in 1..at_once.min(items.len()) {
-            scope.spawn(worker);
+            let spawned = std::thread::Builder::new()
+                .name("attach".into())
+                .spawn_scoped(scope, worker);
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a thread; attaching one at a time");
+                break;
+            }
         }
         worker();
     });
@@ -631,6 +660,7 @@ pub(super) async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {
 mod tests {
     use super::*;
     use crate::domain::Bus;
+    use std::sync::Mutex;
 
     #[test]
     fn a_plan_reads_as_attaches_then_detaches() {
@@ -670,7 +700,7 @@ mod tests {
 
     #[test]
     fn in_flight_runs_every_item_once() {
-        let started = std::sync::Mutex::new(Vec::new());
+        let started = Mutex::new(Vec::new());
         in_flight(&[1, 2, 3, 4, 5], 2, &|| false, |&i| {
             started.lock().unwrap().push(i)
         })
@@ -680,38 +710,62 @@ mod tests {
         assert_eq!(started, [1, 2, 3, 4, 5]);
     }
 
-    #[test]
-    fn in_flight_keeps_two_going_at_once_and_never_three() {
-        use std::sync::mpsc;
-        use std::time::Duration;
-        // Item 0 returns only once item 1 has started: with one at a time it would wait for
-        // ever (the test fails at the timeout instead).
-        let (item1_started, wait_for_item1) = mpsc::channel();
-        let wait_for_item1 = std::sync::Mutex::new(wait_for_item1);
-        let running = AtomicUsize::new(0);
-        let most = AtomicUsize::new(0);
-        in_flight(&[0, 1, 2, 3, 4, 5], 2, &|| false, |&i| {
-            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-            most.fetch_max(now, Ordering::SeqCst);
+    /// `in_flight`, two at once, on items 0, 1, 2, ..., each recorded in `finished`: item 0
+    /// returns only once item 1 has run `item1` and said so. One at a time, item 0 would wait
+    /// for ever (the test fails at the timeout instead).
+    fn item0_waits_for_item1(
+        items: &[usize],
+        interrupted: &(dyn Fn() -> bool + Sync),
+        item1: impl Fn() + Sync,
+    ) -> (Result<(), LauncherError>, Vec<usize>) {
+        let (item1_ran, wait_for_item1) = std::sync::mpsc::channel();
+        let (item1_ran, wait_for_item1) = (Mutex::new(item1_ran), Mutex::new(wait_for_item1));
+        let finished = Mutex::new(Vec::new());
+        let outcome = in_flight(items, 2, interrupted, |&i| {
             match i {
                 0 => wait_for_item1
                     .lock()
                     .unwrap()
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("item 1 started while item 0 ran"),
-                1 => item1_started.send(()).unwrap(),
+                    .recv_timeout(std::time::Duration::from_secs(10))
+                    .expect("item 1 ran while item 0 was running"),
+                1 => {
+                    item1();
+                    item1_ran.lock().unwrap().send(()).unwrap();
+                }
                 _ => {}
             }
-            running.fetch_sub(1, Ordering::SeqCst);
-        })
-        .unwrap();
-        assert_eq!(most.load(Ordering::SeqCst), 2);
+            finished.lock().unwrap().push(i);
+        });
+        let mut finished = finished.into_inner().unwrap();
+        finished.sort();
+        (outcome, finished)
+    }
+
+    #[test]
+    fn in_flight_keeps_two_going_at_once() {
+        let (outcome, finished) = item0_waits_for_item1(&[0, 1, 2, 3, 4, 5], &|| false, || {});
+        outcome.unwrap();
+        assert_eq!(finished, [0, 1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn two_at_once_an_interrupt_starts_nothing_more_and_lets_the_running_one_finish() {
+        // The interrupt comes while item 0 runs: it finishes; neither thread starts 2 or 3.
+        let interrupted = AtomicBool::new(false);
+        let (outcome, finished) = item0_waits_for_item1(
+            &[0, 1, 2, 3],
+            &|| interrupted.load(Ordering::SeqCst),
+            || interrupted.store(true, Ordering::SeqCst),
+        );
+        assert!(matches!(outcome, Err(LauncherError::SyncInterrupted)));
+        assert_eq!(finished, [0, 1]);
     }
 
     #[test]
     fn in_flight_starts_nothing_once_interrupted_and_says_so() {
+        // One at a time: the item after the interrupt is not started.
         let interrupted = AtomicBool::new(false);
-        let started = std::sync::Mutex::new(Vec::new());
+        let started = Mutex::new(Vec::new());
         let outcome = in_flight(
             &[1, 2, 3, 4],
             1,

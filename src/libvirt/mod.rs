@@ -106,6 +106,12 @@ impl LibvirtError {
         matches!(self, LibvirtError::Call { source, .. } if code_is(source, ErrorNumber::DeviceMissing))
     }
 
+    /// libvirt gave up waiting (`VIR_ERR_OPERATION_TIMEOUT`): for a call that takes the domain's
+    /// job (an attach, a detach), another job held it past libvirt's 30 s wait.
+    pub fn is_operation_timeout(&self) -> bool {
+        matches!(self, LibvirtError::Call { source, .. } if code_is(source, ErrorNumber::OperationTimeout))
+    }
+
     /// libvirt's own message, for status reports that show one line.
     pub fn libvirt_message(&self) -> String {
         match self {
