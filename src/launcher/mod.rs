@@ -574,8 +574,10 @@ impl Launcher {
         // the updates (lock order: state, then the event sequence; nothing takes them reversed).
         let mut state = self.state.lock().expect("state lock");
         change(&mut state);
-        let new = self.status_of(&state);
-        let old = self.changes.send_replace(new.clone());
+        // Compared where it is published, not cloned for that: a Sync of n disks makes 2n
+        // updates of an n-volume status.
+        let old = self.changes.send_replace(self.status_of(&state));
+        let new = self.changes.borrow();
         if new.course() != old.course() {
             self.course.send_replace(new.clone());
         }
@@ -583,19 +585,10 @@ impl Launcher {
             self.events
                 .publish(EventKind::Status(Box::new(new.clone())));
         }
-        let old_volumes: BTreeMap<&str, &VolumeStatus> =
-            old.volumes.iter().map(|v| (v.name.as_str(), v)).collect();
-        for v in &new.volumes {
-            if old_volumes.get(v.name.as_str()) != Some(&v) {
-                self.events.publish(EventKind::Volume(Box::new(v.clone())));
-            }
+        for event in status::volume_changes(&old.volumes, &new.volumes) {
+            self.events.publish(event);
         }
-        for v in &old.volumes {
-            if !new.volumes.iter().any(|n| n.name == v.name) {
-                self.events
-                    .publish(EventKind::VolumeRemoved(v.name.clone()));
-            }
-        }
+        drop(new);
         drop(state);
     }
 

@@ -266,6 +266,42 @@ impl Launcher {
     }
 }
 
+/// The events that tell a watcher how `old` volumes became `new` ones: each new or changed
+/// volume, in `new`'s order, then each removed one, in `old`'s. Both are sorted by name (the
+/// state keeps them in a map), so one walk over the two finds them: with a status rebuilt for
+/// every volume's change, a pairwise search made a Sync of n disks cost n³ name comparisons.
+pub(super) fn volume_changes(old: &[VolumeStatus], new: &[VolumeStatus]) -> Vec<EventKind> {
+    let mut changed = Vec::new();
+    let mut removed = Vec::new();
+    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
+    loop {
+        match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some(o), Some(n)) if o.name == n.name => {
+                if o != n {
+                    changed.push(EventKind::Volume(Box::new((*n).clone())));
+                }
+                old.next();
+                new.next();
+            }
+            (Some(o), Some(n)) if o.name < n.name => {
+                removed.push(EventKind::VolumeRemoved(o.name.clone()));
+                old.next();
+            }
+            (Some(o), None) => {
+                removed.push(EventKind::VolumeRemoved(o.name.clone()));
+                old.next();
+            }
+            (_, Some(n)) => {
+                changed.push(EventKind::Volume(Box::new((*n).clone())));
+                new.next();
+            }
+        }
+    }
+    changed.append(&mut removed);
+    changed
+}
+
 pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStrategy) -> Status {
     Status {
         phase: Phase::Scheduled,
@@ -289,6 +325,42 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_changes_are_the_new_and_changed_then_the_removed() {
+        use VolumePhase::{Attaching, Detaching, Ready};
+        let old = [
+            volume("a", Ready),
+            volume("c", Attaching),
+            volume("d", Ready),
+            volume("f", Ready),
+        ];
+        let new = [
+            volume("b", Attaching),
+            volume("c", Ready),
+            volume("d", Ready),
+            volume("e", Detaching),
+        ];
+        assert_eq!(
+            volume_changes(&old, &new),
+            [
+                EventKind::Volume(Box::new(volume("b", Attaching))),
+                EventKind::Volume(Box::new(volume("c", Ready))),
+                EventKind::Volume(Box::new(volume("e", Detaching))),
+                EventKind::VolumeRemoved("a".into()),
+                EventKind::VolumeRemoved("f".into()),
+            ]
+        );
+        assert_eq!(volume_changes(&new, &new), []);
+        assert_eq!(
+            volume_changes(&[], &old[..1]),
+            [EventKind::Volume(Box::new(volume("a", Ready)))]
+        );
+        assert_eq!(
+            volume_changes(&old[..1], &[]),
+            [EventKind::VolumeRemoved("a".into())]
+        );
+    }
 
     #[test]
     fn an_event_is_at_most_eight_words() {
