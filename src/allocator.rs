@@ -23,7 +23,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
 
 const TUNABLES: &str = "GLIBC_TUNABLES";
-const NO_THREAD_CACHE: &str = "glibc.malloc.tcache_count=0";
+const THREAD_CACHE: &str = "glibc.malloc.tcache_count";
 /// Set on the second start to what `GLIBC_TUNABLES` was before it (empty if it was not set:
 /// glibc reads an empty one as none).
 const BEFORE: &str = "VMLAUNCHER_GLIBC_TUNABLES_BEFORE";
@@ -48,7 +48,7 @@ pub fn with_tuned_malloc() {
     let current = std::env::var_os(TUNABLES);
     if current
         .as_deref()
-        .is_some_and(|t| t.to_string_lossy().contains("glibc.malloc.tcache_count"))
+        .is_some_and(|t| t.to_string_lossy().contains(THREAD_CACHE))
     {
         return;
     }
@@ -57,7 +57,8 @@ pub fn with_tuned_malloc() {
         tunables.push(t);
         tunables.push(":");
     }
-    tunables.push(NO_THREAD_CACHE);
+    tunables.push(THREAD_CACHE);
+    tunables.push("=0");
     let mut args = std::env::args_os();
     let arg0 = args.next().unwrap_or_else(|| "vmlauncher".into());
     // The path, not `/proc/self/exe` itself: under valgrind (scripts/hot-symbols.sh) that link

@@ -257,7 +257,13 @@ impl Launcher {
                 None => self.attach(vmi, disk, persist),
             }
         };
-        super::host_work(|| in_flight(&plan.attach, ATTACHES_IN_FLIGHT, &interrupted, attach_one))?;
+        // Not for a Sync with nothing to attach (a no-op, a detach): `host_work` hands the async
+        // worker's other tasks to another thread, a wake-up for nothing.
+        if !plan.attach.is_empty() {
+            super::host_work(|| {
+                in_flight(&plan.attach, ATTACHES_IN_FLIGHT, &interrupted, attach_one)
+            })?;
+        }
         for live_disk in &plan.detach {
             if interrupted() {
                 return Err(LauncherError::SyncInterrupted);
