@@ -11,7 +11,7 @@ use vmlauncher::run::{self, RunOptions};
 mod cli;
 
 use cli::args::{Cli, Command, LogFormat};
-use cli::client::{edit_volumes, events, send_command, status, sync, Verb};
+use cli::client::{edit_volumes, events, send_command, status, sync, Outcome, Verb};
 use cli::out;
 use cli::spec_edit::{add_volume, remove_volume};
 
@@ -91,10 +91,11 @@ fn main() -> std::process::ExitCode {
             return ExitCode::Internal.into();
         }
     };
-    runtime.block_on(dispatch(cli.command)).into()
+    let outcome = runtime.block_on(dispatch(cli.command));
+    outcome.unwrap_or_else(|code| code).into()
 }
 
-async fn dispatch(command: Command) -> ExitCode {
+async fn dispatch(command: Command) -> Outcome {
     match command {
         Command::Run {
             spec,
@@ -113,10 +114,7 @@ async fn dispatch(command: Command) -> ExitCode {
             log_max_size,
             qemu_cache_dir,
         } => {
-            let (spec, spec_text) = match run::load_spec(&spec) {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
+            let (spec, spec_text) = run::load_spec(&spec)?;
             let strategy = run_strategy
                 .or(spec.run_strategy)
                 .unwrap_or(RunStrategy::Once);
@@ -126,9 +124,9 @@ async fn dispatch(command: Command) -> ExitCode {
                 eprintln!(
                     "vmlauncher: --publish {host}:{guest}: no masquerade interface of the spec lists port {guest}"
                 );
-                return ExitCode::Usage;
+                return Err(ExitCode::Usage);
             }
-            run::run(RunOptions {
+            let ended = run::run(RunOptions {
                 spec,
                 connect,
                 runtime_dir,
@@ -153,41 +151,29 @@ async fn dispatch(command: Command) -> ExitCode {
                 log_max_size,
                 qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
             })
-            .await
+            .await;
+            Ok(ended)
         }
-        Command::WarmCache { qemu_cache_dir } => run::warm_cache(&qemu_cache_dir).await,
+        Command::WarmCache { qemu_cache_dir } => Ok(run::warm_cache(&qemu_cache_dir).await),
         Command::Convert {
             spec,
             emulation,
             console_log,
         } => {
-            let vmi = match run::load_spec(&spec) {
-                Ok((vmi, _)) => vmi,
-                Err(code) => return code,
-            };
+            let (vmi, _) = run::load_spec(&spec)?;
             let mut opts = ConvertOptions::new(emulation.resolve(), console_log);
-            opts.cpus = match vmlauncher::host::cpus::own_cpus() {
-                Ok(cpus) => cpus,
-                Err(e) => {
-                    eprintln!("vmlauncher: {e}");
-                    return ExitCode::Internal;
-                }
-            };
-            match convert::convert(&vmi, &opts) {
-                Ok(def) => {
-                    out!("{}", def.to_xml());
-                    ExitCode::Succeeded
-                }
-                Err(e) => {
-                    eprintln!("{}: {e}", spec.display());
-                    ExitCode::BadSpec
-                }
-            }
+            opts.cpus = vmlauncher::host::cpus::own_cpus().map_err(|e| {
+                eprintln!("vmlauncher: {e}");
+                ExitCode::Internal
+            })?;
+            let def = convert::convert(&vmi, &opts).map_err(|e| {
+                eprintln!("{}: {e}", spec.display());
+                ExitCode::BadSpec
+            })?;
+            out!("{}", def.to_xml());
+            Ok(ExitCode::Succeeded)
         }
-        Command::Validate { spec } => match run::load_spec(&spec) {
-            Ok(_) => ExitCode::Succeeded,
-            Err(code) => code,
-        },
+        Command::Validate { spec } => run::load_spec(&spec).map(|_| ExitCode::Succeeded),
         Command::Sync {
             spec,
             socket,
@@ -211,7 +197,7 @@ async fn dispatch(command: Command) -> ExitCode {
                 }
                 _ => {
                     eprintln!("vmlauncher: addvolume needs --path or --major and --minor");
-                    return ExitCode::Usage;
+                    return Err(ExitCode::Usage);
                 }
             };
             let serial = serial.unwrap_or_else(|| name.clone());

@@ -12,6 +12,21 @@ use super::outln;
 use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
 
+/// How a client verb ends: `Err` is a failure already reported on stderr, with its exit code, so
+/// that each step can end the verb with `?`.
+pub(crate) type Outcome = Result<ExitCode, ExitCode>;
+
+type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
+
+async fn connect(socket: &Path) -> Result<Client, ExitCode> {
+    api::connect(socket).await.map_err(|e| request_failed(&e))
+}
+
+/// The launcher's answer to one call, or the exit code its refusal maps to.
+fn answer<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ExitCode> {
+    reply.map(tonic::Response::into_inner).map_err(rpc_failed)
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Verb {
     Start,
@@ -23,11 +38,8 @@ pub(crate) enum Verb {
     Kill,
 }
 
-pub(crate) async fn send_command(target: &Target, verb: Verb) -> ExitCode {
-    let mut client = match api::connect(&target.socket).await {
-        Ok(c) => c,
-        Err(e) => return request_failed(&e),
-    };
+pub(crate) async fn send_command(target: &Target, verb: Verb) -> Outcome {
+    let mut client = connect(&target.socket).await?;
     let req = proto::CommandRequest {};
     let reply = match verb {
         Verb::Start => client.start(req).await,
@@ -44,10 +56,7 @@ pub(crate) async fn send_command(target: &Target, verb: Verb) -> ExitCode {
         }
         Verb::Kill => client.kill(req).await,
     };
-    let reply = match reply {
-        Ok(r) => r.into_inner(),
-        Err(status) => return rpc_failed(status),
-    };
+    let reply = answer(reply)?;
     let status = reply.status.unwrap_or_default();
     match target.output {
         Output::Json => outln!(
@@ -62,25 +71,17 @@ pub(crate) async fn send_command(target: &Target, verb: Verb) -> ExitCode {
             status.vm_state
         ),
     }
-    ExitCode::Succeeded
+    Ok(ExitCode::Succeeded)
 }
 
-pub(crate) async fn events(socket: &Path, output: Output) -> ExitCode {
+pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
     use proto::event::Kind;
-    let mut client = match api::connect(socket).await {
-        Ok(c) => c,
-        Err(e) => return request_failed(&e),
-    };
-    let mut stream = match client.watch_events(proto::WatchEventsRequest {}).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return rpc_failed(status),
-    };
+    let mut client = connect(socket).await?;
+    let mut stream = answer(client.watch_events(proto::WatchEventsRequest {}).await)?;
     loop {
-        let event = match stream.message().await {
-            Ok(Some(e)) => e,
-            // The launcher went away: the stream is over.
-            Ok(None) => return ExitCode::Succeeded,
-            Err(status) => return rpc_failed(status),
+        // `None`: the launcher went away, the stream is over.
+        let Some(event) = stream.message().await.map_err(rpc_failed)? else {
+            return Ok(ExitCode::Succeeded);
         };
         let (kind, body, text) = match event.kind {
             Some(Kind::Resync(s)) => (
@@ -125,17 +126,17 @@ pub(crate) async fn events(socket: &Path, output: Output) -> ExitCode {
         use std::io::Write;
         let mut out = std::io::stdout().lock();
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
-            return ExitCode::Succeeded;
+            return Ok(ExitCode::Succeeded);
         }
     }
 }
 
-pub(crate) fn request_failed(e: &(dyn std::error::Error + 'static)) -> ExitCode {
+fn request_failed(e: &(dyn std::error::Error + 'static)) -> ExitCode {
     eprintln!("vmlauncher: {}", vmlauncher::error_chain(e));
     ExitCode::RequestFailed
 }
 
-pub(crate) fn rpc_failed(status: tonic::Status) -> ExitCode {
+fn rpc_failed(status: tonic::Status) -> ExitCode {
     eprintln!("vmlauncher: {:?}: {}", status.code(), status.message());
     ExitCode::from_rpc_code(status.code())
 }
@@ -145,43 +146,31 @@ pub(crate) async fn edit_volumes(
     socket: &Path,
     output: Output,
     edit: impl FnOnce(&mut SpecValue, &mut proto::SyncRequest) -> Result<(), String>,
-) -> ExitCode {
-    let mut client = match api::connect(socket).await {
-        Ok(c) => c,
-        Err(e) => return request_failed(&e),
-    };
-    let current = match client.get_spec(proto::GetSpecRequest {}).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return rpc_failed(status),
-    };
-    let mut spec: SpecValue = match serde_yaml_ng::from_str(&current.spec) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("vmlauncher: the launcher's spec does not parse: {e}");
-            return ExitCode::RequestFailed;
-        }
-    };
+) -> Outcome {
+    let mut client = connect(socket).await?;
+    let current = answer(client.get_spec(proto::GetSpecRequest {}).await)?;
+    let mut spec: SpecValue = serde_yaml_ng::from_str(&current.spec).map_err(|e| {
+        eprintln!("vmlauncher: the launcher's spec does not parse: {e}");
+        ExitCode::RequestFailed
+    })?;
     let mut req = proto::SyncRequest {
         spec: String::new(),
         dry_run: false,
         block_devices: current.block_devices,
         persist: current.persist,
     };
-    if let Err(why) = edit(&mut spec, &mut req) {
+    edit(&mut spec, &mut req).map_err(|why| {
         eprintln!("vmlauncher: {why}");
-        return ExitCode::RequestFailed;
-    }
-    req.spec = match serde_yaml_ng::to_string(&spec) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("vmlauncher: cannot write the edited spec: {e}");
-            return ExitCode::Internal;
-        }
-    };
+        ExitCode::RequestFailed
+    })?;
+    req.spec = serde_yaml_ng::to_string(&spec).map_err(|e| {
+        eprintln!("vmlauncher: cannot write the edited spec: {e}");
+        ExitCode::Internal
+    })?;
     sync_request(client, req, output).await
 }
 
-pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> ExitCode {
+pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Output) -> Outcome {
     // The launcher validates; the client only needs text it can send.
     let text = match run::read_spec(spec).map(String::from_utf8) {
         Ok(Ok(t)) => t,
@@ -191,17 +180,14 @@ pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Outp
                 spec.display(),
                 e.utf8_error().valid_up_to()
             );
-            return ExitCode::BadSpec;
+            return Err(ExitCode::BadSpec);
         }
         Err(e) => {
             eprintln!("{}: {e}", spec.display());
-            return ExitCode::BadSpec;
+            return Err(ExitCode::BadSpec);
         }
     };
-    let client = match api::connect(socket).await {
-        Ok(c) => c,
-        Err(e) => return request_failed(&e),
-    };
+    let client = connect(socket).await?;
     // Block volumes the launcher holds keep their device without being named again.
     let req = proto::SyncRequest {
         spec: text,
@@ -211,16 +197,9 @@ pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Outp
     sync_request(client, req, output).await
 }
 
-pub(crate) async fn sync_request(
-    mut client: proto::launcher_client::LauncherClient<tonic::transport::Channel>,
-    req: proto::SyncRequest,
-    output: Output,
-) -> ExitCode {
+async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Output) -> Outcome {
     let dry_run = req.dry_run;
-    let response = match client.sync(req).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return rpc_failed(status),
-    };
+    let response = answer(client.sync(req).await)?;
     let action = |c: &proto::PlannedChange| {
         proto::planned_change::Action::try_from(c.action)
             .map(|a| {
@@ -263,22 +242,20 @@ pub(crate) async fn sync_request(
         .volumes
         .iter()
         .any(|v| v.phase == proto::volume_status::Phase::Failed as i32);
-    if failed {
+    Ok(if failed {
         ExitCode::RequestFailed
     } else {
         ExitCode::Succeeded
-    }
+    })
 }
 
-pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
-    let mut client = match api::connect(socket).await {
-        Ok(c) => c,
-        Err(e) => return request_failed(&e),
-    };
-    let s = match client.get_status(proto::GetStatusRequest {}).await {
-        Ok(r) => r.into_inner(),
-        Err(status) => return rpc_failed(status),
-    };
+pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
+    let s = answer(
+        connect(socket)
+            .await?
+            .get_status(proto::GetStatusRequest {})
+            .await,
+    )?;
     match output {
         Output::Json => outln!("{}", status_json(&s)),
         Output::Text => {
@@ -319,5 +296,5 @@ pub(crate) async fn status(socket: &Path, output: Output) -> ExitCode {
             print_volumes(&s.volumes);
         }
     }
-    ExitCode::Succeeded
+    Ok(ExitCode::Succeeded)
 }
