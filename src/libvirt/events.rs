@@ -205,46 +205,33 @@ impl EventRegistration {
             ]
         };
         for (event_id, callback) in callbacks {
-            let opaque = Box::into_raw(Box::new(tx.clone())) as *mut c_void;
-            // SAFETY: the connection pointer is valid while `conn` lives; `opaque` is a leaked Box
-            // that libvirt hands back to `free_sender` exactly once when the callback is removed.
-            let id = unsafe {
-                sys::virConnectDomainEventRegisterAny(
+            let id = hand_over(tx.clone(), event_id, |opaque| {
+                // SAFETY: the connection pointer is valid while `conn` lives.
+                unsafe {
+                    sys::virConnectDomainEventRegisterAny(
+                        conn.as_ptr(),
+                        std::ptr::null_mut(),
+                        event_id,
+                        callback,
+                        opaque,
+                        Some(free_sender),
+                    )
+                }
+            })?;
+            reg.callback_ids.push(id);
+        }
+        // -1: the close callback has no event id of its own.
+        hand_over(tx, -1, |opaque| {
+            // SAFETY: as above.
+            unsafe {
+                sys::virConnectRegisterCloseCallback(
                     conn.as_ptr(),
-                    std::ptr::null_mut(),
-                    event_id,
-                    callback,
+                    Some(on_close),
                     opaque,
                     Some(free_sender),
                 )
-            };
-            if id < 0 {
-                let source = virt::error::Error::last_error();
-                // SAFETY: libvirt did not take ownership of `opaque` when registration failed.
-                drop(unsafe { Box::from_raw(opaque as *mut Sender) });
-                return Err(EventError::Register { event_id, source });
             }
-            reg.callback_ids.push(id);
-        }
-        let opaque = Box::into_raw(Box::new(tx)) as *mut c_void;
-        // SAFETY: as above; libvirt frees `opaque` through `free_sender` when unregistered.
-        let rc = unsafe {
-            sys::virConnectRegisterCloseCallback(
-                conn.as_ptr(),
-                Some(on_close),
-                opaque,
-                Some(free_sender),
-            )
-        };
-        if rc < 0 {
-            let source = virt::error::Error::last_error();
-            // SAFETY: registration failed, so the Box is still ours.
-            drop(unsafe { Box::from_raw(opaque as *mut Sender) });
-            return Err(EventError::Register {
-                event_id: -1,
-                source,
-            });
-        }
+        })?;
         reg.close_callback = true;
         Ok(reg)
     }
@@ -261,6 +248,25 @@ impl Drop for EventRegistration {
             unsafe { sys::virConnectUnregisterCloseCallback(self.conn.as_ptr(), Some(on_close)) };
         }
     }
+}
+
+/// Registers a callback whose opaque pointer is a leaked `Box` of `tx`, which libvirt hands back
+/// to [`free_sender`] exactly once, when the callback is removed: `register` is the libvirt call,
+/// given that pointer. On failure the `Box` is still ours, and dropped here.
+fn hand_over(
+    tx: Sender,
+    event_id: i32,
+    register: impl FnOnce(*mut c_void) -> c_int,
+) -> Result<c_int, EventError> {
+    let opaque = Box::into_raw(Box::new(tx)) as *mut c_void;
+    let id = register(opaque);
+    if id < 0 {
+        let source = virt::error::Error::last_error();
+        // SAFETY: libvirt did not take ownership of `opaque` when registration failed.
+        drop(unsafe { Box::from_raw(opaque as *mut Sender) });
+        return Err(EventError::Register { event_id, source });
+    }
+    Ok(id)
 }
 
 unsafe extern "C" fn free_sender(opaque: *mut c_void) {
