@@ -42,6 +42,11 @@ fn errors_of(text: &str) -> Vec<String> {
     }
 }
 
+/// `MINIMAL` with `from` replaced by `to`, parsed; it must be valid.
+fn minimal_with(from: &str, to: &str) -> Validated {
+    parse(&MINIMAL.replace(from, to)).unwrap()
+}
+
 #[test]
 fn parses_minimal_yaml() {
     let vmi = parse(MINIMAL).expect("valid");
@@ -157,11 +162,10 @@ fn serial_of_exactly_36_is_accepted_on_scsi() {
 
 #[test]
 fn memory_falls_back_to_resources() {
-    let text = MINIMAL.replace(
+    let vmi = minimal_with(
         "    memory:\n      guest: 128Mi\n",
         "    resources:\n      requests:\n        memory: 64M\n        cpu: 1\n",
     );
-    let vmi = parse(&text).unwrap();
     assert_eq!(guest_memory(&vmi), Ok(Some(64_000_000)));
 }
 
@@ -230,11 +234,10 @@ spec:
 
 #[test]
 fn a_volume_without_a_disk_gets_a_default_disk() {
-    let text = MINIMAL.replace(
+    let vmi = minimal_with(
         "  volumes:\n",
         "  volumes:\n  - name: extra\n    emptyDisk: {capacity: 1Mi}\n",
     );
-    let vmi = parse(&text).unwrap();
     let extra = &vmi.spec.domain.devices.disks[1];
     assert_eq!((extra.name.as_str(), extra.bus()), ("extra", "virtio"));
 }
