@@ -12,8 +12,10 @@ use super::outln;
 use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
 
-/// How a client verb ends: `Err` is a failure already reported on stderr, with its exit code, so
-/// that each step can end the verb with `?`.
+/// How a verb ends: `Ok` with the code the verb ran to (which may tell of a failure it printed,
+/// such as a Failed volume, or of how a VM ended), or `Err` with the code of a step that failed,
+/// its message already on stderr, so that each step can end the verb with `?`. Both are the
+/// process's exit code.
 pub(crate) type Outcome = Result<ExitCode, ExitCode>;
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;

@@ -205,7 +205,7 @@ impl EventRegistration {
             ]
         };
         for (event_id, callback) in callbacks {
-            let id = hand_over(tx.clone(), event_id, |opaque| {
+            let register = |opaque| {
                 // SAFETY: the connection pointer is valid while `conn` lives.
                 unsafe {
                     sys::virConnectDomainEventRegisterAny(
@@ -217,11 +217,13 @@ impl EventRegistration {
                         Some(free_sender),
                     )
                 }
-            })?;
+            };
+            // SAFETY: libvirt keeps `opaque`, with `free_sender`, exactly when the id is not
+            // negative.
+            let id = unsafe { hand_over(tx.clone(), event_id, register) }?;
             reg.callback_ids.push(id);
         }
-        // -1: the close callback has no event id of its own.
-        hand_over(tx, -1, |opaque| {
+        let register = |opaque| {
             // SAFETY: as above.
             unsafe {
                 sys::virConnectRegisterCloseCallback(
@@ -231,7 +233,9 @@ impl EventRegistration {
                     Some(free_sender),
                 )
             }
-        })?;
+        };
+        // SAFETY: as above, when rc is 0. -1: the close callback has no event id of its own.
+        unsafe { hand_over(tx, -1, register) }?;
         reg.close_callback = true;
         Ok(reg)
     }
@@ -253,7 +257,12 @@ impl Drop for EventRegistration {
 /// Registers a callback whose opaque pointer is a leaked `Box` of `tx`, which libvirt hands back
 /// to [`free_sender`] exactly once, when the callback is removed: `register` is the libvirt call,
 /// given that pointer. On failure the `Box` is still ours, and dropped here.
-fn hand_over(
+///
+/// # Safety
+/// `register` returns a negative number only if libvirt did not keep the pointer, and otherwise
+/// has registered it with [`free_sender`] as its free function (else the `Box` is freed twice,
+/// or never).
+unsafe fn hand_over(
     tx: Sender,
     event_id: i32,
     register: impl FnOnce(*mut c_void) -> c_int,
@@ -270,7 +279,7 @@ fn hand_over(
 }
 
 unsafe extern "C" fn free_sender(opaque: *mut c_void) {
-    // SAFETY: every opaque pointer vmlauncher registers is a `Box<Sender>` made by `register`.
+    // SAFETY: every opaque pointer vmlauncher registers is a `Box<Sender>` made by `hand_over`.
     drop(unsafe { Box::from_raw(opaque as *mut Sender) });
 }
 

@@ -43,6 +43,7 @@ fn errors_of(text: &str) -> Vec<String> {
 }
 
 /// `MINIMAL` with `from` replaced by `to`, parsed; it must be valid.
+#[track_caller]
 fn minimal_with(from: &str, to: &str) -> Validated {
     parse(&MINIMAL.replace(from, to)).unwrap()
 }
