@@ -14,10 +14,10 @@
 //!   with it ([`with_tuned_malloc`]), and puts the environment back as it found it before
 //!   anything else runs, so libvirtd, QEMU and hooks do not inherit it. Without the cache every
 //!   free goes to the arena, under its lock, which the launcher's threads seldom contend for at
-//!   its rate of allocation. The bench, two
-//!   runs each way in one sitting: launcher RSS 20.13 / 20.39 → 19.95 / 19.95 MiB, RssAnon 3.62 /
-//!   3.71 → 3.39 / 3.35, no-op Sync 0.52 / 0.54 → 0.45 / 0.50 ms, attach ratio 1.081 / 1.118 →
-//!   1.088 / 1.132 (unchanged builds spread over 1.075–1.137 the same day).
+//!   its rate of allocation. The bench, two runs each way in one sitting: launcher RSS 20.13 /
+//!   20.39 → 19.95 / 19.95 MiB, RssAnon 3.62 / 3.71 → 3.39 / 3.35, no-op Sync 0.52 / 0.54 →
+//!   0.45 / 0.50 ms, attach ratio 1.081 / 1.118 → 1.088 / 1.132 (unchanged builds spread over
+//!   1.075–1.137 the same day).
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;

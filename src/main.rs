@@ -11,9 +11,9 @@ use vmlauncher::run::{self, RunOptions};
 mod cli;
 
 use cli::args::{Cli, Command, LogFormat};
-use cli::client::{edit_volumes, events, send_command, status, sync, Outcome, Verb};
-use cli::out;
+use cli::client::{edit_volumes, events, send_command, status, sync, Verb};
 use cli::spec_edit::{add_volume, remove_volume};
+use cli::{out, Outcome};
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::layer::SubscriberExt;

@@ -8,15 +8,9 @@ use vmlauncher::exit::ExitCode;
 use vmlauncher::run;
 
 use super::args::{Output, Target};
-use super::outln;
 use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
-
-/// How a verb ends: `Ok` with the code the verb ran to (which may tell of a failure it printed,
-/// such as a Failed volume, or of how a VM ended), or `Err` with the code of a step that failed,
-/// its message already on stderr, so that each step can end the verb with `?`. Both are the
-/// process's exit code.
-pub(crate) type Outcome = Result<ExitCode, ExitCode>;
+use super::{outln, Outcome};
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
@@ -252,12 +246,8 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
 }
 
 pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
-    let s = answer(
-        connect(socket)
-            .await?
-            .get_status(proto::GetStatusRequest {})
-            .await,
-    )?;
+    let mut client = connect(socket).await?;
+    let s = answer(client.get_status(proto::GetStatusRequest {}).await)?;
     match output {
         Output::Json => outln!("{}", status_json(&s)),
         Output::Text => {

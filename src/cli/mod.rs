@@ -6,6 +6,14 @@ pub(crate) mod client;
 pub(crate) mod output;
 pub(crate) mod spec_edit;
 
+use vmlauncher::exit::ExitCode;
+
+/// How a verb ends: `Ok` with the code the verb ran to (which may tell of a failure it printed,
+/// such as a Failed volume, or of how a VM ended), or `Err` with the code of a step that failed,
+/// its message already on stderr, so that each step can end the verb with `?`. Both are the
+/// process's exit code.
+pub(crate) type Outcome = Result<ExitCode, ExitCode>;
+
 /// `println!` for what a verb prints: a reader that has gone (`vmlauncher status | head -1`)
 /// silences the rest of the output, where std's `println!` panics; the verb still ends with its
 /// own exit code (a Sync whose volume failed says so under `set -o pipefail`).
@@ -40,6 +48,6 @@ pub(crate) fn write_stdout(text: std::fmt::Arguments) {
             return;
         }
         eprintln!("vmlauncher: cannot write to stdout: {e}");
-        std::process::exit(vmlauncher::exit::ExitCode::Internal as i32);
+        std::process::exit(ExitCode::Internal as i32);
     }
 }
