@@ -456,6 +456,17 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
         .recv_timeout(GUEST_DEADLINE)
         .expect("the stream's first event");
     assert!(first.contains("\"type\":\"resync\""), "{first}");
+    // A follower whose output cannot be written (a full disk) says so and fails, as every
+    // other verb does, rather than end as if the stream were over.
+    let full = Process::new(common::bin())
+        .args(["events", "--socket"])
+        .arg(vm.socket())
+        .stdout(std::fs::File::create("/dev/full").unwrap())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write to stdout"), "{stderr}");
 
     let mut console = vm.console();
     let booted = common::wait_booted;

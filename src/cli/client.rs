@@ -10,7 +10,7 @@ use vmlauncher::run;
 use super::args::{Output, Target};
 use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
 use super::spec_edit::SpecValue;
-use super::{outln, Outcome};
+use super::{outln, write_stdout, Outcome};
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
@@ -119,9 +119,7 @@ pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
             }
             Output::Text => format!("{:>6} {kind:<13} {text}", event.seq),
         };
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        if !write_stdout(format_args!("{line}\n")) {
             return Ok(ExitCode::Succeeded);
         }
     }
