@@ -154,7 +154,7 @@ impl Launcher {
 
     /// Checks every block device of a Sync: names, sources, device numbers. A path that is not
     /// there yet is not an error: that volume will be Pending.
-    pub(super) fn resolve_block_devices(
+    fn resolve_block_devices(
         &self,
         vmi: &VirtualMachineInstance,
         input: &SyncInput,
@@ -312,7 +312,7 @@ impl Launcher {
     /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
     /// only what is missing is done). The request is read once the task slot is held, so a
     /// retry never re-applies a request older than the last one (review M8).
-    pub(super) async fn retry_pending(&self) {
+    async fn retry_pending(&self) {
         if *self.closing.borrow() {
             return;
         }
@@ -348,7 +348,7 @@ impl Launcher {
         });
     }
 
-    pub(super) fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
+    fn attach(&self, vmi: &VirtualMachineInstance, disk: &DiskDef, persist: bool) {
         if let Err(DiskNotReady { source, .. }) =
             prepare_disks(vmi, std::slice::from_ref(disk), &self.options.convert)
         {
@@ -369,7 +369,7 @@ impl Launcher {
     }
 
     /// The libvirt step of an attach; true if it worked.
-    pub(super) fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
+    fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let xml = disk.to_xml();
         self.forget_live_disks();
@@ -401,13 +401,13 @@ impl Launcher {
         }
     }
 
-    pub(super) fn fail_block_volume(&self, disk: &DiskDef, e: &BlockHostError) {
+    fn fail_block_volume(&self, disk: &DiskDef, e: &BlockHostError) {
         self.set_volume(disk, VolumePhase::Failed, e.reason(), crate::error_chain(e));
     }
 
     /// A hot-plugged block volume: node, then rule, then attach; each host step undone if a
     /// later one fails.
-    pub(super) fn attach_block(&self, disk: &DiskDef, resolution: &BlockResolution, persist: bool) {
+    fn attach_block(&self, disk: &DiskDef, resolution: &BlockResolution, persist: bool) {
         let dev = match resolution {
             Ok(dev) => *dev,
             Err(path) => {
@@ -431,7 +431,7 @@ impl Launcher {
 
     /// Stops waiting for libvirt's device-removed event when a Kill or SIGTERM comes after
     /// `interrupt_generation`; the event, when it comes, finishes the detach.
-    pub(super) async fn detach(&self, live: &domain::LiveDisk, interrupt_generation: u64) {
+    async fn detach(&self, live: &domain::LiveDisk, interrupt_generation: u64) {
         let volume = live.volume().unwrap_or_default().to_string();
         let alias = live.alias.clone().unwrap_or_default();
         let set_phase = |phase, reason: &str, message: String| {
