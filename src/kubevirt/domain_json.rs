@@ -1,0 +1,1 @@
+//! KubeVirt's `api.Domain` as JSON (what `GetDomain` returns and notify sends).
