@@ -13,6 +13,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         descriptors.encode_to_vec(),
     )?;
     tonic_prost_build::configure().compile_fds(descriptors)?;
+    // KubeVirt's handler <-> launcher protos (src/kubevirt), apart: they are not ours to serve
+    // reflection for, and their packages never import ours.
+    let kubevirt = protox::compile(
+        [
+            "kubevirt/cmd/v1/cmd.proto",
+            "kubevirt/cmd/info/info.proto",
+            "kubevirt/notify/v1/notify.proto",
+            "kubevirt/notify/info/info.proto",
+        ],
+        ["proto"],
+    )?;
+    tonic_prost_build::configure().compile_fds(kubevirt)?;
     Ok(())
 }
 
