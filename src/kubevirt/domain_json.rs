@@ -17,6 +17,9 @@ use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{DomainState, PowerState};
 
+mod stats;
+pub use stats::{device_aliases, domain_stats_json, StatValue, MAX_STAT_INDEX};
+
 /// libvirt's live XML of a vmlauncher domain is a few KB; anything near this is not ours.
 pub const MAX_XML_BYTES: usize = 4 << 20;
 /// Elements under `<devices>`: a VM has tens; KubeVirt caps hotplug volumes far below this.

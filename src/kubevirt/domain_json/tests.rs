@@ -177,3 +177,35 @@ fn bad_numbers_and_documents_are_errors() {
         Err(DomainJsonError::Malformed(_))
     ));
 }
+
+#[test]
+fn stats_without_cpu_or_dirty_rate_leave_them_null_and_bound_indices() {
+    let params = vec![
+        ("vcpu.4000000000.state".to_string(), StatValue::Int(1)),
+        ("vcpu.maximum".to_string(), StatValue::UInt(u64::MAX)),
+        ("net.x.name".to_string(), StatValue::String("tap0".into())),
+        ("block.0".to_string(), StatValue::UInt(1)),
+    ];
+    let s = domain_stats_json("ns_vm", "u", &params, &Default::default());
+    assert_eq!(s["Cpu"], Value::Null);
+    assert_eq!(s["DirtyRate"], Value::Null);
+    // The absurd maximum is capped, the absurd index dropped, the malformed names ignored.
+    assert_eq!(s["Vcpu"].as_array().unwrap().len(), MAX_STAT_INDEX);
+    assert_eq!(s["Vcpu"][0]["StateSet"], json!(false));
+    assert_eq!(s["Net"], json!([]));
+    assert_eq!(s["Block"], json!([]));
+    assert_eq!(s["Memory"]["TotalSet"], json!(false));
+}
+
+#[test]
+fn device_aliases_come_from_targets_without_the_user_prefix() {
+    let d = domain_json(BARE, &meta(), None).unwrap();
+    let aliases = device_aliases(&d);
+    let expected: Vec<(&str, &str)> =
+        vec![("sda", "sda"), ("tap0", "tap0"), ("vda", "virtio-disk1")];
+    let got: Vec<(&str, &str)> = aliases
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(got, expected);
+}
