@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use vmlauncher::kubevirt::domain_json::{domain_json, gone_domain_json, DomainMeta};
+use vmlauncher::kubevirt::domain_json::{
+    device_aliases, domain_json, domain_stats_json, gone_domain_json, DomainMeta, StatValue,
+};
 use vmlauncher::lifecycle::{DomainState, PowerState};
 
 fn data() -> PathBuf {
@@ -113,6 +115,91 @@ fn domains_match_their_golden_json() {
         &data().join("gone-deleted.json"),
         &gone_domain_json(&gone_meta()),
     );
+}
+
+/// libvirt's bulk stats of the running cdrom-and-lun domain, as virConnectGetAllDomainStats
+/// names and types them; a second disk `vdz` the domain does not have, so without an alias.
+fn stats_params() -> Vec<(String, StatValue)> {
+    use StatValue::{String as S, UInt as U};
+    [
+        ("state.state", StatValue::Int(1)),
+        ("cpu.time", U(9_000_000_000)),
+        ("cpu.user", U(6_000_000_000)),
+        ("cpu.system", U(2_000_000_000)),
+        ("balloon.current", U(262_144)),
+        ("balloon.maximum", U(262_144)),
+        ("balloon.unused", U(150_000)),
+        ("balloon.available", U(240_000)),
+        ("balloon.usable", U(200_000)),
+        ("balloon.rss", U(180_000)),
+        ("vcpu.current", U(1)),
+        ("vcpu.maximum", U(2)),
+        ("vcpu.0.state", StatValue::Int(1)),
+        ("vcpu.0.time", U(8_000_000_000)),
+        ("vcpu.0.wait", U(0)),
+        ("net.count", U(1)),
+        ("net.0.name", S("testnet0".into())),
+        ("net.0.rx.bytes", U(4096)),
+        ("net.0.rx.pkts", U(32)),
+        ("net.0.tx.bytes", U(2048)),
+        ("net.0.tx.pkts", U(16)),
+        ("block.count", U(2)),
+        ("block.0.name", S("sda".into())),
+        ("block.0.path", S("/var/lib/images/installer.iso".into())),
+        ("block.0.rd.reqs", U(100)),
+        ("block.0.rd.bytes", U(409_600)),
+        ("block.0.allocation", U(1_048_576)),
+        ("block.0.capacity", U(1_048_576)),
+        ("block.1.name", S("vdz".into())),
+        ("block.1.errors", U(2)),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_string(), value))
+    .collect()
+}
+
+#[test]
+fn stats_match_their_golden_json() {
+    let (dir, meta, power) = cases().remove(0);
+    let xml = std::fs::read_to_string(data().join(dir).join("live.xml")).unwrap();
+    let domain = domain_json(&xml, &meta, power.as_ref()).unwrap();
+    let stats = domain_stats_json(
+        domain["Spec"]["Name"].as_str().unwrap(),
+        domain["Spec"]["UUID"].as_str().unwrap(),
+        &stats_params(),
+        &device_aliases(&domain),
+    );
+    golden(&data().join("stats-running-cdrom-and-lun.json"), &stats);
+}
+
+#[test]
+fn golden_stats_decode_into_kubevirts_structs() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/kubevirt-wire/stats-types.go");
+    let schema = Schema::parse(&std::fs::read_to_string(path).unwrap());
+    let golden = data().join("stats-running-cdrom-and-lun.json");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&golden).unwrap()).unwrap();
+    let errors = schema.check("DomainStats", &json);
+    assert!(
+        errors.is_empty(),
+        "{}:\n{}",
+        golden.display(),
+        errors.join("\n")
+    );
+    // Go writes every field of these structs: none missing either.
+    for (ty, value) in [
+        ("DomainStatsCPU", &json["Cpu"]),
+        ("DomainStatsMemory", &json["Memory"]),
+        ("DomainStatsVcpu", &json["Vcpu"][0]),
+        ("DomainStatsNet", &json["Net"][0]),
+        ("DomainStatsBlock", &json["Block"][0]),
+    ] {
+        let written: Vec<&String> = value.as_object().unwrap().keys().collect();
+        let expected: Vec<String> = schema.keys(ty).into_keys().collect();
+        let mut written: Vec<String> = written.into_iter().cloned().collect();
+        written.sort();
+        assert_eq!(written, expected, "{ty}");
+    }
 }
 
 /// The golden files, not the code's output: what is checked is what is on disk.
