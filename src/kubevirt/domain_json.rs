@@ -153,7 +153,7 @@ pub fn alias_json(libvirt_alias: &str) -> Value {
 /// identity from `meta`, and the state from `power` (`None`: libvirt has no such domain).
 ///
 /// `Spec` carries `Type`, `Name`, `UUID`, `Memory`, `CurrentMemory`, `OS`, `VCPU`, `CPU`,
-/// `OnReboot`, `Devices` (`Emulator`, `Disks`, `Interfaces`, `Channels`, `Controllers`) and
+/// `Features`, `OnReboot`, `Devices` (`Emulator`, `Disks`, `Interfaces`, `Channels`, `Controllers`) and
 /// `Metadata.KubeVirt`. Every disk and interface has an `Alias`, and every interface a `MAC`,
 /// because virt-handler dereferences them.
 pub fn domain_json(
@@ -318,6 +318,9 @@ fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError
     if let Some(cpu) = child(domain, "cpu") {
         spec.insert("CPU".into(), cpu_json(cpu)?);
     }
+    if let Some(features) = child(domain, "features") {
+        spec.insert("Features".into(), features_json(features));
+    }
     if let Some(on_reboot) = child(domain, "on_reboot") {
         spec.insert("OnReboot".into(), text(on_reboot).into());
     }
@@ -404,6 +407,30 @@ fn cpu_json(cpu: Node<'_, '_>) -> Result<Value, DomainJsonError> {
         out.insert("Topology".into(), Value::Object(t));
     }
     Ok(Value::Object(out))
+}
+
+/// The features virt-handler looks at: with `ACPI` absent it does not attempt a graceful
+/// (ACPI) shutdown at all. Flags are Go's empty `FeatureEnabled` struct; the states are
+/// `FeatureState`. Hyper-V and KVM sub-features are not translated.
+fn features_json(features: Node<'_, '_>) -> Value {
+    let mut out = Map::new();
+    for (key, tag) in [("ACPI", "acpi"), ("APIC", "apic"), ("SMM", "smm")] {
+        if child(features, tag).is_some() {
+            out.insert(key.into(), json!({}));
+        }
+    }
+    for (key, tag) in [
+        ("PMU", "pmu"),
+        ("VMPort", "vmport"),
+        ("PVSpinlock", "pvspinlock"),
+    ] {
+        if let Some(f) = child(features, tag) {
+            let mut state = Map::new();
+            put_attr(&mut state, "State", f, "state");
+            out.insert(key.into(), Value::Object(state));
+        }
+    }
+    Value::Object(out)
 }
 
 /// `Devices` of a domain without `<devices>`: the slices virt-handler ranges over, empty.
