@@ -4,26 +4,23 @@
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
-use tokio::sync::mpsc;
 
 use crate::api;
-use crate::convert::ConvertOptions;
 use crate::domain::VirtType;
 use crate::exit::ExitCode;
-use crate::host::cgroup::CgroupRoots;
-use crate::launcher::{LaunchOptions, Launcher, StartKind};
-use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
-use crate::libvirt::{Backend, Connector};
+use crate::launcher::{Launcher, StartKind};
+use crate::libvirt::daemon::DaemonOptions;
 use crate::lifecycle::{Phase, RunStrategy};
-use crate::logs::{Bounded, LogBound};
 pub use crate::runtime_dir::RuntimeDir;
+
 use crate::spec::{self, Validated};
+
+mod host;
+pub use host::{prepare, HostRequest, LaunchBase, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -81,34 +78,9 @@ pub struct RunOptions {
     pub log_max_size: u64,
 }
 
-/// With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
-/// them for as long as it runs, from before the VM starts or is adopted (so QEMU's log dir is
-/// made here, before libvirtd would make it).
-fn bound_logs(rt: &RuntimeDir, console_log: &Path, max_size: u64) -> Option<LogBound> {
-    let qemu_logs = PrivateDaemon::qemu_log_dir(&rt.libvirt_dir());
-    if let Err(e) = fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&qemu_logs)
-    {
-        tracing::warn!(dir = %qemu_logs.display(), error = %e, "cannot make QEMU's log dir");
-    }
-    let bounded = vec![
-        Bounded::File(console_log.into()),
-        Bounded::LogsIn(qemu_logs),
-    ];
-    LogBound::start(bounded, max_size)
-        .inspect_err(|e| {
-            say(format_args!(
-                "warning: the console and QEMU logs are not bounded: {e}"
-            ))
-        })
-        .ok()
-}
-
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
 /// pipe whose reader went away) must not take the launcher, and so the VM's clean stop, with it.
-fn say(what: std::fmt::Arguments<'_>) {
+pub(crate) fn say(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "vmlauncher: {what}");
 }
 
@@ -168,123 +140,33 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         return ExitCode::from_bind_error(&e);
     }
 
-    let (events_tx, events_rx) = mpsc::unbounded_channel();
-    let backend = match &opts.connect {
-        Some(uri) => Backend::Uri(uri.clone()),
-        None => Backend::Private {
-            dir: rt.libvirt_dir(),
-            options: DaemonOptions {
-                pod_cgroups: true,
-                capability_cache: opts.qemu_cache_dir.clone(),
-            },
-        },
-    };
-    let connector = Arc::new(Connector::new(backend, events_tx));
+    let mut paths = crate::volumes::HostPaths::local(&rt.0);
+    if let Some(dir) = &opts.hotplug_dir {
+        paths.hotplug_dir = dir.clone();
+    }
+    let Prepared {
+        connector,
+        events,
+        base,
+        logs: _logs,
+    } = prepare(HostRequest {
+        rt: &rt,
+        connect: opts.connect.clone(),
+        qemu_cache_dir: opts.qemu_cache_dir.clone(),
+        paths,
+        emulation: opts.emulation,
+        network: opts.network,
+        publish: opts.publish.clone(),
+        log_max_size: opts.log_max_size,
+        resync_interval: opts.resync_interval,
+        reconnect_timeout: opts.reconnect_timeout,
+    });
     let console_log = rt.console_log();
     if opts.console {
         mirror_console(console_log.clone());
     }
-    // A `--connect`ed libvirt has its own virtlogd to bound the logs.
-    let _logs = match &opts.connect {
-        Some(_) => None,
-        None => bound_logs(&rt, &console_log, opts.log_max_size),
-    };
-    let cgroup_roots = match crate::host::cgroup::CgroupRoots::detect() {
-        Ok(roots) => writable_cgroups(roots, &rt),
-        Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
-            Default::default()
-        }
-    };
-    // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
-    let node_owner = crate::host::devnode::NodeOwner { uid: 0, gid: 0 };
-    let chown_needed = nix::unistd::geteuid().as_raw() != node_owner.uid
-        || nix::unistd::getegid().as_raw() != node_owner.gid;
-    let effective = crate::host::caps::effective();
-    match &effective {
-        Ok(effective) => {
-            for missing in crate::host::caps::check(effective, &cgroup_roots, chown_needed) {
-                say(format_args!(
-                    "hotplug: {} unavailable: {}",
-                    missing.feature, missing.why
-                ));
-            }
-        }
-        Err(e) => say(format_args!(
-            "hotplug: cannot check capabilities: {}",
-            crate::error_chain(e)
-        )),
-    }
-    if let Some(warning) = crate::host::caps::memlock_warning_here(&cgroup_roots) {
-        say(format_args!("hotplug: {warning}"));
-    }
-    let cgroup_roots = unless_unrestricted(cgroup_roots, opts.connect.is_some());
-    let options = LaunchOptions {
-        reconnect_timeout: opts.reconnect_timeout,
-        strategy: opts.strategy,
-        spec_text: opts.spec_text.clone(),
-        hotplug: crate::launcher::HotplugOptions {
-            node_owner,
-            // Block volumes are refused, naming it, while a capability they need is missing
-            // (review L11).
-            missing_capabilities: effective
-                .as_ref()
-                .map(|e| crate::host::caps::missing_capabilities(e, &cgroup_roots, chown_needed))
-                .unwrap_or_default(),
-            cgroup_roots,
-            sys_dev_block: crate::host::devnode::block_device_list(),
-            proc_root: "/proc".into(),
-            qemu_pid_dir: match &opts.connect {
-                Some(_) => "/run/libvirt/qemu".into(),
-                None => rt.libvirt_dir().join("run/qemu"),
-            },
-            records: rt.0.join("hotplug-records.json"),
-            last_sync: rt.0.join("last-sync"),
-        },
-        convert: {
-            let mut paths = crate::volumes::HostPaths::local(&rt.0);
-            if let Some(dir) = &opts.hotplug_dir {
-                paths.hotplug_dir = dir.clone();
-            }
-            // Made at start: a node daemon puts hot-plugged image files there before a Sync.
-            if let Err(e) = fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o750)
-                .create(&paths.hotplug_dir)
-            {
-                tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
-            }
-            // As a container's PID 1 the launcher owns its mount namespace.
-            let in_container = crate::init::is_container_entrypoint();
-            match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
-                Ok(true) => {
-                    tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
-                }
-                Ok(false) => {}
-                Err(e) => say(format_args!(
-                    "hotplug: block device nodes unavailable: {}",
-                    crate::error_chain(&e)
-                )),
-            }
-            ConvertOptions {
-                virt_type: opts.emulation.resolve(),
-                console_log: console_log.clone(),
-                machines: Default::default(),
-                block_volumes: crate::host::block_volumes(&crate::volumes::block_candidates(
-                    &opts.spec, &paths,
-                )),
-                paths,
-                network: opts.network,
-                publish: opts.publish.clone(),
-                // Never fails in practice; if it did, a spec asking for dedicated CPUs is
-                // refused by convert with "0 available", and nothing else needs them.
-                cpus: crate::host::cpus::own_cpus()
-                    .inspect_err(|e| tracing::warn!("{e}"))
-                    .unwrap_or_default(),
-            }
-        },
-        resync_interval: opts.resync_interval,
-    };
+    let options = base.for_spec(&opts.spec, opts.spec_text.clone(), opts.strategy);
+    let events_rx = events;
     let (launcher, kind) =
         match Launcher::start(connector.clone(), opts.spec.clone(), options, events_rx).await {
             Ok(started) => started,
@@ -377,51 +259,6 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
         Err(e) => {
             eprintln!("vmlauncher: cannot warm the capability cache: {e}");
             ExitCode::Internal
-        }
-    }
-}
-
-/// The private libvirtd leaves QEMU in the launcher's own cgroup. On a host that is the operator's
-/// session, which restricts no device: QEMU may open any block node already, and a device rule
-/// written there would restrict every process of the session, for good (review M3). So when none
-/// of the launcher's device cgroups restricts anything, block hotplug writes no rule at all. A pod's
-/// cgroup (the container engine's device policy) is restricted, and gets the rules.
-fn unless_unrestricted(roots: CgroupRoots, connect: bool) -> CgroupRoots {
-    if connect {
-        // QEMU runs in the cgroup the other libvirt gives it.
-        return roots;
-    }
-    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let Ok(cgroups) = roots.device_cgroups_of(&own) else {
-        return roots;
-    };
-    let unrestricted = cgroups
-        .iter()
-        .all(|c| crate::host::cgroup::restricts_devices(c) == Some(false));
-    if unrestricted {
-        say(format_args!(
-            "hotplug: block devices get no cgroup rule: this launcher's cgroup restricts no \
-             device, so QEMU (which runs in it) needs none, and a rule would restrict every \
-             process sharing it"
-        ));
-        CgroupRoots::default()
-    } else {
-        roots
-    }
-}
-
-/// In a container the cgroup v1 mounts are read-only: the devices hierarchy is mounted again,
-/// read-write, in the runtime dir (needs CAP_SYS_ADMIN; without it, block hotplug is reported
-/// unavailable by the capability check and file volumes work as before).
-fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
-    match roots.clone().with_writable_v1(&rt.0.join("cgroup-devices")) {
-        Ok(roots) => roots,
-        Err(e) => {
-            say(format_args!(
-                "hotplug: cgroup v1 device rules unavailable: {}",
-                crate::error_chain(&e)
-            ));
-            roots
         }
     }
 }

@@ -1,0 +1,283 @@
+//! The host side a launcher needs before it has a VM: the libvirt connector (a private libvirtd
+//! or a given URI), the bounded logs, the cgroups and capabilities block hotplug needs, the
+//! hotplug dir. Shared by `vmlauncher run`, which has its spec at start, and
+//! `vmlauncher virt-launcher`, whose spec arrives with virt-handler's first Sync.
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{say, Emulation, RuntimeDir};
+use crate::convert::{ConvertOptions, NetworkMode, Publish};
+use crate::host::cgroup::CgroupRoots;
+use crate::launcher::{HotplugOptions, LaunchOptions};
+use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+use crate::libvirt::events::HypervisorEvent;
+use crate::libvirt::{Backend, Connector};
+use crate::lifecycle::RunStrategy;
+use crate::logs::{Bounded, LogBound};
+use crate::spec::Validated;
+use crate::volumes::HostPaths;
+
+/// What the host side is asked for.
+#[derive(Debug)]
+pub struct HostRequest<'a> {
+    pub rt: &'a RuntimeDir,
+    /// A libvirt URI to use instead of a private libvirtd.
+    pub connect: Option<String>,
+    pub qemu_cache_dir: Option<PathBuf>,
+    /// Where volume sources live; the hotplug dir is made here if missing.
+    pub paths: HostPaths,
+    pub emulation: Emulation,
+    pub network: NetworkMode,
+    pub publish: Publish,
+    pub log_max_size: u64,
+    pub resync_interval: Duration,
+    pub reconnect_timeout: Option<Duration>,
+}
+
+/// The host, ready for a launcher: give [`Prepared::events`] and the options of
+/// [`LaunchBase::for_spec`] to `Launcher::start`.
+#[derive(Debug)]
+pub struct Prepared {
+    pub connector: Arc<Connector>,
+    /// The receiving end of the connector's event channel.
+    pub events: mpsc::UnboundedReceiver<HypervisorEvent>,
+    /// Everything of the launch options that does not depend on the spec.
+    pub base: LaunchBase,
+    /// Keeps the console and QEMU logs bounded while it lives.
+    pub logs: Option<LogBound>,
+}
+
+/// Launch options without a spec.
+#[derive(Debug, Clone)]
+pub struct LaunchBase {
+    convert: ConvertOptions,
+    hotplug: HotplugOptions,
+    resync_interval: Duration,
+    reconnect_timeout: Option<Duration>,
+}
+
+impl LaunchBase {
+    /// The launch options for `spec`: which of its volumes are block devices is read from the
+    /// host now.
+    pub fn for_spec(
+        &self,
+        spec: &Validated,
+        spec_text: String,
+        strategy: RunStrategy,
+    ) -> LaunchOptions {
+        let mut convert = self.convert.clone();
+        convert.block_volumes =
+            crate::host::block_volumes(&crate::volumes::block_candidates(spec, &convert.paths));
+        LaunchOptions {
+            strategy,
+            convert,
+            resync_interval: self.resync_interval,
+            hotplug: self.hotplug.clone(),
+            spec_text,
+            reconnect_timeout: self.reconnect_timeout,
+        }
+    }
+}
+
+/// Prepares the host side; problems that only take features away (block hotplug) are said on
+/// standard output, once each, and do not stop the launcher.
+pub fn prepare(request: HostRequest<'_>) -> Prepared {
+    let HostRequest {
+        rt,
+        connect,
+        qemu_cache_dir,
+        paths,
+        emulation,
+        network,
+        publish,
+        log_max_size,
+        resync_interval,
+        reconnect_timeout,
+    } = request;
+    let (events_tx, events) = mpsc::unbounded_channel();
+    let backend = match &connect {
+        Some(uri) => Backend::Uri(uri.clone()),
+        None => Backend::Private {
+            dir: rt.libvirt_dir(),
+            options: DaemonOptions {
+                pod_cgroups: true,
+                capability_cache: qemu_cache_dir,
+            },
+        },
+    };
+    let connector = Arc::new(Connector::new(backend, events_tx));
+    let console_log = rt.console_log();
+    // A `--connect`ed libvirt has its own virtlogd to bound the logs.
+    let logs = match &connect {
+        Some(_) => None,
+        None => bound_logs(rt, &console_log, log_max_size),
+    };
+    let cgroup_roots = match CgroupRoots::detect() {
+        Ok(roots) => writable_cgroups(roots, rt),
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot find the cgroup mounts");
+            Default::default()
+        }
+    };
+    // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
+    let node_owner = crate::host::devnode::NodeOwner { uid: 0, gid: 0 };
+    let chown_needed = nix::unistd::geteuid().as_raw() != node_owner.uid
+        || nix::unistd::getegid().as_raw() != node_owner.gid;
+    let effective = crate::host::caps::effective();
+    match &effective {
+        Ok(effective) => {
+            for missing in crate::host::caps::check(effective, &cgroup_roots, chown_needed) {
+                say(format_args!(
+                    "hotplug: {} unavailable: {}",
+                    missing.feature, missing.why
+                ));
+            }
+        }
+        Err(e) => say(format_args!(
+            "hotplug: cannot check capabilities: {}",
+            crate::error_chain(e)
+        )),
+    }
+    if let Some(warning) = crate::host::caps::memlock_warning_here(&cgroup_roots) {
+        say(format_args!("hotplug: {warning}"));
+    }
+    let cgroup_roots = unless_unrestricted(cgroup_roots, connect.is_some());
+    let hotplug = HotplugOptions {
+        node_owner,
+        // Block volumes are refused, naming it, while a capability they need is missing.
+        missing_capabilities: effective
+            .as_ref()
+            .map(|e| crate::host::caps::missing_capabilities(e, &cgroup_roots, chown_needed))
+            .unwrap_or_default(),
+        cgroup_roots,
+        sys_dev_block: crate::host::devnode::block_device_list(),
+        proc_root: "/proc".into(),
+        qemu_pid_dir: match &connect {
+            Some(_) => "/run/libvirt/qemu".into(),
+            None => rt.libvirt_dir().join("run/qemu"),
+        },
+        records: rt.0.join("hotplug-records.json"),
+        last_sync: rt.0.join("last-sync"),
+    };
+    // Made at start: a node daemon puts hot-plugged image files there before a Sync.
+    if let Err(e) = fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(&paths.hotplug_dir)
+    {
+        tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
+    }
+    // As a container's PID 1 the launcher owns its mount namespace.
+    let in_container = crate::init::is_container_entrypoint();
+    match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
+        Ok(true) => {
+            tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
+        }
+        Ok(false) => {}
+        Err(e) => say(format_args!(
+            "hotplug: block device nodes unavailable: {}",
+            crate::error_chain(&e)
+        )),
+    }
+    let convert = ConvertOptions {
+        virt_type: emulation.resolve(),
+        console_log,
+        machines: Default::default(),
+        block_volumes: Default::default(),
+        paths,
+        network,
+        publish,
+        // Never fails in practice; if it did, a spec asking for dedicated CPUs is refused by
+        // convert with "0 available", and nothing else needs them.
+        cpus: crate::host::cpus::own_cpus()
+            .inspect_err(|e| tracing::warn!("{e}"))
+            .unwrap_or_default(),
+    };
+    Prepared {
+        connector,
+        events,
+        base: LaunchBase {
+            convert,
+            hotplug,
+            resync_interval,
+            reconnect_timeout,
+        },
+        logs,
+    }
+}
+
+/// With the private libvirtd, QEMU writes its logs itself (no virtlogd): the launcher bounds
+/// them for as long as it runs, from before the VM starts or is adopted (so QEMU's log dir is
+/// made here, before libvirtd would make it).
+fn bound_logs(rt: &RuntimeDir, console_log: &Path, max_size: u64) -> Option<LogBound> {
+    let qemu_logs = PrivateDaemon::qemu_log_dir(&rt.libvirt_dir());
+    if let Err(e) = fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&qemu_logs)
+    {
+        tracing::warn!(dir = %qemu_logs.display(), error = %e, "cannot make QEMU's log dir");
+    }
+    let bounded = vec![
+        Bounded::File(console_log.into()),
+        Bounded::LogsIn(qemu_logs),
+    ];
+    LogBound::start(bounded, max_size)
+        .inspect_err(|e| {
+            say(format_args!(
+                "warning: the console and QEMU logs are not bounded: {e}"
+            ))
+        })
+        .ok()
+}
+
+/// The private libvirtd leaves QEMU in the launcher's own cgroup. On a host that is the operator's
+/// session, which restricts no device: QEMU may open any block node already, and a device rule
+/// written there would restrict every process of the session, for good. So when none
+/// of the launcher's device cgroups restricts anything, block hotplug writes no rule at all. A pod's
+/// cgroup (the container engine's device policy) is restricted, and gets the rules.
+fn unless_unrestricted(roots: CgroupRoots, connect: bool) -> CgroupRoots {
+    if connect {
+        // QEMU runs in the cgroup the other libvirt gives it.
+        return roots;
+    }
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let Ok(cgroups) = roots.device_cgroups_of(&own) else {
+        return roots;
+    };
+    let unrestricted = cgroups
+        .iter()
+        .all(|c| crate::host::cgroup::restricts_devices(c) == Some(false));
+    if unrestricted {
+        say(format_args!(
+            "hotplug: block devices get no cgroup rule: this launcher's cgroup restricts no \
+             device, so QEMU (which runs in it) needs none, and a rule would restrict every \
+             process sharing it"
+        ));
+        CgroupRoots::default()
+    } else {
+        roots
+    }
+}
+
+/// In a container the cgroup v1 mounts are read-only: the devices hierarchy is mounted again,
+/// read-write, in the runtime dir (needs CAP_SYS_ADMIN; without it, block hotplug is reported
+/// unavailable by the capability check and file volumes work as before).
+fn writable_cgroups(roots: CgroupRoots, rt: &RuntimeDir) -> CgroupRoots {
+    match roots.clone().with_writable_v1(&rt.0.join("cgroup-devices")) {
+        Ok(roots) => roots,
+        Err(e) => {
+            say(format_args!(
+                "hotplug: cgroup v1 device rules unavailable: {}",
+                crate::error_chain(&e)
+            ));
+            roots
+        }
+    }
+}
