@@ -504,6 +504,21 @@ impl Launcher {
         &self.domain_name
     }
 
+    /// libvirt's live XML of the domain, or `None` when it is not defined.
+    pub async fn live_xml(&self) -> Result<Option<String>, LauncherError> {
+        let n = self.domain_name.clone();
+        match self.call(move |hv| hv.live_xml(&n)) {
+            Ok(xml) => Ok(Some(xml)),
+            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The hypervisor's version (QEMU's, `7.2.0`).
+    pub fn hypervisor_version(&self) -> Result<String, LauncherError> {
+        self.call(|hv| hv.version())
+    }
+
     /// A receiver that sees every status change (the latest one, at least).
     pub fn subscribe(&self) -> watch::Receiver<Status> {
         self.changes.subscribe()

@@ -418,6 +418,24 @@ impl Launcher {
         self.update(|s| s.finished = true);
     }
 
+    /// Removes the domain's definition, the VM stopped first if it still runs (KubeVirt's
+    /// `DeleteVirtualMachine`); the launcher and its libvirtd stay, so that the owner reads the
+    /// domain gone. True when there was a definition to remove.
+    pub async fn delete_domain(&self) -> Result<bool, LauncherError> {
+        let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
+        if active {
+            self.command(Command::Kill, None).await?;
+        }
+        let _slot = self.task_slot.lock().await;
+        let n = self.domain_name.clone();
+        self.update(|s| s.undefined_by_us = true);
+        match self.call(move |hv| hv.undefine(&n)) {
+            Ok(()) => Ok(true),
+            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
     /// leaves nothing behind.
     pub async fn shut_down(&self) {

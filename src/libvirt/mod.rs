@@ -399,6 +399,11 @@ impl Hypervisor {
     }
 
     /// Removes the persistent definition (the domain must be stopped).
+    /// The hypervisor's version, `major.minor.release`.
+    pub fn version(&self) -> Result<String, LibvirtError> {
+        version_of(&self.conn)
+    }
+
     pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
         let undefined = self.on_domain(name, "undefine", Domain::undefine);
         self.forget_domain();
@@ -444,6 +449,32 @@ fn publish_ports(dom: &Domain, name: &str) -> Result<(), LibvirtError> {
         }
     }
     Ok(())
+}
+
+/// The hypervisor's version at `uri` (QEMU's: `7.2.0`), on a connection of its own that follows
+/// no events: for a question asked before the launcher has its connection.
+pub fn hypervisor_version(uri: &str) -> Result<String, LibvirtError> {
+    let conn = connect(uri).map_err(|source| LibvirtError::Connect {
+        uri: uri.into(),
+        source,
+    })?;
+    // Dropping the connection closes it.
+    version_of(&conn)
+}
+
+/// libvirt encodes a version as one number, `major * 1,000,000 + minor * 1,000 + release`.
+fn version_of(conn: &Connect) -> Result<String, LibvirtError> {
+    let v = conn.hyp_version().map_err(|source| LibvirtError::Call {
+        call: "version",
+        domain: String::new(),
+        source,
+    })?;
+    Ok(format!(
+        "{}.{}.{}",
+        v / 1_000_000,
+        v / 1_000 % 1_000,
+        v % 1_000
+    ))
 }
 
 /// Where the launcher's hypervisor is.
