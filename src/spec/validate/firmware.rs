@@ -90,7 +90,8 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
         match &kb.container {
             None => e.add(base, Problem::KernelBootNeedsContainer),
             Some(c) => {
-                if let Some(image) = &c.image {
+                // Go writes an unset image as `""` (the field has no omitempty): the same as none.
+                if let Some(image) = c.image.as_ref().filter(|i| !i.is_empty()) {
                     e.add(
                         format!("{base}.image"),
                         Problem::UnsupportedValue {
