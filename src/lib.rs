@@ -28,7 +28,7 @@
 //! | [`lifecycle`] | the state model's pure rules: phase, admit, settle, reconcile, run strategy, restarts | do I/O |
 //! | `launcher` | the core that executes them: one VM, tasks, reconciler, Sync, status and events; the last accepted Sync on disk (its own JSON) | parse specs or XML |
 //! | [`api`] | the gRPC server and client connection; maps errors to gRPC codes | hold state |
-//! | [`kubevirt`] | KubeVirt's handler ↔ launcher protocol: its generated types, the `api.Domain` JSON | hold state |
+//! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol (cmd server, notify client, the `api.Domain` JSON) over the launcher | hold VM state of its own |
 //! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through | touch anything but header blocks |
 //! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals | — |

@@ -38,29 +38,77 @@ fn init_logging(format: LogFormat) {
     }
 }
 
+/// What this process is: a verb of vmlauncher's own command line, or KubeVirt's virt-launcher
+/// (`vmlauncher virt-launcher FLAGS`, or the binary invoked as `virt-launcher`).
+#[derive(Debug)]
+enum Mode {
+    Cli(Cli),
+    VirtLauncher(vmlauncher::kubevirt::flags::VirtLauncherFlags),
+}
+
+/// Reads the command line; `Err` is the exit code of a usage error or of a help request.
+fn mode() -> Result<Mode, ExitCode> {
+    let args: Vec<String> = std::env::args().collect();
+    let flags = if args
+        .first()
+        .is_some_and(|a| vmlauncher::kubevirt::invoked_as_virt_launcher(a))
+    {
+        Some(&args[1..])
+    } else if args.get(1).map(String::as_str) == Some("virt-launcher") {
+        Some(&args[2..])
+    } else {
+        None
+    };
+    if let Some(flags) = flags {
+        use vmlauncher::kubevirt::flags::{parse, FlagsError, USAGE};
+        return match parse(flags.iter().cloned()) {
+            Ok(flags) => Ok(Mode::VirtLauncher(flags)),
+            Err(FlagsError::Help) => {
+                print!("{USAGE}");
+                Err(ExitCode::Succeeded)
+            }
+            Err(e) => {
+                eprintln!("virt-launcher: {e}\n{USAGE}");
+                Err(ExitCode::Usage)
+            }
+        };
+    }
+    Cli::try_parse().map(Mode::Cli).map_err(|e| {
+        let code = if e.use_stderr() {
+            ExitCode::Usage
+        } else {
+            ExitCode::Succeeded
+        };
+        let _ = e.print();
+        code
+    })
+}
+
 fn main() -> std::process::ExitCode {
     // Before any thread exists (`vmlauncher::allocator` says why and what was measured).
     vmlauncher::allocator::one_arena();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let code = if e.use_stderr() {
-                ExitCode::Usage
-            } else {
-                ExitCode::Succeeded
-            };
-            let _ = e.print();
-            return code.into();
-        }
+    let mode = match mode() {
+        Ok(mode) => mode,
+        Err(code) => return code.into(),
     };
     // The launcher proper, which lives as long as the VM; the client verbs are short.
-    let runs_a_vm = matches!(cli.command, Command::Run { .. });
+    let (runs_a_vm, log_format) = match &mode {
+        Mode::Cli(cli) => (matches!(cli.command, Command::Run { .. }), cli.log_format),
+        Mode::VirtLauncher(flags) => (
+            true,
+            if flags.log_json {
+                LogFormat::Json
+            } else {
+                LogFormat::Human
+            },
+        ),
+    };
     if runs_a_vm {
         vmlauncher::allocator::with_tuned_malloc();
     }
     // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
     vmlauncher::init::become_init_if_pid1();
-    init_logging(cli.log_format);
+    init_logging(log_format);
     if runs_a_vm {
         // Capabilities are per thread: drop them while this is the only thread.
         match vmlauncher::host::caps::drop_unneeded() {
@@ -91,7 +139,12 @@ fn main() -> std::process::ExitCode {
             return ExitCode::Internal.into();
         }
     };
-    let outcome = runtime.block_on(dispatch(cli.command));
+    let outcome = match mode {
+        Mode::Cli(cli) => runtime.block_on(dispatch(cli.command)),
+        Mode::VirtLauncher(flags) => {
+            Ok(runtime.block_on(vmlauncher::kubevirt::virt_launcher(flags)))
+        }
+    };
     outcome.unwrap_or_else(|code| code).into()
 }
 

@@ -5,6 +5,16 @@
 //! (`proto/kubevirt/`); this module only translates between them and the launcher.
 
 pub mod domain_json;
+mod entry;
+pub mod flags;
+mod front;
+pub mod notify;
+mod server;
+pub mod vmi;
+
+pub use entry::{
+    invoked_as_virt_launcher, virt_launcher, INIT_SOCKET, NOTIFY_SOCKET, READY_SOCKET,
+};
 
 /// The generated protobuf and gRPC types of KubeVirt's protocol.
 #[allow(missing_debug_implementations, clippy::all)]

@@ -1,0 +1,350 @@
+//! `vmlauncher virt-launcher`: the launcher as KubeVirt's pod runs it. It starts with no VM, its
+//! private libvirtd up, and serves the cmd socket at `<share>/sockets/launcher-init-sock`, renamed
+//! to `launcher-sock` once it serves (virt-handler's only readiness signal). virt-handler's first
+//! Sync creates the VM. The domain follower tells virt-handler every change over notify. SIGTERM
+//! marks the VM for graceful shutdown, notifies, then stops the guest within its grace period;
+//! the launcher exits once the VM is over and virt-handler has been told.
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
+
+use super::domain_json::{self, DomainMeta};
+use super::flags::VirtLauncherFlags;
+use super::front::{now_rfc3339, Front, Meta};
+use super::notify::{self, DomainEvent, Notifier};
+use super::proto::cmd::cmd_server::CmdServer;
+use super::proto::cmd_info::cmd_info_server::CmdInfoServer;
+use super::server::{CmdService, InfoService};
+use crate::exit::ExitCode;
+use crate::launcher::{EventKind, Launcher};
+use crate::run::{self, HostRequest, RuntimeDir};
+use crate::volumes::HostPaths;
+
+/// Socket names of KubeVirt's handler/launcher contract.
+pub const INIT_SOCKET: &str = "launcher-init-sock";
+pub const READY_SOCKET: &str = "launcher-sock";
+pub const NOTIFY_SOCKET: &str = "domain-notify-pipe.sock";
+/// How long a VM that is over waits for virt-handler's Delete before the launcher exits anyway
+/// (KubeVirt's launcher waits for its final notification about as long).
+const FINAL_DELETE_WAIT: Duration = Duration::from_secs(30);
+
+/// Runs the launcher until its VM is over, or until SIGTERM has stopped it.
+pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
+    for (flag, value) in &flags.not_built {
+        tracing::warn!(flag = %format!("--{flag}"), %value, "accepted; this feature is not built into vmlauncher, the flag does nothing");
+        crate::run::say(format_args!(
+            "--{flag}={value}: accepted, not built (does nothing)"
+        ));
+    }
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return ExitCode::Internal;
+    };
+    let Ok(mut int) = signal(SignalKind::interrupt()) else {
+        return ExitCode::Internal;
+    };
+    let (rt, _lock) = match RuntimeDir::claim(&flags.runtime_dir) {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::from_runtime_dir_error(&e);
+        }
+    };
+    let paths = HostPaths {
+        container_disk_dir: flags.container_disk_dir.clone(),
+        private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
+        firmware_dir: flags.ovmf_path.clone(),
+        hotplug_dir: flags.hotplug_disk_dir.clone(),
+        ..HostPaths::pod()
+    };
+    let prepared = run::prepare(HostRequest {
+        rt: &rt,
+        connect: None,
+        qemu_cache_dir: flags.qemu_cache_dir.clone(),
+        paths,
+        emulation: flags.emulation(),
+        network: crate::convert::NetworkMode::Pod,
+        publish: Default::default(),
+        log_max_size: crate::logs::DEFAULT_MAX_SIZE,
+        resync_interval: Duration::from_secs(30),
+        reconnect_timeout: None,
+    });
+    let _logs = prepared.logs;
+    // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync
+    // then only defines and starts.
+    let c = prepared.connector.clone();
+    match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            eprintln!(
+                "vmlauncher: cannot start libvirtd: {}",
+                crate::error_chain(&e)
+            );
+            return ExitCode::HypervisorUnavailable;
+        }
+        Err(_) => return ExitCode::Internal,
+    }
+    let share = flags.kubevirt_share_dir.clone();
+    let front = Arc::new(Front::new(
+        flags,
+        prepared.base,
+        prepared.connector.clone(),
+        prepared.events,
+    ));
+    let sockets = share.join("sockets");
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = match serve(&sockets, front.clone(), async {
+        let _ = server_stopped.await;
+    }) {
+        Ok(server) => server,
+        Err(e) => {
+            eprintln!("vmlauncher: {e}");
+            prepared.connector.stop_daemon();
+            return ExitCode::from_bind_error(&e);
+        }
+    };
+    let notifier = Notifier::start(share.join(NOTIFY_SOCKET));
+    tokio::spawn(follow_domain(front.clone(), notifier.clone()));
+    crate::run::say(format_args!(
+        "virt-launcher for {} ready: {}",
+        front.flags.domain_name(),
+        sockets.join(READY_SOCKET).display()
+    ));
+
+    let started = Instant::now();
+    let qemu_timeout = front.flags.qemu_timeout;
+    let signalled = async {
+        tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        }
+    };
+    tokio::pin!(signalled);
+    let code = tokio::select! {
+        which = &mut signalled => {
+            graceful_stop(&front, &notifier, which).await;
+            ExitCode::Succeeded
+        }
+        code = vm_over(&front, started, qemu_timeout) => {
+            // The VM is over: virt-handler deletes the domain once it has seen it off; a
+            // SIGTERM meanwhile ends the wait.
+            tokio::select! {
+                _ = deleted(&front) => {}
+                _ = tokio::time::sleep(FINAL_DELETE_WAIT) => {}
+                _ = &mut signalled => {}
+            }
+            code
+        }
+    };
+    if let Some(launcher) = front.launcher() {
+        launcher.shut_down().await;
+    } else {
+        let c = prepared.connector.clone();
+        let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
+    }
+    if !front.meta().deleted {
+        front.update_meta(|m| {
+            m.deleted = true;
+            m.domain.deletion_timestamp = Some(now_rfc3339());
+        });
+    }
+    if !notifier.flush(Duration::from_secs(5)).await {
+        tracing::warn!("virt-handler was not told everything before the launcher exits");
+    }
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = fs::remove_file(sockets.join(READY_SOCKET));
+    code
+}
+
+/// Binds `launcher-init-sock`, serves, and renames it `launcher-sock` once it serves.
+fn serve(
+    sockets: &Path,
+    front: Arc<Front>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, crate::api::ApiError> {
+    let init = sockets.join(INIT_SOCKET);
+    let ready = sockets.join(READY_SOCKET);
+    let listen_err = |source| crate::api::ApiError::Listen {
+        path: init.clone(),
+        source,
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(sockets)
+        .map_err(listen_err)?;
+    // A launcher-sock left by a launcher that died is stale: the handler must not take it for
+    // this one's readiness.
+    if crate::api::check_socket_path(&ready)? == crate::api::SocketPath::Stale {
+        fs::remove_file(&ready).map_err(listen_err)?;
+    }
+    let listener = crate::api::bind(&init)?;
+    let incoming = UnixListenerStream::new(listener)
+        .map(|connection| connection.map(crate::authority::FixAuthority::new));
+    let router = tonic::transport::Server::builder()
+        .add_service(CmdServer::new(CmdService { front }))
+        .add_service(CmdInfoServer::new(InfoService));
+    let server = tokio::spawn(async move {
+        if let Err(e) = router
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+        {
+            tracing::error!(error = %crate::error_chain(&e), "the cmd server failed");
+        }
+    });
+    // The listener accepts from here on: connections queue until the server polls it.
+    fs::rename(&init, &ready).map_err(listen_err)?;
+    Ok(server)
+}
+
+/// Resolves with the exit code once the VM is over: finished, or never created within
+/// `--qemu-timeout`.
+async fn vm_over(front: &Front, started: Instant, qemu_timeout: Duration) -> ExitCode {
+    let mut meta = front.subscribe_meta();
+    let launcher = loop {
+        if let Some(l) = front.launcher() {
+            break l.clone();
+        }
+        let left = qemu_timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            eprintln!(
+                "vmlauncher: no domain was created within --qemu-timeout {}s",
+                qemu_timeout.as_secs()
+            );
+            return ExitCode::GuestFailed;
+        }
+        let _ = tokio::time::timeout(left, meta.changed()).await;
+    };
+    let mut changes = launcher.subscribe_course();
+    loop {
+        let status = changes.borrow_and_update().clone();
+        if status.finished {
+            return ExitCode::from_final_phase(status.phase, status.phase_reason);
+        }
+        if changes.changed().await.is_err() {
+            return ExitCode::Internal;
+        }
+    }
+}
+
+async fn deleted(front: &Front) {
+    let mut meta = front.subscribe_meta();
+    let _ = meta.wait_for(|m| m.deleted).await;
+}
+
+/// SIGTERM: KubeVirt's graceful shutdown. The domain is marked, virt-handler told, then the
+/// guest gets its grace period to power off.
+async fn graceful_stop(front: &Front, notifier: &Notifier, which: &str) {
+    crate::run::say(format_args!(
+        "{which}: marking the VM for graceful shutdown"
+    ));
+    front.update_meta(|m| m.domain.marked_for_graceful_shutdown = Some(true));
+    let Some(launcher) = front.launcher() else {
+        return;
+    };
+    let _ = notifier.flush(Duration::from_secs(2)).await;
+    launcher.terminate().await;
+}
+
+/// Tells virt-handler about every change of the domain: its JSON when it differs from what was
+/// last posted (libvirt's events, the launcher's status, KubeVirt's metadata), `ADDED` the first
+/// time it exists, a `deletionTimestamp` once it is gone; and the Kubernetes events of I/O
+/// errors and guest panics.
+async fn follow_domain(front: Arc<Front>, notifier: Notifier) {
+    let mut meta = front.subscribe_meta();
+    let launcher: Arc<Launcher> = loop {
+        if let Some(l) = front.launcher() {
+            break l.clone();
+        }
+        if meta.changed().await.is_err() {
+            return;
+        }
+    };
+    let (_, mut events) = launcher.watch_events();
+    let mut status = launcher.subscribe();
+    let mut last: Option<serde_json::Value> = None;
+    let mut added = false;
+    let mut gone = false;
+    loop {
+        let current = front.meta();
+        if !gone {
+            match current_domain(&front, &current).await {
+                Err(()) => {}
+                Ok(Some(domain)) if last.as_ref() != Some(&domain) => {
+                    let event = if added {
+                        DomainEvent::Modified
+                    } else {
+                        DomainEvent::Added
+                    };
+                    added = true;
+                    notifier.domain(event, domain.clone());
+                    last = Some(domain);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) if added || current.deleted => {
+                    let mut meta = current.domain.clone();
+                    meta.deletion_timestamp.get_or_insert_with(now_rfc3339);
+                    notifier.domain(DomainEvent::Modified, domain_json::gone_domain_json(&meta));
+                    gone = true;
+                }
+                Ok(None) => {}
+            }
+        }
+        tokio::select! {
+            changed = meta.changed() => if changed.is_err() { return },
+            changed = status.changed() => if changed.is_err() { return },
+            event = events.recv() => match event {
+                Ok(e) => k8s_events(&notifier, &current.domain, &e.kind),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            },
+        }
+    }
+}
+
+/// The domain now; `Err` when it cannot be read (unknown is not gone: nothing is posted).
+async fn current_domain(front: &Front, meta: &Meta) -> Result<Option<serde_json::Value>, ()> {
+    if meta.deleted {
+        return Ok(None);
+    }
+    front.domain().await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot read the domain for virt-handler");
+    })
+}
+
+/// The launcher events KubeVirt's launcher reports as Kubernetes events.
+fn k8s_events(notifier: &Notifier, vmi: &DomainMeta, kind: &EventKind) {
+    if let EventKind::Hypervisor { event, detail } = kind {
+        match event.as_str() {
+            "IOError" => notifier.k8s_event(notify::k8s_event(
+                vmi,
+                "Warning",
+                "IOerror",
+                &format!("VM Paused due to IO error: {detail}"),
+            )),
+            "Crashed" => notifier.k8s_event(notify::k8s_event(
+                vmi,
+                "Warning",
+                "GuestPanicked",
+                &format!("GuestPanicked ({detail})"),
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// The binary was invoked by one of KubeVirt's names for its launcher (argv[0]): the image links
+/// both to vmlauncher. The monitor's own flag, `--keep-after-failure`, is one virt-launcher
+/// accepts too.
+pub fn invoked_as_virt_launcher(argv0: &str) -> bool {
+    PathBuf::from(argv0)
+        .file_name()
+        .is_some_and(|n| n == "virt-launcher" || n == "virt-launcher-monitor")
+}

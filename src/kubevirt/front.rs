@@ -1,0 +1,300 @@
+//! What virt-handler's calls do to the launcher. A virt-launcher starts with no VM: the first
+//! `SyncVirtualMachine` brings the launcher up (defines and starts the domain), later ones are
+//! launcher Syncs (hotplug). KubeVirt's few rules of its own live here: a VM the user paused
+//! stays paused through Syncs while any other pause is resumed; a Shutdown stamps the grace
+//! period's start once; Delete removes the definition and the domain then reads as gone.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use super::domain_json::{self, DomainMeta};
+use super::flags::VirtLauncherFlags;
+use super::vmi::{self, VmiError};
+use crate::launcher::{Launcher, LauncherError, SyncInput, VolumePhase};
+use crate::libvirt::events::HypervisorEvent;
+use crate::libvirt::Connector;
+use crate::lifecycle::{Command, DomainState, RunStrategy};
+use crate::run::LaunchBase;
+
+/// A call's failure, as the Go launcher reports it: `Response{success: false, message}`.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontError {
+    #[error(transparent)]
+    Vmi(#[from] VmiError),
+    #[error("vmi.vmiJson: metadata: this launcher runs {expected}, the VMI is {got}")]
+    WrongVmi { expected: String, got: String },
+    #[error("no domain: no SyncVirtualMachine has created it yet")]
+    NoDomain,
+    #[error("the domain was deleted; this launcher's VM is over")]
+    Deleted,
+    #[error("{}", crate::error_chain(.0))]
+    Launcher(#[from] LauncherError),
+    #[error("volume(s) failed: {0}")]
+    Volumes(String),
+    #[error("the domain's JSON: {0}")]
+    DomainJson(String),
+}
+
+/// What the launcher tells virt-handler about the VMI beyond libvirt's XML.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Meta {
+    pub domain: DomainMeta,
+    /// Paused by `PauseVirtualMachine`: a Sync does not resume it.
+    pub user_paused: bool,
+    /// `DeleteVirtualMachine` removed the definition.
+    pub deleted: bool,
+}
+
+/// The state behind the cmd server.
+#[derive(Debug)]
+pub struct Front {
+    pub flags: VirtLauncherFlags,
+    base: LaunchBase,
+    connector: Arc<Connector>,
+    events: Mutex<Option<mpsc::UnboundedReceiver<HypervisorEvent>>>,
+    launcher: OnceLock<Arc<Launcher>>,
+    /// Held while the first Sync creates the launcher: a second Sync waits, then syncs.
+    creating: tokio::sync::Mutex<()>,
+    meta: watch::Sender<Meta>,
+}
+
+impl Front {
+    pub fn new(
+        flags: VirtLauncherFlags,
+        base: LaunchBase,
+        connector: Arc<Connector>,
+        events: mpsc::UnboundedReceiver<HypervisorEvent>,
+    ) -> Front {
+        let meta = Meta {
+            domain: DomainMeta {
+                name: flags.name.clone(),
+                namespace: flags.namespace.clone(),
+                uid: flags.uid.clone(),
+                grace_period_seconds: Some(flags.grace_period_seconds),
+                ..DomainMeta::default()
+            },
+            ..Meta::default()
+        };
+        Front {
+            flags,
+            base,
+            connector,
+            events: Mutex::new(Some(events)),
+            launcher: OnceLock::new(),
+            creating: tokio::sync::Mutex::new(()),
+            meta: watch::channel(meta).0,
+        }
+    }
+
+    pub fn launcher(&self) -> Option<&Arc<Launcher>> {
+        self.launcher.get()
+    }
+
+    pub fn connector(&self) -> &Arc<Connector> {
+        &self.connector
+    }
+
+    pub fn meta(&self) -> Meta {
+        self.meta.borrow().clone()
+    }
+
+    /// Sees every change of [`Meta`] (and the launcher's creation, which changes it).
+    pub fn subscribe_meta(&self) -> watch::Receiver<Meta> {
+        self.meta.subscribe()
+    }
+
+    pub fn update_meta(&self, change: impl FnOnce(&mut Meta)) {
+        self.meta.send_modify(change);
+    }
+
+    /// `SyncVirtualMachine`: the first creates the domain, later ones hot-plug.
+    pub async fn sync(&self, vmi_json: &[u8]) -> Result<(), FrontError> {
+        let sync = vmi::from_handler(vmi_json)?;
+        let expected = (self.flags.namespace.as_str(), self.flags.name.as_str());
+        if !expected.1.is_empty() && (sync.namespace.as_str(), sync.name.as_str()) != expected {
+            return Err(FrontError::WrongVmi {
+                expected: format!("{}/{}", expected.0, expected.1),
+                got: format!("{}/{}", sync.namespace, sync.name),
+            });
+        }
+        if !sync.not_mounted.is_empty() {
+            tracing::info!(volumes = ?sync.not_mounted, "hotplug volumes not mounted into the pod yet; left for a later Sync");
+        }
+        if self.meta.borrow().deleted {
+            return Err(FrontError::Deleted);
+        }
+        let launcher = match self.launcher.get() {
+            Some(l) => l.clone(),
+            None => {
+                let _creating = self.creating.lock().await;
+                match self.launcher.get() {
+                    Some(l) => l.clone(),
+                    None => return self.create(sync).await,
+                }
+            }
+        };
+        let grace = grace_of(&sync.spec_text);
+        let outcome = launcher
+            .sync(SyncInput {
+                spec: sync.spec_text,
+                ..SyncInput::default()
+            })
+            .await?;
+        self.meta.send_if_modified(|m| {
+            let uid_changed = m.domain.uid != sync.uid;
+            m.domain.uid = sync.uid;
+            let grace_changed = grace.is_some() && m.domain.grace_period_seconds != grace;
+            if grace.is_some() {
+                m.domain.grace_period_seconds = grace;
+            }
+            uid_changed || grace_changed
+        });
+        self.resume_unless_user_paused(&launcher).await?;
+        let failed: Vec<String> = outcome
+            .volumes
+            .iter()
+            .filter(|v| v.phase == VolumePhase::Failed)
+            .map(|v| format!("{}: {}", v.name, v.message))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(FrontError::Volumes(failed.join("; ")))
+        }
+    }
+
+    /// The first Sync: validate, then define and start the domain.
+    async fn create(&self, sync: vmi::HandlerSync) -> Result<(), FrontError> {
+        let spec = crate::spec::parse(&sync.spec_text).map_err(VmiError::Spec)?;
+        let grace = spec.spec.termination_grace_period_seconds;
+        // The VM runs once, as a VMI does: restarting it is the controller's decision.
+        let options = self
+            .base
+            .for_spec(&spec, sync.spec_text.clone(), RunStrategy::Once);
+        let Some(events) = self.events.lock().expect("events lock").take() else {
+            return Err(FrontError::Launcher(LauncherError::Unreachable));
+        };
+        let (launcher, kind) =
+            Launcher::start(self.connector.clone(), spec, options, events).await?;
+        tracing::info!(domain = launcher.domain_name(), ?kind, "domain up");
+        let _ = self.launcher.set(launcher);
+        self.meta.send_modify(|m| {
+            m.domain.name = sync.name;
+            m.domain.namespace = sync.namespace;
+            m.domain.uid = sync.uid;
+            if let Some(g) = grace {
+                m.domain.grace_period_seconds = Some(g as i64);
+            }
+        });
+        Ok(())
+    }
+
+    /// KubeVirt resumes a VM paused for any reason but the user's (an I/O error once the
+    /// storage is back, a start that left it paused) when it syncs.
+    async fn resume_unless_user_paused(&self, launcher: &Launcher) -> Result<(), FrontError> {
+        if self.meta.borrow().user_paused {
+            return Ok(());
+        }
+        let status = launcher.status();
+        let paused = status
+            .power_state
+            .as_ref()
+            .is_some_and(|p| p.state == DomainState::Paused && p.reason != "user");
+        if paused {
+            tracing::info!("resuming a VM not paused by its user");
+            launcher.command(Command::Unpause, None).await?;
+        }
+        Ok(())
+    }
+
+    fn running(&self) -> Result<&Arc<Launcher>, FrontError> {
+        if self.meta.borrow().deleted {
+            return Err(FrontError::Deleted);
+        }
+        self.launcher.get().ok_or(FrontError::NoDomain)
+    }
+
+    /// An owner's command on the VM.
+    pub async fn command(&self, command: Command) -> Result<(), FrontError> {
+        let launcher = self.running()?.clone();
+        if command == Command::Pause {
+            self.meta.send_modify(|m| m.user_paused = true);
+        }
+        let result = launcher.command(command, None).await;
+        match (command, &result) {
+            (Command::Unpause, Ok(_)) => self.meta.send_modify(|m| m.user_paused = false),
+            (Command::Pause, Err(_)) => self.meta.send_modify(|m| m.user_paused = false),
+            _ => {}
+        }
+        result.map(drop).map_err(FrontError::from)
+    }
+
+    /// `ShutdownVirtualMachine`: ACPI, and the grace period's start stamped (once).
+    pub async fn shutdown(&self) -> Result<(), FrontError> {
+        let launcher = self.running()?.clone();
+        self.meta.send_if_modified(|m| {
+            if m.domain.grace_deletion_timestamp.is_some() {
+                return false;
+            }
+            m.domain.grace_deletion_timestamp = Some(now_rfc3339());
+            true
+        });
+        let grace = self
+            .meta
+            .borrow()
+            .domain
+            .grace_period_seconds
+            .map(|s| Duration::from_secs(s.max(0) as u64));
+        launcher
+            .command(Command::Shutdown, grace)
+            .await
+            .map(drop)
+            .map_err(FrontError::from)
+    }
+
+    /// `DeleteVirtualMachine`: the definition goes (the VM is stopped first if it runs).
+    pub async fn delete(&self) -> Result<(), FrontError> {
+        let Some(launcher) = self.launcher.get().cloned() else {
+            return Ok(());
+        };
+        launcher.delete_domain().await?;
+        self.meta.send_modify(|m| {
+            m.deleted = true;
+            m.domain.deletion_timestamp = Some(now_rfc3339());
+        });
+        Ok(())
+    }
+
+    /// The domain as virt-handler decodes it, or `None` when there is none.
+    pub async fn domain(&self) -> Result<Option<serde_json::Value>, FrontError> {
+        let meta = self.meta();
+        let Some(launcher) = self.launcher.get() else {
+            return Ok(None);
+        };
+        if meta.deleted {
+            return Ok(None);
+        }
+        let Some(xml) = launcher.live_xml().await? else {
+            return Ok(None);
+        };
+        let status = launcher.status();
+        domain_json::domain_json(&xml, &meta.domain, status.power_state.as_ref())
+            .map(Some)
+            .map_err(|e| FrontError::DomainJson(crate::error_chain(&e)))
+    }
+}
+
+/// The VMI's `terminationGracePeriodSeconds`, read without a full parse (the Sync parses it).
+fn grace_of(spec_text: &str) -> Option<i64> {
+    serde_json::from_str::<serde_json::Value>(spec_text)
+        .ok()?
+        .pointer("/spec/terminationGracePeriodSeconds")?
+        .as_i64()
+}
+
+/// Now, as Kubernetes writes a `metav1.Time`.
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}

@@ -1,0 +1,416 @@
+//! The cmd server: `kubevirt.cmd.v1.Cmd` and `kubevirt.cmd.info.CmdInfo` on the pod's socket, as
+//! virt-handler calls them. Errors are answered as the Go launcher answers them,
+//! `Response{success: false, message}` with an OK status; what is not built answers
+//! `UNIMPLEMENTED`, which virt-handler's client recognises.
+//!
+//! State-changing work runs on a task of its own: a handler whose 20 s deadline runs out while a
+//! first Sync still defines the domain does not cut it off. The answer waits for the work up to
+//! [`ANSWER_WITHIN`], then says it goes on; virt-handler learns the outcome from the domain.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::{Request, Response, Status};
+
+use super::front::{Front, FrontError};
+use super::proto::cmd::cmd_server::Cmd;
+use super::proto::cmd::*;
+use super::proto::cmd_info::cmd_info_server::CmdInfo;
+use super::proto::cmd_info::{CmdInfoRequest, CmdInfoResponse};
+use crate::lifecycle::Command;
+
+/// Under virt-handler's 20 s deadline for state-changing calls.
+const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
+#[derive(Debug, Clone)]
+pub struct CmdService {
+    pub front: Arc<Front>,
+}
+
+fn ok() -> cmd::Response {
+    cmd::Response {
+        success: true,
+        message: String::new(),
+    }
+}
+
+fn failed(e: &FrontError) -> cmd::Response {
+    cmd::Response {
+        success: false,
+        message: e.to_string(),
+    }
+}
+
+/// The generated `Response` type, named apart from tonic's.
+mod cmd {
+    pub use super::super::proto::cmd::Response;
+}
+
+impl CmdService {
+    /// Runs `work` on its own task; answers with its result, or success-so-far once
+    /// [`ANSWER_WITHIN`] has passed (the work goes on).
+    async fn detached<F>(
+        &self,
+        what: &'static str,
+        work: F,
+    ) -> Result<Response<cmd::Response>, Status>
+    where
+        F: std::future::Future<Output = Result<(), FrontError>> + Send + 'static,
+    {
+        let mut task = tokio::spawn(async move {
+            let result = work.await;
+            if let Err(e) = &result {
+                tracing::warn!(call = what, "{e}");
+            }
+            result
+        });
+        match tokio::time::timeout(ANSWER_WITHIN, &mut task).await {
+            Ok(Ok(Ok(()))) => Ok(Response::new(ok())),
+            Ok(Ok(Err(e))) => Ok(Response::new(failed(&e))),
+            Ok(Err(join)) => Err(Status::internal(format!("{what} panicked: {join}"))),
+            Err(_) => {
+                tracing::info!(
+                    call = what,
+                    "still working after {ANSWER_WITHIN:?}; answering, the work goes on"
+                );
+                Ok(Response::new(ok()))
+            }
+        }
+    }
+
+    fn vmi_json(request: &VmiRequest) -> Vec<u8> {
+        request
+            .vmi
+            .as_ref()
+            .map(|v| v.vmi_json.clone())
+            .unwrap_or_default()
+    }
+
+    async fn command(
+        &self,
+        what: &'static str,
+        command: Command,
+    ) -> Result<Response<cmd::Response>, Status> {
+        let front = self.front.clone();
+        self.detached(what, async move { front.command(command).await })
+            .await
+    }
+}
+
+/// What virt-handler's client reads as "not implemented" (it checks the status code).
+fn not_built(call: &str) -> Status {
+    Status::unimplemented(format!("{call} is not implemented by vmlauncher"))
+}
+
+#[tonic::async_trait]
+impl Cmd for CmdService {
+    async fn sync_virtual_machine(
+        &self,
+        request: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        let json = Self::vmi_json(request.get_ref());
+        let front = self.front.clone();
+        self.detached("SyncVirtualMachine", async move { front.sync(&json).await })
+            .await
+    }
+
+    async fn pause_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        self.command("PauseVirtualMachine", Command::Pause).await
+    }
+
+    async fn unpause_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        self.command("UnpauseVirtualMachine", Command::Unpause)
+            .await
+    }
+
+    async fn reset_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        self.command("ResetVirtualMachine", Command::Reset).await
+    }
+
+    async fn soft_reboot_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        self.command("SoftRebootVirtualMachine", Command::SoftReboot)
+            .await
+    }
+
+    async fn shutdown_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        let front = self.front.clone();
+        self.detached(
+            "ShutdownVirtualMachine",
+            async move { front.shutdown().await },
+        )
+        .await
+    }
+
+    async fn kill_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        self.command("KillVirtualMachine", Command::Kill).await
+    }
+
+    async fn delete_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        let front = self.front.clone();
+        self.detached("DeleteVirtualMachine", async move { front.delete().await })
+            .await
+    }
+
+    async fn get_domain(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<DomainResponse>, Status> {
+        let (response, domain) = match self.front.domain().await {
+            Ok(Some(d)) => (ok(), d.to_string()),
+            Ok(None) => (ok(), String::new()),
+            Err(e) => (failed(&e), String::new()),
+        };
+        Ok(Response::new(DomainResponse {
+            response: Some(response),
+            domain,
+        }))
+    }
+
+    async fn get_domain_stats(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<DomainStatsResponse>, Status> {
+        Err(Status::unimplemented(
+            "GetDomainStats is not implemented by vmlauncher yet",
+        ))
+    }
+
+    async fn get_guest_info(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<GuestInfoResponse>, Status> {
+        // No guest agent is asked yet: KubeVirt's answer for a guest without one.
+        Ok(Response::new(GuestInfoResponse {
+            response: Some(ok()),
+            guest_info_response: "{}".into(),
+        }))
+    }
+
+    async fn get_users(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<GuestUserListResponse>, Status> {
+        Ok(Response::new(GuestUserListResponse {
+            response: Some(ok()),
+            guest_user_list_response: "[]".into(),
+        }))
+    }
+
+    async fn get_filesystems(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<GuestFilesystemsResponse>, Status> {
+        Ok(Response::new(GuestFilesystemsResponse {
+            response: Some(ok()),
+            guest_filesystems_response: "[]".into(),
+        }))
+    }
+
+    async fn ping(&self, _: Request<EmptyRequest>) -> Result<Response<cmd::Response>, Status> {
+        Ok(Response::new(ok()))
+    }
+
+    async fn get_qemu_version(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<QemuVersionResponse>, Status> {
+        let front = self.front.clone();
+        let version = tokio::task::spawn_blocking(move || match front.launcher() {
+            Some(l) => l.hypervisor_version().map_err(|e| crate::error_chain(&e)),
+            None => crate::libvirt::hypervisor_version(&front.connector().uri())
+                .map_err(|e| crate::error_chain(&e)),
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(match version {
+            Ok(version) => QemuVersionResponse {
+                response: Some(ok()),
+                version,
+            },
+            Err(message) => QemuVersionResponse {
+                response: Some(cmd::Response {
+                    success: false,
+                    message,
+                }),
+                version: String::new(),
+            },
+        }))
+    }
+
+    async fn freeze_virtual_machine(
+        &self,
+        _: Request<FreezeRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("freeze_virtual_machine"))
+    }
+
+    async fn unfreeze_virtual_machine(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("unfreeze_virtual_machine"))
+    }
+
+    async fn migrate_virtual_machine(
+        &self,
+        _: Request<MigrationRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("migrate_virtual_machine"))
+    }
+
+    async fn sync_migration_target(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("sync_migration_target"))
+    }
+
+    async fn cancel_virtual_machine_migration(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("cancel_virtual_machine_migration"))
+    }
+
+    async fn signal_target_pod_cleanup(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("signal_target_pod_cleanup"))
+    }
+
+    async fn finalize_virtual_machine_migration(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("finalize_virtual_machine_migration"))
+    }
+
+    async fn hotplug_host_devices(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("hotplug_host_devices"))
+    }
+
+    async fn exec(&self, _: Request<ExecRequest>) -> Result<Response<ExecResponse>, Status> {
+        Err(not_built("exec"))
+    }
+
+    async fn guest_ping(
+        &self,
+        _: Request<GuestPingRequest>,
+    ) -> Result<Response<GuestPingResponse>, Status> {
+        Err(not_built("guest_ping"))
+    }
+
+    async fn virtual_machine_memory_dump(
+        &self,
+        _: Request<MemoryDumpRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("virtual_machine_memory_dump"))
+    }
+
+    async fn sync_virtual_machine_cp_us(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("sync_virtual_machine_cp_us"))
+    }
+
+    async fn sync_virtual_machine_memory(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("sync_virtual_machine_memory"))
+    }
+
+    async fn get_sev_info(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<SevInfoResponse>, Status> {
+        Err(not_built("get_sev_info"))
+    }
+
+    async fn get_launch_measurement(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<LaunchMeasurementResponse>, Status> {
+        Err(not_built("get_launch_measurement"))
+    }
+
+    async fn inject_launch_secret(
+        &self,
+        _: Request<InjectLaunchSecretRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("inject_launch_secret"))
+    }
+
+    async fn get_domain_dirty_rate_stats(
+        &self,
+        _: Request<EmptyRequest>,
+    ) -> Result<Response<DirtyRateStatsResponse>, Status> {
+        Err(not_built("get_domain_dirty_rate_stats"))
+    }
+
+    async fn get_screenshot(
+        &self,
+        _: Request<VmiRequest>,
+    ) -> Result<Response<ScreenshotResponse>, Status> {
+        Err(not_built("get_screenshot"))
+    }
+
+    async fn backup_virtual_machine(
+        &self,
+        _: Request<BackupRequest>,
+    ) -> Result<Response<cmd::Response>, Status> {
+        Err(not_built("backup_virtual_machine"))
+    }
+
+    async fn redefine_checkpoint(
+        &self,
+        _: Request<RedefineCheckpointRequest>,
+    ) -> Result<Response<RedefineCheckpointResponse>, Status> {
+        Err(not_built("redefine_checkpoint"))
+    }
+
+    async fn get_vm_stats(
+        &self,
+        _: Request<VmStatsRequest>,
+    ) -> Result<Response<VmStatsResponse>, Status> {
+        Err(not_built("get_vm_stats"))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct InfoService;
+
+#[tonic::async_trait]
+impl CmdInfo for InfoService {
+    async fn info(&self, _: Request<CmdInfoRequest>) -> Result<Response<CmdInfoResponse>, Status> {
+        Ok(Response::new(CmdInfoResponse {
+            supported_cmd_versions: vec![1],
+        }))
+    }
+}
