@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use vmlauncher::console::ConsoleLog;
 
+pub mod kubevirt;
 pub mod net;
 pub mod pod;
 pub mod python;

@@ -1,0 +1,207 @@
+//! KubeVirt's side of the drop-in: a `vmlauncher virt-launcher` started as KubeVirt's pod starts
+//! it, in a directory that plays the pod's share, hotplug and ephemeral dirs, and the handler's
+//! own code (`handler-replay`, built from KubeVirt's tree) to drive it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use super::bin;
+
+/// Where KubeVirt's wire files are: `VMLAUNCHER_KUBEVIRT_WIRE`, else `shared/kubevirt-wire`
+/// beside the checkout or in `/work/shared`.
+pub fn kubevirt_wire() -> PathBuf {
+    if let Some(dir) = std::env::var_os("VMLAUNCHER_KUBEVIRT_WIRE") {
+        return dir.into();
+    }
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/kubevirt-wire");
+    for dir in [beside, PathBuf::from("/work/shared/kubevirt-wire")] {
+        if dir.join("handler-replay/handler-replay").exists() {
+            return dir;
+        }
+    }
+    panic!(
+        "KubeVirt's wire files (handler-replay) not found: set VMLAUNCHER_KUBEVIRT_WIRE to the \
+         kubevirt-wire directory"
+    )
+}
+
+/// A pod's directories, in a temp dir.
+pub struct PodDirs {
+    pub root: tempfile::TempDir,
+}
+
+impl PodDirs {
+    pub fn new() -> PodDirs {
+        let root = tempfile::Builder::new()
+            .prefix("vml-kv-")
+            .tempdir()
+            .unwrap();
+        for d in ["share", "hotplug", "ephemeral", "container-disks"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        PodDirs { root }
+    }
+    pub fn share(&self) -> PathBuf {
+        self.root.path().join("share")
+    }
+    pub fn hotplug(&self) -> PathBuf {
+        self.root.path().join("hotplug")
+    }
+    pub fn runtime(&self) -> PathBuf {
+        self.root.path().join("runtime")
+    }
+    pub fn sockets(&self) -> PathBuf {
+        self.share().join("sockets")
+    }
+
+    /// The flags KubeVirt's pod template gives, pointed at these dirs, and TCG.
+    pub fn flags(&self, name: &str, namespace: &str, uid: &str) -> Vec<String> {
+        let root = self.root.path();
+        let p = |d: &str| root.join(d).display().to_string();
+        [
+            "--qemu-timeout",
+            "5m",
+            "--name",
+            name,
+            "--uid",
+            uid,
+            "--namespace",
+            namespace,
+            "--kubevirt-share-dir",
+            &p("share"),
+            "--ephemeral-disk-dir",
+            &p("ephemeral"),
+            "--container-disk-dir",
+            &p("container-disks"),
+            "--hotplug-disk-dir",
+            &p("hotplug"),
+            "--grace-period-seconds",
+            "45",
+            "--hook-sidecars",
+            "0",
+            "--ovmf-path",
+            "/usr/share/OVMF",
+            "--runtime-dir",
+            &p("runtime"),
+            "--emulation",
+            "tcg",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+}
+
+/// A running `vmlauncher virt-launcher`.
+pub struct VirtLauncher {
+    pub child: Child,
+    stderr: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl VirtLauncher {
+    pub fn start(dirs: &PodDirs, flags: &[String]) -> VirtLauncher {
+        let stderr = dirs.root.path().join("launcher.stderr");
+        let child = Command::new(bin())
+            .arg("virt-launcher")
+            .args(flags)
+            .env(
+                "VMLAUNCHER_LOG",
+                std::env::var("VMLAUNCHER_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(dirs.root.path().join("launcher.stdout")).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn vmlauncher virt-launcher");
+        VirtLauncher {
+            child,
+            stderr,
+            exited: None,
+        }
+    }
+
+    pub fn stderr_text(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if self.exited.is_none() {
+            let _ = super::signal_pid(self.child.id() as i32, signal);
+        }
+    }
+
+    /// Its exit status within `within`, or a panic with its log.
+    pub fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        if let Some(s) = self.exited {
+            return s;
+        }
+        let status = wait_child(&mut self.child, within).unwrap_or_else(|| {
+            panic!(
+                "virt-launcher did not exit within {within:?}; stderr:\n{}",
+                self.stderr_text()
+            )
+        });
+        self.exited = Some(status);
+        status
+    }
+}
+
+impl Drop for VirtLauncher {
+    fn drop(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Waits for `child` without sleeping: a thread blocks in `wait` and reports back.
+pub fn wait_child(child: &mut Child, within: Duration) -> Option<ExitStatus> {
+    let pid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        let _ = tx.send(status);
+    });
+    match rx.recv_timeout(within) {
+        Ok(Ok(nix::sys::wait::WaitStatus::Exited(_, code))) => {
+            use std::os::unix::process::ExitStatusExt;
+            Some(ExitStatus::from_raw(code << 8))
+        }
+        Ok(Ok(nix::sys::wait::WaitStatus::Signaled(_, sig, _))) => {
+            use std::os::unix::process::ExitStatusExt;
+            Some(ExitStatus::from_raw(sig as i32))
+        }
+        Ok(other) => panic!("unexpected wait status {other:?}"),
+        Err(_) => None,
+    }
+}
+
+/// The test guest's VMI as JSON, as a KubeVirt API server would hand it to virt-handler.
+pub fn guest_vmi_json(name: &str, namespace: &str, uid: &str) -> serde_json::Value {
+    let guest = super::guest_dir();
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "domain": {
+                "memory": {"guest": "256Mi"},
+                "firmware": {"kernelBoot": {
+                    "kernelArgs": "console=ttyS0 loglevel=1",
+                    "container": {
+                        "kernelPath": guest.join("vmlinuz"),
+                        "initrdPath": guest.join("initrd.img"),
+                    },
+                }},
+                "devices": {"disks": []},
+            },
+            "volumes": [],
+        },
+        "status": {"phase": "Scheduled"},
+    })
+}

@@ -1,0 +1,58 @@
+//! The KubeVirt drop-in, driven by virt-handler's own code: `handler-replay` (built from
+//! KubeVirt's tree: its cmd client and notify server, unmodified) against `vmlauncher
+//! virt-launcher` on a real TCG guest. It negotiates, pings, has an invalid VMI refused, syncs
+//! the VM up, decodes the domain until Running, hot-plugs a volume the guest sees by serial and
+//! unplugs it, pauses across a Sync, reads guest info and QEMU's version, shuts down and deletes;
+//! it ends with `HELD`. Then SIGTERM ends the launcher with 0.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::kubevirt::{guest_vmi_json, kubevirt_wire, wait_child, PodDirs, VirtLauncher};
+
+#[test]
+fn virt_handlers_own_client_drives_the_launcher_to_held() {
+    let wire = kubevirt_wire();
+    let dirs = PodDirs::new();
+    let (name, namespace, uid) = ("testvmi", "kvtest", "5d6f1a2b-7c1e-4a8b-9d0e-1f2a3b4c5d6e");
+    let vmi = dirs.root.path().join("vmi.json");
+    std::fs::write(&vmi, guest_vmi_json(name, namespace, uid).to_string()).unwrap();
+    let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
+
+    let log = dirs.root.path().join("handler-replay.log");
+    let mut replay = Command::new(wire.join("handler-replay/handler-replay"))
+        .arg("-share")
+        .arg(dirs.share())
+        .arg("-vmi")
+        .arg(&vmi)
+        .arg("-hotplug-dir")
+        .arg(dirs.hotplug())
+        .arg("-console-dir")
+        .arg(dirs.runtime())
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run handler-replay");
+    let ended = wait_child(&mut replay, Duration::from_secs(600));
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    if ended.is_none() {
+        let _ = replay.kill();
+    }
+    let last = said.lines().last().unwrap_or("");
+    assert!(
+        ended.is_some_and(|s| s.success()) && last.starts_with("HELD"),
+        "handler-replay did not hold ({ended:?}):\n{said}\nlauncher stderr:\n{}",
+        launcher.stderr_text()
+    );
+
+    launcher.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = launcher.wait_exit(Duration::from_secs(90));
+    assert_eq!(status.code(), Some(0), "{}", launcher.stderr_text());
+    assert!(
+        !dirs.sockets().join("launcher-sock").exists(),
+        "the socket is removed at exit"
+    );
+}
