@@ -132,6 +132,19 @@ for i, n in enumerate("bcdefghij"):
 case("alias-billion-laughs.yaml", BASE + bomb, "(document): ")
 wide = "status:\n  x: &x [" + ", ".join(["~"] * 5000) + "]\n  y: [" + ", ".join(["*x"] * 5000) + "]\n"
 case("alias-wide-bomb.yaml", BASE + wide, "the document expands to more than 200000 values (YAML aliases)")
+# Aliases of a long string: few values, but every alias is a copy of 600,000 bytes. 2,000 of them
+# (606 KB) took 1.19 GB to validate and were accepted; the largest that fits the document bound
+# would take about 83 GiB.
+STRINGS_OVER = "the document expands to more than 4194304 bytes of strings (YAML aliases)"
+def string_bomb(n):
+    return BASE + "status:\n  s: &a " + "A" * 600000 + "\n  l: [" + ", ".join(["*a"] * n) + "]\n"
+case("alias-string-bomb.yaml", string_bomb(2000), STRINGS_OVER)
+largest = (1048576 - len(string_bomb(0)) + 2) // 4
+assert len(string_bomb(largest)) <= 1048576 < len(string_bomb(largest + 1))
+case("alias-string-bomb-1mib.yaml", string_bomb(largest), STRINGS_OVER)
+# The same through a mapping's key: 100 copies of a 64 KiB key.
+# A key this long must be explicit (`?`): YAML caps implicit keys at 1,024 characters.
+case("alias-key-bomb.yaml", BASE + "status:\n  m: &a\n    ? " + "k" * 65536 + "\n    : 1\n  l: [" + ", ".join(["*a"] * 100) + "]\n", STRINGS_OVER)
 case("duplicate-key-yaml.yaml", sub("  name: bad", "  name: bad\n  name: other"), "metadata: duplicate key \"name\"")
 case("duplicate-key-json.json", '{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "kind": "Pod", "metadata": {"name": "a"}}', '(document): duplicate key "kind"')
 
