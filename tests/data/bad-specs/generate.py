@@ -121,6 +121,19 @@ case("control-label-value.yaml", sub("  name: bad", "  name: bad\n  labels: {app
 case("hostpath-etc.yaml", sub("path: /tmp/d.img", "path: /etc/cron.d/x"), "spec.volumes[0].hostDisk.path: \"/etc/cron.d/x\" is under /etc")
 case("hostpath-dotdot.yaml", sub("path: /tmp/d.img", "path: /tmp/../etc/passwd"), "spec.volumes[0].hostDisk.path: \"/tmp/../etc/passwd\" has a \"..\" component")
 case("hostpath-initrd-shadow.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: /k, initrdPath: /etc/shadow}}}"), "spec.domain.firmware.kernelBoot.container.initrdPath: \"/etc/shadow\" is under /etc")
+# The launcher's own state, the pod's and the node's secrets (the launcher and QEMU act as root).
+def hostdisk(path, kind="Disk"):
+    return sub("path: /tmp/d.img, type: DiskOrCreate", "path: %s, type: %s" % (path, kind))
+HD = "spec.volumes[0].hostDisk.path: "
+OWN, SECRETS = "the launcher's own state", "where secrets are kept"
+case("hostpath-saved-sync.yaml", hostdisk("/var/run/vmlauncher/last-sync.1.json"), HD + '"/var/run/vmlauncher/last-sync.1.json" is under /var/run/vmlauncher, ' + OWN)
+case("hostpath-swtpm-state.yaml", hostdisk("/run/vmlauncher/libvirt/lib/swtpm/x/tpm2/tpm2-00.permall"), HD + '"/run/vmlauncher/libvirt/lib/swtpm/x/tpm2/tpm2-00.permall" is under /run/vmlauncher, ' + OWN)
+case("hostpath-capability-cache.yaml", hostdisk("/var/cache/vmlauncher/qemu-capabilities/x.xml"), HD + '"/var/cache/vmlauncher/qemu-capabilities/x.xml" is under /var/cache/vmlauncher/qemu-capabilities, ' + OWN)
+case("hostpath-hotplug-dir.yaml", hostdisk("/var/run/kubevirt/hotplug-disks/v.img"), HD + '"/var/run/kubevirt/hotplug-disks/v.img" is under /var/run/kubevirt/hotplug-disks, ' + OWN)
+case("hostpath-etcd.yaml", hostdisk("/var/lib/etcd/member/snap/db"), HD + '"/var/lib/etcd/member/snap/db" is under /var/lib/etcd, ' + SECRETS)
+case("hostpath-kubelet-secret.yaml", hostdisk("/var/lib/kubelet/pods/p/volumes/kubernetes.io~secret/s/token", "DiskOrCreate"), HD + '"/var/lib/kubelet/pods/p/volumes/kubernetes.io~secret/s/token" is under /var/lib/kubelet, ' + SECRETS)
+case("hostpath-sa-token.yaml", hostdisk("/var/run/secrets/kubernetes.io/serviceaccount/token"), HD + '"/var/run/secrets/kubernetes.io/serviceaccount/token" is under /var/run/secrets, ' + SECRETS)
+case("hostpath-initrd-sa-token.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: /k, initrdPath: /run/secrets/kubernetes.io/serviceaccount/token}}}"), 'spec.domain.firmware.kernelBoot.container.initrdPath: "/run/secrets/kubernetes.io/serviceaccount/token" is under /run/secrets, ' + SECRETS)
 # --- nesting, aliases, duplicates ---
 case("nesting-deep-yaml.yaml", deep_yaml(5000), "(document): ")
 case("nesting-deep-json.json", '{"apiVersion": "kubevirt.io/v1", "status": ' + "[" * 5000 + "]" * 5000 + "}", "(document): ")
