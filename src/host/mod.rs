@@ -7,12 +7,14 @@
 //! Submodules: `block` (the owner of hot-plugged block volumes' host side), `devnode` (block
 //! nodes in the hotplug dir), `cgroup` (v1/v2 device rules), `records` (what the launcher made,
 //! for a restarted launcher), `caps` (capability check and drop), `watch` (inotify on paths),
-//! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `image_check`
+//! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `confine`
+//! (where a spec's host paths lead once links are followed), `image_check`
 //! (what a foreign image's header may be before QEMU opens it: raw, or self-contained qcow2).
 
 pub(crate) mod block;
 pub mod caps;
 pub mod cgroup;
+pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
