@@ -159,29 +159,47 @@ fn run_refuses_a_socket_path_that_is_a_regular_file() {
 /// A VMI whose one disk is the hostDisk at `path`.
 fn host_disk_spec(path: &Path) -> String {
     format!(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: links}}\nspec:\n  domain:\n    memory: {{guest: 128Mi}}\n    devices:\n      disks:\n      - {{name: a, disk: {{bus: scsi}}}}\n  volumes:\n  - {{name: a, hostDisk: {{path: {}, type: Disk}}}}\n",
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: links}}\nspec:\n  terminationGracePeriodSeconds: 0\n  domain:\n    memory: {{guest: 128Mi}}\n    devices:\n      disks:\n      - {{name: a, disk: {{bus: scsi}}}}\n  volumes:\n  - {{name: a, hostDisk: {{path: {}, type: Disk}}}}\n",
         path.display()
     )
 }
 
-/// `vmlauncher run SPEC` on runtime dir `rt` with `extra` options: exit code and stderr.
+/// `vmlauncher run SPEC` on runtime dir `rt` with `extra` options, expected to end by itself
+/// (refused): exit code and stderr. A launcher that took the spec and started its VM instead is
+/// stopped (SIGTERM: it takes its libvirtd and QEMU with it) and the test fails.
 fn run_spec(spec: &str, rt: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), spec).unwrap();
-    let mut args = vec![
-        "run",
-        file.path().to_str().unwrap(),
-        "--runtime-dir",
-        rt.to_str().unwrap(),
-        "--emulation",
-        "tcg",
-    ];
-    args.extend_from_slice(extra);
-    let out = vmlauncher(&args, None);
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut child = Command::new(common::bin())
+        .arg("run")
+        .arg(file.path())
+        .arg("--runtime-dir")
+        .arg(rt)
+        .args(["--emulation", "tcg"])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    // A refusal comes before any daemon starts: well within this even in a debug build.
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(text) => (child.wait().unwrap().code(), text),
+        Err(_) => {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+            panic!("vmlauncher run took the spec and kept running");
+        }
+    }
 }
 
 /// A hostDisk whose text names an innocent place, through a link into the launcher's runtime
