@@ -166,6 +166,7 @@ async fn dispatch(command: Command) -> Outcome {
             reconnect_timeout,
             log_max_size,
             qemu_cache_dir,
+            host_disk_roots,
         } => {
             let (spec, spec_text) = run::load_spec(&spec)?;
             let strategy = run_strategy
@@ -203,6 +204,7 @@ async fn dispatch(command: Command) -> Outcome {
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),
                 log_max_size,
                 qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
+                host_disk_roots,
             })
             .await;
             Ok(ended)

@@ -95,6 +95,9 @@ impl ImageFormat {
 pub enum Preparation {
     /// The file or device must exist.
     Exists,
+    /// A claim's image or device, in a directory a tenant (or a node daemon) writes: it must
+    /// exist and be itself, never a symbolic link.
+    Claim,
     /// The file must exist, or is created sparse with this many bytes.
     CreateIfMissing { capacity: u64 },
     /// A qcow2 of this size is created if missing.
@@ -193,14 +196,14 @@ pub fn resolve_source(
                 },
                 block,
                 format: ImageFormat::Raw,
-                preparation: Preparation::Exists,
+                preparation: Preparation::Claim,
             }
         }
         VolumeSource::PersistentVolumeClaim(_) | VolumeSource::DataVolume(_) => ResolvedVolume {
             path: claim_path(paths, name, block),
             block,
             format: ImageFormat::Raw,
-            preparation: Preparation::Exists,
+            preparation: Preparation::Claim,
         },
         VolumeSource::ContainerDisk(_) => {
             // KubeVirt numbers container disks by their position among the container disks.
@@ -300,20 +303,35 @@ pub fn is_hotpluggable(volume: &Volume) -> bool {
     }
 }
 
+/// A volume whose source could be a block device, with the path to look at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockCandidate {
+    pub volume: String,
+    pub path: PathBuf,
+    /// Only a spec's `hostDisk` may be a link (`/dev/disk/by-id/...`): a claim's node is the
+    /// tenant's, and is never followed.
+    pub follow_link: bool,
+}
+
 /// Volumes whose claim could be a block device, with the node path to check: what a caller
 /// looks at on the host to fill `ConvertOptions::block_volumes`.
-pub fn block_candidates(vmi: &VirtualMachineInstance, paths: &HostPaths) -> Vec<(String, PathBuf)> {
+pub fn block_candidates(vmi: &VirtualMachineInstance, paths: &HostPaths) -> Vec<BlockCandidate> {
     vmi.spec
         .volumes
         .iter()
-        .filter_map(|v| match v.source()? {
-            VolumeSource::PersistentVolumeClaim(_)
-            | VolumeSource::DataVolume(_)
-            | VolumeSource::Ephemeral(_) => {
-                Some((v.name.clone(), claim_path(paths, &v.name, true)))
-            }
-            VolumeSource::HostDisk(hd) => Some((v.name.clone(), PathBuf::from(&hd.path))),
-            _ => None,
+        .filter_map(|v| {
+            let (path, follow_link) = match v.source()? {
+                VolumeSource::PersistentVolumeClaim(_)
+                | VolumeSource::DataVolume(_)
+                | VolumeSource::Ephemeral(_) => (claim_path(paths, &v.name, true), false),
+                VolumeSource::HostDisk(hd) => (PathBuf::from(&hd.path), true),
+                _ => return None,
+            };
+            Some(BlockCandidate {
+                volume: v.name.clone(),
+                path,
+                follow_link,
+            })
         })
         .collect()
 }
@@ -359,6 +377,8 @@ spec:
         );
         assert_eq!(r(1).path, PathBuf::from("/dev/b"));
         assert!(r(1).block);
+        // A claim's image is the tenant's: prepared as such, never through a link.
+        assert_eq!(r(1).preparation, Preparation::Claim);
         let Preparation::CloudInit { files } = r(3).preparation else {
             panic!("cloud-init")
         };

@@ -156,6 +156,114 @@ fn run_refuses_a_socket_path_that_is_a_regular_file() {
     assert!(!rt.join("libvirt").exists(), "no libvirtd was started");
 }
 
+/// A VMI whose one disk is the hostDisk at `path`.
+fn host_disk_spec(path: &Path) -> String {
+    format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: links}}\nspec:\n  terminationGracePeriodSeconds: 0\n  domain:\n    memory: {{guest: 128Mi}}\n    devices:\n      disks:\n      - {{name: a, disk: {{bus: scsi}}}}\n  volumes:\n  - {{name: a, hostDisk: {{path: {}, type: Disk}}}}\n",
+        path.display()
+    )
+}
+
+/// `vmlauncher run SPEC` on runtime dir `rt` with `extra` options, expected to end by itself
+/// (refused): exit code and stderr. A launcher that took the spec and started its VM instead is
+/// stopped (SIGTERM: it takes its libvirtd and QEMU with it) and the test fails.
+fn run_spec(spec: &str, rt: &Path, extra: &[&str]) -> (Option<i32>, String) {
+    use std::io::Read;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), spec).unwrap();
+    let mut child = Command::new(common::bin())
+        .arg("run")
+        .arg(file.path())
+        .arg("--runtime-dir")
+        .arg(rt)
+        .args(["--emulation", "tcg"])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        let _ = tx.send(text);
+    });
+    // A refusal comes before any daemon starts: well within this even in a debug build.
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(text) => (child.wait().unwrap().code(), text),
+        Err(_) => {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let _ = child.wait();
+            panic!("vmlauncher run took the spec and kept running");
+        }
+    }
+}
+
+/// A hostDisk whose text names an innocent place, through a link into the launcher's runtime
+/// dir (its saved Sync, records, libvirt's state): refused as a bad spec once the link is
+/// followed, naming the field, before any libvirtd is started.
+#[test]
+fn run_refuses_a_host_disk_that_leads_into_the_runtime_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dir.path().join("rt");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    // Dangling until the launcher makes its runtime dir, as it does before the check.
+    std::os::unix::fs::symlink(&rt, data.join("state")).unwrap();
+    let disk = data.join("state/last-sync.1.json");
+    let (code, stderr) = run_spec(&host_disk_spec(&disk), &rt, &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "spec.volumes[0].hostDisk.path: {:?} leads to",
+            disk.display().to_string()
+        )),
+        "{stderr}"
+    );
+    assert!(stderr.contains("the launcher's own state"), "{stderr}");
+    assert!(!rt.join("libvirt").exists(), "no libvirtd was started");
+    assert!(!rt.join("last-sync.1.json").exists());
+}
+
+/// `--host-disk-root DIR`: a hostDisk elsewhere, or a link from inside the root to elsewhere,
+/// is refused as a bad spec, naming the roots; a relative root is a usage error.
+#[test]
+fn run_confines_host_disks_to_the_host_disk_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("disks");
+    std::fs::create_dir(&root).unwrap();
+    let outside = dir.path().join("outside.img");
+    std::fs::write(&outside, b"").unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("link.img")).unwrap();
+    let root_arg = root.to_str().unwrap();
+    for disk in [outside.clone(), root.join("link.img")] {
+        let rt = dir.path().join("rt");
+        let (code, stderr) = run_spec(&host_disk_spec(&disk), &rt, &["--host-disk-root", root_arg]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(
+            stderr.contains("spec.volumes[0].hostDisk.path: "),
+            "{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!(
+                "is not under a host disk root of this launcher ({root_arg})"
+            )),
+            "{stderr}"
+        );
+        assert!(!rt.join("libvirt").exists(), "no libvirtd was started");
+    }
+    let (code, stderr) = run_spec(
+        &host_disk_spec(&outside),
+        &dir.path().join("rt"),
+        &["--host-disk-root", "disks"],
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains("disks is not an absolute path"), "{stderr}");
+}
+
 #[test]
 fn convert_prints_deterministic_xml() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");

@@ -36,7 +36,7 @@ async fn every_bad_spec_sent_to_sync_is_refused_and_changes_nothing() {
     let name = "e2e-bad-syncs";
     let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
     let mut console = vm.boot();
-    let image = vm.dir().join("kept.img");
+    let image = vm.scratch().join("kept.img");
     std::fs::File::create(&image)
         .unwrap()
         .set_len(8 << 20)

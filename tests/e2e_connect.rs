@@ -29,7 +29,7 @@ async fn runs_a_vm_on_a_libvirt_given_by_uri() {
         "no private libvirtd with --connect"
     );
 
-    let disk = vm.dir().join("uri.img");
+    let disk = vm.scratch().join("uri.img");
     common::sparse_file(&disk, 4);
     let reply = api::connect(&vm.socket())
         .await

@@ -91,8 +91,8 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         .expect("libvirtd's pid file");
     assert!(alive(qemu_pid) && alive(daemon_pid));
 
-    let one = disk_image(vm.dir(), "one.img", 8);
-    let two = disk_image(vm.dir(), "two.img", 16);
+    let one = disk_image(vm.scratch(), "one.img", 8);
+    let two = disk_image(vm.scratch(), "two.img", 16);
     // Mixed case on purpose: KubeVirt lower-cases serials; we keep them as written.
     let two_disks = [
         ("one", "E2E-Serial-One", one.as_path()),
@@ -240,7 +240,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     // `grpc-timeout`, which the server enforces by dropping the call) passes while it waits
     // for the task slot is still applied once the slot is free. The slot is held by a Sync
     // whose attach waits for a libvirtd stopped with SIGSTOP.
-    let three = disk_image(vm.dir(), "three.img", 8);
+    let three = disk_image(vm.scratch(), "three.img", 8);
     let [disk_one, disk_two] = two_disks;
     let all_three = guest_spec(
         name,
@@ -300,8 +300,8 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     // job, held by the first. With QEMU stopped, the first holds it past libvirt's 30 s wait:
     // the second asks again, its status saying why, instead of failing, and both are attached
     // once QEMU runs again.
-    let four = disk_image(vm.dir(), "four.img", 8);
-    let five = disk_image(vm.dir(), "five.img", 8);
+    let four = disk_image(vm.scratch(), "four.img", 8);
+    let five = disk_image(vm.scratch(), "five.img", 8);
     let with_four_and_five = guest_spec(
         name,
         "",
@@ -386,7 +386,7 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     let mut console = vm.boot();
 
     // The source's directory does not even exist yet.
-    let late = vm.dir().join("arrives-later/late.img");
+    let late = vm.scratch().join("arrives-later/late.img");
     let spec = guest_spec(name, "", &[("late", "Late-Serial-1", &late)]);
     let mut events = common::EventWatcher::start(&vm.socket()).await;
     let reply = api::connect(&vm.socket())
@@ -414,7 +414,7 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     // Made elsewhere and moved into place, as a provisioner would.
     let parent = late.parent().unwrap();
     std::fs::create_dir(parent).unwrap();
-    let staging = vm.dir().join("staging.img");
+    let staging = vm.scratch().join("staging.img");
     common::sparse_file(&staging, 2);
     std::fs::rename(&staging, &late).unwrap();
     events

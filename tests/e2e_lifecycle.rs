@@ -320,7 +320,7 @@ async fn a_guest_flooding_its_console_leaves_the_log_within_its_bound() {
 async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
     let name = "adopt";
     let (mut first, qemu) = booted(name, "");
-    let disk = first.dir().join("data.img");
+    let disk = first.scratch().join("data.img");
     common::sparse_file(&disk, 4);
     let with_disk = guest_spec(name, "", &[("data", "Adopt-Me-1", &disk)]);
     // Plus a hot-plugged block volume: its node is the launcher's own, known from its records.

@@ -49,7 +49,7 @@ fn a_stock_python_client_with_default_options_drives_the_launcher() {
     );
 
     // A Sync through messages built from reflection: a new scsi disk the guest reports.
-    let image = vm.dir().join("py-data.img");
+    let image = vm.scratch().join("py-data.img");
     common::sparse_file(&image, 8);
     let spec = vm.dir().join("with-disk.yaml");
     std::fs::write(&spec, guest_spec(name, "", &[("data", "PYDISK-1", &image)])).unwrap();

@@ -87,6 +87,10 @@ pub(crate) enum Command {
         /// QEMU's capability cache shared by every launcher of the host; "" shares none.
         #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
         qemu_cache_dir: PathBuf,
+        /// The only directories a spec's hostDisk may be under, links followed (absolute,
+        /// repeatable; default: anywhere but the host's and the launcher's own places).
+        #[arg(long = "host-disk-root", value_name = "DIR", value_parser = absolute_path())]
+        host_disk_roots: Vec<PathBuf>,
     },
     /// Probe QEMU once and fill the shared capability cache (an image build runs this).
     WarmCache {
@@ -200,6 +204,17 @@ fn utf8_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
         os.into_string()
             .map(PathBuf::from)
             .map_err(|os| format!("{} is not UTF-8", PathBuf::from(os).display()))
+    })
+}
+
+/// A UTF-8 absolute path: a relative one would depend on where the launcher was started.
+fn absolute_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    utf8_path().try_map(|path: PathBuf| {
+        if path.is_absolute() {
+            Ok(path)
+        } else {
+            Err(format!("{} is not an absolute path", path.display()))
+        }
     })
 }
 

@@ -7,12 +7,14 @@
 //! Submodules: `block` (the owner of hot-plugged block volumes' host side), `devnode` (block
 //! nodes in the hotplug dir), `cgroup` (v1/v2 device rules), `records` (what the launcher made,
 //! for a restarted launcher), `caps` (capability check and drop), `watch` (inotify on paths),
-//! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `image_check`
+//! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `confine`
+//! (where a spec's host paths lead once links are followed), `image_check`
 //! (what a foreign image's header may be before QEMU opens it: raw, or self-contained qcow2).
 
 pub(crate) mod block;
 pub mod caps;
 pub mod cgroup;
+pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
@@ -34,6 +36,8 @@ pub enum HostError {
     Missing { path: PathBuf },
     #[error("{path} is neither a regular file nor a block device")]
     NotADisk { path: PathBuf },
+    #[error("{path} is a symbolic link: a disk image from a claim or a container disk is opened only as itself, never through a link")]
+    Link { path: PathBuf },
     #[error("cannot create {path}")]
     Create {
         path: PathBuf,
@@ -74,7 +78,7 @@ impl HostError {
             HostError::NotADisk { .. } => "NotADisk",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
-            HostError::UnsafeImage { .. } => "UnsafeImage",
+            HostError::UnsafeImage { .. } | HostError::Link { .. } => "UnsafeImage",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
         }
     }
@@ -118,6 +122,42 @@ pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostErr
     }
 }
 
+/// Opens a disk image whose directory someone else writes (a tenant's claim, a container disk,
+/// a node daemon's hotplug file) as itself: a symbolic link there would hand the guest, and QEMU
+/// running as root, whatever file it names in the launcher's filesystem. The last component is
+/// looked at and opened without following a link, without blocking (a FIFO), and what was opened
+/// must be a regular file or a block device.
+pub(crate) fn open_image(path: &Path) -> Result<fs::File, HostError> {
+    let failed = |source: io::Error| match source.raw_os_error() {
+        // What O_NOFOLLOW says when the last component has become a link since it was looked at.
+        Some(libc::ELOOP) => HostError::Link { path: path.into() },
+        _ if source.kind() == io::ErrorKind::NotFound => HostError::Missing { path: path.into() },
+        _ => HostError::Inspect {
+            path: path.into(),
+            source,
+        },
+    };
+    let is_disk = |kind: fs::FileType| kind.is_file() || kind.is_block_device();
+    let seen = fs::symlink_metadata(path).map_err(failed)?.file_type();
+    if seen.is_symlink() {
+        return Err(HostError::Link { path: path.into() });
+    }
+    // Refused before it is opened: opening a device may do something by itself.
+    if !is_disk(seen) {
+        return Err(HostError::NotADisk { path: path.into() });
+    }
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(failed)?;
+    let opened = file.metadata().map_err(failed)?;
+    if !is_disk(opened.file_type()) {
+        return Err(HostError::NotADisk { path: path.into() });
+    }
+    Ok(file)
+}
+
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
 /// and the one for EFI variables, which libvirt fills from the template but does not create.
 pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
@@ -137,6 +177,7 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     let path = volume.path.as_path();
     match &volume.preparation {
         Preparation::Exists => prepare_host_disk(path, None),
+        Preparation::Claim => open_image(path).map(drop),
         Preparation::CreateIfMissing { capacity } => prepare_host_disk(path, Some(*capacity)),
         Preparation::EmptyQcow2 { capacity } => {
             if path.exists() {
@@ -147,7 +188,6 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
             create_qcow2(path, *capacity, None)
         }
         Preparation::Overlay { backing, trust } => {
-            prepare_host_disk(backing, None)?;
             let (format, size) = backing_info(backing, *trust)?;
             make_parent(path)?;
             // Ephemeral by design: every start begins from the image, as KubeVirt's do.
@@ -161,12 +201,21 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     }
 }
 
-/// The volumes among `candidates` (`(volume, path)`) whose path is a block device.
-pub fn block_volumes(candidates: &[(String, PathBuf)]) -> BTreeSet<String> {
+/// The volumes among `candidates` whose path is a block device; a link is followed only where
+/// the candidate says it may be (a spec's `hostDisk`), and otherwise is no block device (it is
+/// refused as a link when the volume is prepared).
+pub fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<String> {
     candidates
         .iter()
-        .filter(|(_, path)| fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device()))
-        .map(|(name, _)| name.clone())
+        .filter(|c| {
+            let meta = if c.follow_link {
+                fs::metadata(&c.path)
+            } else {
+                fs::symlink_metadata(&c.path)
+            };
+            meta.is_ok_and(|m| m.file_type().is_block_device())
+        })
+        .map(|c| c.volume.clone())
         .collect()
 }
 
@@ -208,7 +257,7 @@ fn backing_info(path: &Path, trust: Backing) -> Result<(&'static str, u64), Host
         path: path.into(),
         source,
     };
-    let mut file = fs::File::open(path).map_err(inspect)?;
+    let mut file = open_image(path)?;
     if trust == Backing::ContainerDisk {
         let mut header = Vec::with_capacity(image_check::HEADER_BYTES);
         (&mut file)
@@ -419,6 +468,96 @@ mod tests {
             prepare_volume(&missing).unwrap_err().reason(),
             "SourceNotFound"
         );
+    }
+
+    /// A tenant's claim whose `disk.img` is a link to a file of the launcher's (a program it
+    /// runs, its state) would give the guest that file as its disk.
+    #[test]
+    fn a_claim_image_that_is_a_link_is_refused_and_its_target_untouched() {
+        let (dir, target) = crate::testing::temp_path("launcher-owned");
+        fs::write(&target, b"#!/bin/sh\n").unwrap();
+        let claim = dir.path().join("vmi-disks/pvc/disk.img");
+        fs::create_dir_all(claim.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&target, &claim).unwrap();
+        let err = prepare_volume(&resolved(claim.clone(), Preparation::Claim)).unwrap_err();
+        assert!(
+            matches!(&err, HostError::Link { path } if *path == claim),
+            "{err}"
+        );
+        assert_eq!(err.reason(), "UnsafeImage");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        assert_eq!(fs::read(&target).unwrap(), b"#!/bin/sh\n");
+
+        // A link to a directory and a dangling link are links too, not missing files.
+        for to in [dir.path().to_path_buf(), dir.path().join("nowhere")] {
+            fs::remove_file(&claim).unwrap();
+            std::os::unix::fs::symlink(&to, &claim).unwrap();
+            let err = prepare_volume(&resolved(claim.clone(), Preparation::Claim)).unwrap_err();
+            assert!(matches!(err, HostError::Link { .. }), "{err}");
+        }
+
+        // The file itself is taken; a missing one is Missing (a hot-plugged volume waits).
+        fs::remove_file(&claim).unwrap();
+        fs::File::create(&claim).unwrap().set_len(1 << 20).unwrap();
+        prepare_volume(&resolved(claim.clone(), Preparation::Claim)).unwrap();
+        fs::remove_file(&claim).unwrap();
+        let err = prepare_volume(&resolved(claim, Preparation::Claim)).unwrap_err();
+        assert!(matches!(err, HostError::Missing { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_claim_image_that_is_a_fifo_is_refused_without_blocking() {
+        let (_dir, fifo) = crate::testing::temp_path("disk.img");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let err = prepare_volume(&resolved(fifo, Preparation::Claim)).unwrap_err();
+        assert!(matches!(err, HostError::NotADisk { .. }), "{err}");
+    }
+
+    /// An overlay's backing (an ephemeral volume's claim, a container disk's `disk_N.img`) is
+    /// read by the launcher and then by QEMU: a link is refused before either, and no overlay
+    /// is made.
+    #[test]
+    fn an_overlay_backing_that_is_a_link_is_refused() {
+        let (dir, target) = crate::testing::temp_path("secret");
+        fs::File::create(&target).unwrap().set_len(1 << 20).unwrap();
+        let backing = dir.path().join("disk_0.img");
+        std::os::unix::fs::symlink(&target, &backing).unwrap();
+        for trust in [Backing::ContainerDisk, Backing::Claim { block: false }] {
+            let overlay = dir.path().join("overlay.qcow2");
+            let volume = resolved(
+                overlay.clone(),
+                Preparation::Overlay {
+                    backing: backing.clone(),
+                    trust,
+                },
+            );
+            let err = prepare_volume(&volume).unwrap_err();
+            assert!(matches!(err, HostError::Link { .. }), "{trust:?}: {err}");
+            assert!(!overlay.exists(), "{trust:?}");
+        }
+    }
+
+    #[test]
+    fn a_claims_link_to_a_block_device_is_no_block_volume() {
+        use crate::volumes::BlockCandidate;
+        let Some(device) = fs::read_dir("/dev")
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_block_device()))
+        else {
+            // Not every container has a block device node; the link rule is the same without.
+            return;
+        };
+        let (_dir, link) = crate::testing::temp_path("b");
+        std::os::unix::fs::symlink(&device, &link).unwrap();
+        let candidate = |volume: &str, follow_link| BlockCandidate {
+            volume: volume.into(),
+            path: link.clone(),
+            follow_link,
+        };
+        let found = block_volumes(&[candidate("claim", false), candidate("host", true)]);
+        assert_eq!(found, BTreeSet::from(["host".to_string()]));
     }
 
     /// Review H1: a qcow2 header that points at a host file is refused in a container disk's

@@ -63,6 +63,18 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         hotplug_dir: flags.hotplug_disk_dir.clone(),
         ..HostPaths::pod()
     };
+    // A hostDisk may not lead into the launcher's own places (its state, the pod's hotplug and
+    // private dirs, the capability cache).
+    let own_dirs: Vec<PathBuf> = [
+        Some(rt.0.clone()),
+        Some(paths.private_dir.clone()),
+        Some(paths.hotplug_dir.clone()),
+        flags.qemu_cache_dir.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let host_paths = crate::host::confine::HostPathPolicy::new(&own_dirs, &[]);
     let prepared = run::prepare(HostRequest {
         rt: &rt,
         connect: None,
@@ -74,6 +86,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         log_max_size: crate::logs::DEFAULT_MAX_SIZE,
         resync_interval: Duration::from_secs(30),
         reconnect_timeout: None,
+        host_paths,
     });
     let _logs = prepared.logs;
     // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync

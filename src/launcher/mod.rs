@@ -139,6 +139,8 @@ pub struct LaunchOptions {
     /// How long to keep trying to reach a lost libvirt before giving up (phase Unknown, the
     /// launcher exits); `None` tries for ever.
     pub reconnect_timeout: Option<Duration>,
+    /// Where a spec's host paths may not lead, checked on every spec the launcher takes.
+    pub host_paths: crate::host::confine::HostPathPolicy,
 }
 
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
@@ -308,6 +310,8 @@ impl Launcher {
         mut options: LaunchOptions,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
     ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
+        // Before anything is made or started: a refused path is a bad spec (exit 2).
+        options.host_paths.check(&vmi)?;
         let def = convert::convert(&vmi, &options.convert)?;
         let name = def.name.clone();
         let c = connector.clone();

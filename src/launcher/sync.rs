@@ -131,6 +131,7 @@ impl Launcher {
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
         let interrupt_generation = *self.interrupt.borrow();
         let vmi = spec::parse_bytes(input.spec.as_bytes())?;
+        self.options.host_paths.check(&vmi)?;
         let held = self.block.nodes();
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();

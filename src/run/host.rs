@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 use super::{say, Emulation, RuntimeDir};
 use crate::convert::{ConvertOptions, NetworkMode, Publish};
 use crate::host::cgroup::CgroupRoots;
+use crate::host::confine::HostPathPolicy;
 use crate::launcher::{HotplugOptions, LaunchOptions};
 use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 use crate::libvirt::events::HypervisorEvent;
@@ -38,6 +39,8 @@ pub struct HostRequest<'a> {
     pub log_max_size: u64,
     pub resync_interval: Duration,
     pub reconnect_timeout: Option<Duration>,
+    /// Where the spec's host paths may lead.
+    pub host_paths: HostPathPolicy,
 }
 
 /// The host, ready for a launcher: give [`Prepared::events`] and the options of
@@ -60,6 +63,7 @@ pub struct LaunchBase {
     hotplug: HotplugOptions,
     resync_interval: Duration,
     reconnect_timeout: Option<Duration>,
+    host_paths: HostPathPolicy,
 }
 
 impl LaunchBase {
@@ -81,6 +85,7 @@ impl LaunchBase {
             hotplug: self.hotplug.clone(),
             spec_text,
             reconnect_timeout: self.reconnect_timeout,
+            host_paths: self.host_paths.clone(),
         }
     }
 }
@@ -99,6 +104,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         log_max_size,
         resync_interval,
         reconnect_timeout,
+        host_paths,
     } = request;
     let (events_tx, events) = mpsc::unbounded_channel();
     let backend = match &connect {
@@ -207,6 +213,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             hotplug,
             resync_interval,
             reconnect_timeout,
+            host_paths,
         },
         logs,
     }

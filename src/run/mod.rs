@@ -76,6 +76,8 @@ pub struct RunOptions {
     pub qemu_cache_dir: Option<PathBuf>,
     /// The bound of the console log and of QEMU's log (with a private libvirtd).
     pub log_max_size: u64,
+    /// The only directories a hostDisk may be under (empty: anywhere not denied).
+    pub host_disk_roots: Vec<PathBuf>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -139,11 +141,30 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         eprintln!("vmlauncher: {}", crate::error_chain(&e));
         return ExitCode::from_bind_error(&e);
     }
-
+    // Where the spec's host paths lead, before anything is started: never into the launcher's
+    // own places, wherever this command line put them (its saved Sync, records, libvirt's and
+    // the vTPM's state, the capability cache), and only under the host disk roots if named.
     let mut paths = crate::volumes::HostPaths::local(&rt.0);
     if let Some(dir) = &opts.hotplug_dir {
         paths.hotplug_dir = dir.clone();
     }
+    let own_dirs: Vec<PathBuf> = [
+        Some(rt.0.clone()),
+        Some(paths.private_dir.clone()),
+        Some(paths.hotplug_dir.clone()),
+        opts.qemu_cache_dir.clone(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let host_paths = crate::host::confine::HostPathPolicy::new(&own_dirs, &opts.host_disk_roots);
+    if let Err(errors) = host_paths.check(&opts.spec) {
+        for e in &errors.0 {
+            eprintln!("vmlauncher: {e}");
+        }
+        return ExitCode::BadSpec;
+    }
+
     let Prepared {
         connector,
         events,
@@ -160,6 +181,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         log_max_size: opts.log_max_size,
         resync_interval: opts.resync_interval,
         reconnect_timeout: opts.reconnect_timeout,
+        host_paths,
     });
     let console_log = rt.console_log();
     if opts.console {

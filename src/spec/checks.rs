@@ -285,6 +285,47 @@ mod tests {
     }
 
     #[test]
+    fn host_paths_stay_out_of_secrets_and_the_launchers_places() {
+        let denied = |path: &str, disk| match check_host_path(path, disk) {
+            Err(HostPathError::Denied { dir, place, .. }) => Some((dir, place)),
+            Ok(()) => None,
+            Err(e) => panic!("{path}: {e}"),
+        };
+        let token = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+        for disk in [true, false] {
+            assert_eq!(
+                denied(token, disk),
+                Some(("/var/run/secrets".into(), Place::Secrets))
+            );
+            assert_eq!(
+                denied("/run/vmlauncher/last-sync.1.json", disk),
+                Some(("/run/vmlauncher".into(), Place::Launcher))
+            );
+            assert_eq!(
+                denied("/var/lib/etcd/member/snap/db", disk),
+                Some(("/var/lib/etcd".into(), Place::Secrets))
+            );
+        }
+        // Programs are kept out of disks only; the test guest's cache dir is not the launcher's.
+        assert_eq!(denied("/usr/lib/x.img", false), None);
+        assert_eq!(
+            denied("/usr/lib/x.img", true),
+            Some(("/usr".into(), Place::Programs))
+        );
+        assert_eq!(
+            denied("/var/cache/vmlauncher/test-guest/vmlinuz", false),
+            None
+        );
+        // A prefix of a name is not its directory.
+        assert_eq!(denied("/var/lib/kubelet-data/d.img", true), None);
+        let err = check_host_path(token, true).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!("{token:?} is under /var/run/secrets, where secrets are kept (tokens, the kubelet's volumes, etcd)")
+        );
+    }
+
+    #[test]
     fn uuids() {
         assert!(looks_like_uuid("6a1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c3"));
         assert!(!looks_like_uuid("6a1c2f0e-8a57-4f4e-9d43-0c1e54a1b2c"));
@@ -293,30 +334,106 @@ mod tests {
     }
 }
 
-/// Why a host path from a spec is refused (review L9: the launcher opens and creates it as root).
+/// What a place a spec may not point into is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// The kernel's and the host's configuration.
+    System,
+    /// The host's programs and boot files.
+    Programs,
+    /// Secrets: service-account tokens, the kubelet's volumes (every pod's secrets), etcd.
+    Secrets,
+    /// The launcher's own state: its runtime dir (saved Sync, records, libvirt's state and the
+    /// vTPM's), its private dir, the hotplug dir, QEMU's capability cache.
+    Launcher,
+}
+
+impl std::fmt::Display for Place {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Place::System => "the host's own files (the launcher acts as root)",
+            Place::Programs => "the host's programs (the launcher acts as root)",
+            Place::Secrets => "where secrets are kept (tokens, the kubelet's volumes, etcd)",
+            Place::Launcher => "the launcher's own state",
+        })
+    }
+}
+
+/// Why a host path from a spec is refused: the launcher opens and creates it as root, and QEMU
+/// gives the guest what is there.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostPathError {
     #[error("{path:?} has a \"..\" component")]
     Parent { path: String },
-    #[error("{path:?} is under {dir}, the host's own files (the launcher acts as root)")]
-    System { path: String, dir: &'static str },
+    #[error("{path:?} is under {dir}, {place}")]
+    Denied {
+        path: String,
+        dir: String,
+        place: Place,
+    },
+    /// Found once links are followed: the text names an allowed place, the file is elsewhere.
+    #[error("{path:?} leads to {resolved:?}, under {dir}, {place}")]
+    LeadsInto {
+        path: String,
+        resolved: String,
+        dir: String,
+        place: Place,
+    },
+    #[error("{path:?} goes through {link:?}, a link that leads nowhere")]
+    DanglingLink { path: String, link: String },
+    #[error("{path:?} (as resolved: {resolved:?}) is not under a host disk root of this launcher ({roots})")]
+    OutsideRoots {
+        path: String,
+        resolved: String,
+        roots: String,
+    },
 }
 
 /// Where no spec may point: the kernel's and the host's configuration and secrets.
 pub const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/root"];
 /// Where no disk image belongs either: the host's programs and boot files.
 pub const PROGRAM_DIRS: &[&str] = &["/boot", "/bin", "/sbin", "/lib", "/lib64", "/usr"];
+/// Secrets a pod or a node keeps: a guest given one as a disk or an initrd reads it.
+pub const SECRET_DIRS: &[&str] = &[
+    "/run/secrets",
+    "/var/run/secrets",
+    "/var/lib/kubelet",
+    "/var/lib/etcd",
+];
+/// The launcher's own places where their defaults put them (in a pod, and the default runtime
+/// dir and cache of a host run); the places a launcher actually uses are checked again, resolved,
+/// when it starts a VM (`host::confine`).
+pub const LAUNCHER_DIRS: &[&str] = &[
+    "/run/vmlauncher",
+    "/var/run/vmlauncher",
+    "/var/cache/vmlauncher/qemu-capabilities",
+    "/run/kubevirt/hotplug-disks",
+    "/var/run/kubevirt/hotplug-disks",
+    "/run/kubevirt-private/vmlauncher",
+    "/var/run/kubevirt-private/vmlauncher",
+];
 
-/// An absolute host path that stays out of `denied` (each a directory, as in [`SYSTEM_DIRS`]).
-pub fn check_host_path(path: &str, denied: &[&'static str]) -> Result<(), HostPathError> {
+/// The places no host path from a spec may be under; `disk` adds the host's programs (a kernel
+/// or an initrd is only read, a disk is written too).
+pub fn denied_places(disk: bool) -> impl Iterator<Item = (&'static str, Place)> {
+    let of = |dirs: &'static [&'static str], place| dirs.iter().map(move |d| (*d, place));
+    of(SYSTEM_DIRS, Place::System)
+        .chain(of(if disk { PROGRAM_DIRS } else { &[] }, Place::Programs))
+        .chain(of(SECRET_DIRS, Place::Secrets))
+        .chain(of(LAUNCHER_DIRS, Place::Launcher))
+}
+
+/// An absolute host path, as written, that stays out of [`denied_places`].
+pub fn check_host_path(path: &str, disk: bool) -> Result<(), HostPathError> {
     let p = std::path::Path::new(path);
     if p.components().any(|c| c == std::path::Component::ParentDir) {
         return Err(HostPathError::Parent { path: path.into() });
     }
-    match denied.iter().find(|dir| p.starts_with(dir)) {
-        Some(dir) => Err(HostPathError::System {
+    match denied_places(disk).find(|(dir, _)| p.starts_with(dir)) {
+        Some((dir, place)) => Err(HostPathError::Denied {
             path: path.into(),
-            dir,
+            dir: dir.into(),
+            place,
         }),
         None => Ok(()),
     }

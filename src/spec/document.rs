@@ -1,5 +1,6 @@
-//! Reading a spec document from outside, bounded: its size, its encoding, how many values it
-//! expands to (a YAML alias repeats a whole subtree, so 140 KB can stand for 10⁸ values), how deep
+//! Reading a spec document from outside, bounded: its size, its encoding, how many values and how
+//! many bytes of strings it expands to (a YAML alias repeats a whole subtree, so 140 KB can stand
+//! for 10⁸ values, and 600 KB for 80 GiB of copies of one long string), how deep
 //! it nests, and no key twice in one mapping (last-wins would let a reviewer and the launcher read
 //! the same text differently). Yields the generic JSON value that the typed model is read from;
 //! knows nothing of KubeVirt.
@@ -13,6 +14,9 @@ use serde_json::{Map, Value};
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 /// Values after alias expansion; a large valid VMI has a few thousand.
 pub const MAX_VALUES: usize = 200_000;
+/// Bytes of strings and keys after alias expansion. Without aliases a document expands to at
+/// most its own size (escapes only shrink), so this only ever refuses what aliases multiplied.
+pub const MAX_EXPANDED_BYTES: usize = 4 * MAX_DOCUMENT_BYTES;
 
 /// Why a document could not be read; `path` is the field it is about (`(document)` for the whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +68,7 @@ pub fn read(text: &str) -> Result<Value, DocumentProblem> {
     let is_json = text.trim_start().starts_with('{');
     let mut budget = Budget {
         left: MAX_VALUES,
+        bytes_left: MAX_EXPANDED_BYTES,
         problem: None,
         aliases: if is_json { "" } else { " (YAML aliases)" },
     };
@@ -91,6 +96,7 @@ pub fn read(text: &str) -> Result<Value, DocumentProblem> {
 
 struct Budget {
     left: usize,
+    bytes_left: usize,
     problem: Option<DocumentProblem>,
     aliases: &'static str,
 }
@@ -140,6 +146,18 @@ impl Node<'_, '_> {
         E::custom(text)
     }
 
+    fn string<E: de::Error>(mut self, v: String) -> Result<Value, E> {
+        self.spend()?;
+        // XML 1.0 cannot carry these, and every string may end up in the domain XML.
+        if let Some(ch) = v
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+        {
+            return Err(self.fail(format!("control character U+{:04X}", u32::from(ch))));
+        }
+        Ok(Value::String(v))
+    }
+
     fn spend<E: de::Error>(&mut self) -> Result<(), E> {
         if self.budget.left == 0 {
             let message = format!(
@@ -149,6 +167,20 @@ impl Node<'_, '_> {
             return Err(self.fail(message));
         }
         self.budget.left -= 1;
+        Ok(())
+    }
+
+    /// Charged for a string or key before it is copied or scanned: an alias replays the same
+    /// borrowed text, and it is the copies that would take the memory.
+    fn spend_bytes<E: de::Error>(&mut self, len: usize) -> Result<(), E> {
+        if len > self.budget.bytes_left {
+            let message = format!(
+                "the document expands to more than {MAX_EXPANDED_BYTES} bytes of strings{}",
+                self.budget.aliases
+            );
+            return Err(self.fail(message));
+        }
+        self.budget.bytes_left -= len;
         Ok(())
     }
 }
@@ -191,20 +223,14 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
             .ok_or_else(|| self.fail(format!("{v} is not a finite number")))
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
-        self.visit_string(v.to_owned())
+    fn visit_str<E: de::Error>(mut self, v: &str) -> Result<Value, E> {
+        self.spend_bytes(v.len())?;
+        self.string(v.to_owned())
     }
 
     fn visit_string<E: de::Error>(mut self, v: String) -> Result<Value, E> {
-        self.spend()?;
-        // XML 1.0 cannot carry these, and every string may end up in the domain XML.
-        if let Some(ch) = v
-            .chars()
-            .find(|c| c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
-        {
-            return Err(self.fail(format!("control character U+{:04X}", u32::from(ch))));
-        }
-        Ok(Value::String(v))
+        self.spend_bytes(v.len())?;
+        self.string(v)
     }
 
     fn visit_unit<E: de::Error>(mut self) -> Result<Value, E> {
@@ -239,7 +265,7 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
     fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Value, A::Error> {
         self.spend()?;
         let mut object = Map::new();
-        while let Some(key) = map.next_key::<String>()? {
+        while let Some(key) = map.next_key_seed(Key(&mut self))? {
             if object.contains_key(&key) {
                 return Err(self.fail(format!("duplicate key {key:?}")));
             }
@@ -251,6 +277,36 @@ impl<'de> Visitor<'de> for Node<'_, '_> {
             object.insert(key, value);
         }
         Ok(Value::Object(object))
+    }
+}
+
+/// Reads a mapping's key as a string, as `String` would, charging its bytes to the budget first:
+/// an aliased mapping replays its keys too.
+struct Key<'n, 'b, 'p>(&'n mut Node<'b, 'p>);
+
+impl<'de> DeserializeSeed<'de> for Key<'_, '_, '_> {
+    type Value = String;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<String, D::Error> {
+        deserializer.deserialize_string(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Key<'_, '_, '_> {
+    type Value = String;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        self.0.spend_bytes(v.len())?;
+        Ok(v.to_owned())
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<String, E> {
+        self.0.spend_bytes(v.len())?;
+        Ok(v)
     }
 }
 
@@ -288,6 +344,43 @@ mod tests {
         assert_eq!(
             problem(&text),
             "status.y[198][797]: the document expands to more than 200000 values (YAML aliases)"
+        );
+    }
+
+    #[test]
+    fn a_bomb_of_long_strings_stops_at_the_byte_budget() {
+        // 100 aliases of a 64 KiB string: 6.4 MiB of copies from a 66 KB document, far under
+        // the value budget. 4 MiB is 64 copies exactly; with the keys' 8 bytes (status, s, l)
+        // the 64th copy, alias 62 after the anchored original, is the first one over.
+        let long = "A".repeat(1 << 16);
+        let aliases = vec!["*a"; 100].join(", ");
+        let text = format!("status:\n  s: &a {long}\n  l: [{aliases}]\n");
+        assert_eq!(
+            problem(&text),
+            "status.l[62]: the document expands to more than 4194304 bytes of strings (YAML aliases)"
+        );
+    }
+
+    #[test]
+    fn a_bomb_of_long_keys_stops_at_the_byte_budget() {
+        // The same with a mapping whose key is the long string; its value 1 is no string.
+        let long = "k".repeat(1 << 16);
+        let aliases = vec!["*a"; 100].join(", ");
+        // A key this long must be explicit (`?`): YAML caps implicit keys at 1,024 characters.
+        let text = format!("status:\n  s: &a\n    ? {long}\n    : 1\n  l: [{aliases}]\n");
+        assert_eq!(
+            problem(&text),
+            "status.l[62]: the document expands to more than 4194304 bytes of strings (YAML aliases)"
+        );
+    }
+
+    #[test]
+    fn a_document_without_aliases_never_reaches_the_byte_budget() {
+        // One string as long as a document may be, read once.
+        let text = format!("s: {}\n", "A".repeat(MAX_DOCUMENT_BYTES - 4));
+        assert_eq!(
+            read(&text).unwrap()["s"].as_str().unwrap().len(),
+            MAX_DOCUMENT_BYTES - 4
         );
     }
 

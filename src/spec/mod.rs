@@ -28,8 +28,9 @@ use std::ops::Deref;
 
 pub use checks::{
     check_dns1123_label, check_dns1123_subdomain, check_host_path, check_mac, check_serial,
-    check_volume_name, decode_base64, looks_like_uuid, Base64Error, HostPathError, MacError,
-    NameError, SerialError, MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN, MAX_VIRTIO_SERIAL_LEN,
+    check_volume_name, decode_base64, denied_places, looks_like_uuid, Base64Error, HostPathError,
+    MacError, NameError, Place, SerialError, MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN,
+    MAX_VIRTIO_SERIAL_LEN,
 };
 pub use document::{MAX_DOCUMENT_BYTES, MAX_VALUES};
 pub use model::*;

@@ -219,6 +219,9 @@ pub struct Launched {
     runtime_dir: PathBuf,
     /// The temp dir, when this launcher made it (a second launcher may reuse the first one's).
     _owned: Option<tempfile::TempDir>,
+    /// Where the test keeps its host disks: outside the runtime dir, which no spec may point
+    /// into. Shared with a successor.
+    scratch: std::sync::Arc<tempfile::TempDir>,
     stdout: mpsc::Receiver<String>,
     stdout_seen: Vec<String>,
     exited: Option<ExitStatus>,
@@ -363,6 +366,12 @@ impl Launched {
             child,
             runtime_dir: runtime_dir.to_path_buf(),
             _owned: None,
+            scratch: std::sync::Arc::new(
+                tempfile::Builder::new()
+                    .prefix("vml-e2e-disks-")
+                    .tempdir()
+                    .expect("temp dir"),
+            ),
             stdout,
             stdout_seen: Vec::new(),
             exited: None,
@@ -386,7 +395,13 @@ impl Launched {
     pub fn successor(&mut self, spec: &str, extra_args: &[&str]) -> Launched {
         let mut next = Launched::start_in(self.dir(), spec, extra_args);
         next._owned = self._owned.take();
+        next.scratch = self.scratch.clone();
         next
+    }
+
+    /// A dir for the test's host disk images (a spec may not point into the runtime dir).
+    pub fn scratch(&self) -> &Path {
+        self.scratch.path()
     }
 
     pub fn socket(&self) -> PathBuf {

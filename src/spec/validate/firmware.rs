@@ -1,7 +1,7 @@
 //! `spec.domain.machine`, `.firmware`, `.features` and `.clock`.
 
 use super::Problems;
-use crate::spec::checks::{check_host_path, is_word, looks_like_uuid, SYSTEM_DIRS};
+use crate::spec::checks::{check_host_path, is_word, looks_like_uuid};
 use crate::spec::model::DomainSpec;
 use crate::spec::problem::Problem;
 use crate::spec::unsupported;
@@ -113,7 +113,7 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
                             format!("{base}.{field}"),
                             Problem::NotAbsolute { path: p.clone() },
                         );
-                    } else if let Err(why) = check_host_path(p, SYSTEM_DIRS) {
+                    } else if let Err(why) = check_host_path(p, false) {
                         // QEMU (root) reads the file into guest memory.
                         e.add(format!("{base}.{field}"), why);
                     }

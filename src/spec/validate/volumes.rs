@@ -4,8 +4,7 @@ use std::collections::BTreeSet;
 
 use super::{bounds, Problems};
 use crate::spec::checks::{
-    check_dns1123_subdomain, check_host_path, check_volume_name, decode_base64, PROGRAM_DIRS,
-    SYSTEM_DIRS,
+    check_dns1123_subdomain, check_host_path, check_volume_name, decode_base64,
 };
 use crate::spec::model::{PvcSource, VirtualMachineInstance, VolumeSource};
 use crate::spec::problem::Problem;
@@ -55,9 +54,7 @@ pub(super) fn validate_volumes(vmi: &VirtualMachineInstance, e: &mut Problems) {
                                 path: hd.path.clone(),
                             },
                         );
-                    } else if let Err(why) =
-                        check_host_path(&hd.path, &[SYSTEM_DIRS, PROGRAM_DIRS].concat())
-                    {
+                    } else if let Err(why) = check_host_path(&hd.path, true) {
                         e.add(format!("{spath}.path"), why);
                     }
                     match hd.disk_type.as_str() {

@@ -121,6 +121,19 @@ case("control-label-value.yaml", sub("  name: bad", "  name: bad\n  labels: {app
 case("hostpath-etc.yaml", sub("path: /tmp/d.img", "path: /etc/cron.d/x"), "spec.volumes[0].hostDisk.path: \"/etc/cron.d/x\" is under /etc")
 case("hostpath-dotdot.yaml", sub("path: /tmp/d.img", "path: /tmp/../etc/passwd"), "spec.volumes[0].hostDisk.path: \"/tmp/../etc/passwd\" has a \"..\" component")
 case("hostpath-initrd-shadow.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: /k, initrdPath: /etc/shadow}}}"), "spec.domain.firmware.kernelBoot.container.initrdPath: \"/etc/shadow\" is under /etc")
+# The launcher's own state, the pod's and the node's secrets (the launcher and QEMU act as root).
+def hostdisk(path, kind="Disk"):
+    return sub("path: /tmp/d.img, type: DiskOrCreate", "path: %s, type: %s" % (path, kind))
+HD = "spec.volumes[0].hostDisk.path: "
+OWN, SECRETS = "the launcher's own state", "where secrets are kept"
+case("hostpath-saved-sync.yaml", hostdisk("/var/run/vmlauncher/last-sync.1.json"), HD + '"/var/run/vmlauncher/last-sync.1.json" is under /var/run/vmlauncher, ' + OWN)
+case("hostpath-swtpm-state.yaml", hostdisk("/run/vmlauncher/libvirt/lib/swtpm/x/tpm2/tpm2-00.permall"), HD + '"/run/vmlauncher/libvirt/lib/swtpm/x/tpm2/tpm2-00.permall" is under /run/vmlauncher, ' + OWN)
+case("hostpath-capability-cache.yaml", hostdisk("/var/cache/vmlauncher/qemu-capabilities/x.xml"), HD + '"/var/cache/vmlauncher/qemu-capabilities/x.xml" is under /var/cache/vmlauncher/qemu-capabilities, ' + OWN)
+case("hostpath-hotplug-dir.yaml", hostdisk("/var/run/kubevirt/hotplug-disks/v.img"), HD + '"/var/run/kubevirt/hotplug-disks/v.img" is under /var/run/kubevirt/hotplug-disks, ' + OWN)
+case("hostpath-etcd.yaml", hostdisk("/var/lib/etcd/member/snap/db"), HD + '"/var/lib/etcd/member/snap/db" is under /var/lib/etcd, ' + SECRETS)
+case("hostpath-kubelet-secret.yaml", hostdisk("/var/lib/kubelet/pods/p/volumes/kubernetes.io~secret/s/token", "DiskOrCreate"), HD + '"/var/lib/kubelet/pods/p/volumes/kubernetes.io~secret/s/token" is under /var/lib/kubelet, ' + SECRETS)
+case("hostpath-sa-token.yaml", hostdisk("/var/run/secrets/kubernetes.io/serviceaccount/token"), HD + '"/var/run/secrets/kubernetes.io/serviceaccount/token" is under /var/run/secrets, ' + SECRETS)
+case("hostpath-initrd-sa-token.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: /k, initrdPath: /run/secrets/kubernetes.io/serviceaccount/token}}}"), 'spec.domain.firmware.kernelBoot.container.initrdPath: "/run/secrets/kubernetes.io/serviceaccount/token" is under /run/secrets, ' + SECRETS)
 # --- nesting, aliases, duplicates ---
 case("nesting-deep-yaml.yaml", deep_yaml(5000), "(document): ")
 case("nesting-deep-json.json", '{"apiVersion": "kubevirt.io/v1", "status": ' + "[" * 5000 + "]" * 5000 + "}", "(document): ")
@@ -132,6 +145,19 @@ for i, n in enumerate("bcdefghij"):
 case("alias-billion-laughs.yaml", BASE + bomb, "(document): ")
 wide = "status:\n  x: &x [" + ", ".join(["~"] * 5000) + "]\n  y: [" + ", ".join(["*x"] * 5000) + "]\n"
 case("alias-wide-bomb.yaml", BASE + wide, "the document expands to more than 200000 values (YAML aliases)")
+# Aliases of a long string: few values, but every alias is a copy of 600,000 bytes. 2,000 of them
+# (606 KB) took 1.19 GB to validate and were accepted; the largest that fits the document bound
+# would take about 83 GiB.
+STRINGS_OVER = "the document expands to more than 4194304 bytes of strings (YAML aliases)"
+def string_bomb(n):
+    return BASE + "status:\n  s: &a " + "A" * 600000 + "\n  l: [" + ", ".join(["*a"] * n) + "]\n"
+case("alias-string-bomb.yaml", string_bomb(2000), STRINGS_OVER)
+largest = (1048576 - len(string_bomb(0)) + 2) // 4
+assert len(string_bomb(largest)) <= 1048576 < len(string_bomb(largest + 1))
+case("alias-string-bomb-1mib.yaml", string_bomb(largest), STRINGS_OVER)
+# The same through a mapping's key: 100 copies of a 64 KiB key.
+# A key this long must be explicit (`?`): YAML caps implicit keys at 1,024 characters.
+case("alias-key-bomb.yaml", BASE + "status:\n  m: &a\n    ? " + "k" * 65536 + "\n    : 1\n  l: [" + ", ".join(["*a"] * 100) + "]\n", STRINGS_OVER)
 case("duplicate-key-yaml.yaml", sub("  name: bad", "  name: bad\n  name: other"), "metadata: duplicate key \"name\"")
 case("duplicate-key-json.json", '{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "kind": "Pod", "metadata": {"name": "a"}}', '(document): duplicate key "kind"')
 

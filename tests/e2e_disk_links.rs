@@ -1,0 +1,113 @@
+//! Disk images in places a tenant or an image author writes (a claim's `disk.img`, a container
+//! disk's `disk_N.img`) are opened only as themselves: one that is a symbolic link, which could
+//! hand the guest any file of the launcher's (QEMU runs as root), is refused at start, naming the
+//! volume, with exit 4, before QEMU opens anything; on hot-plug the volume is Failed. A hostDisk
+//! that leads into the runtime dir through a link is a bad Sync. The link's target is untouched.
+//! Against the real binary and a real private libvirtd (and, for hot-plug, a TCG guest).
+
+mod common;
+
+use common::{guest_spec, with_claims, Launched, GUEST_DEADLINE};
+use vmlauncher::api::{self, proto};
+
+const TARGET_BYTES: &[u8] = b"#!/bin/sh\n# a file of the launcher's\n";
+
+/// `text` (a VMI with `disks: []` and `volumes: []`) with volume `data` from `source`.
+fn with_volume(text: String, source: &str) -> String {
+    text.replace(
+        "      disks: []\n",
+        "      disks:\n      - {name: data, disk: {bus: scsi}, serial: Data-1}\n",
+    )
+    .replace(
+        "  volumes: []\n",
+        &format!("  volumes:\n  - {{name: data, {source}}}\n"),
+    )
+}
+
+/// Starts a launcher whose runtime dir has `link` (relative to it) pointing at a file outside,
+/// and expects it to refuse volume `data` with exit 4, leaving the file as it was.
+fn refused_at_start(name: &str, link: &str, source: &str) {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().join("launcher-file");
+    std::fs::write(&target, TARGET_BYTES).unwrap();
+    let mut vm = Launched::start_owned(|dir| {
+        let link = dir.join(link);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+    })
+    .run(&with_volume(guest_spec(name, "", &[]), source), &[]);
+    let code = vm.wait_exit(GUEST_DEADLINE).code();
+    let stderr = vm.stderr_text();
+    assert_eq!(code, Some(4), "{stderr}");
+    assert!(stderr.contains("volume \"data\""), "{stderr}");
+    assert!(stderr.contains("is a symbolic link"), "{stderr}");
+    assert_eq!(std::fs::read(&target).unwrap(), TARGET_BYTES);
+}
+
+#[test]
+fn a_claim_whose_disk_img_is_a_symlink_is_refused_at_start() {
+    refused_at_start(
+        "pvc-link",
+        "vmi-disks/data/disk.img",
+        "persistentVolumeClaim: {claimName: data}",
+    );
+}
+
+#[test]
+fn a_container_disk_that_is_a_symlink_is_refused_at_start() {
+    refused_at_start(
+        "cd-link",
+        "container-disks/disk_0.img",
+        "containerDisk: {image: example/disk}",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hotplug_image_that_is_a_link_fails_and_a_host_disk_into_the_runtime_dir_is_refused() {
+    let name = "hotplug-link";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    vm.boot();
+    let target = vm.scratch().join("launcher-file");
+    std::fs::write(&target, TARGET_BYTES).unwrap();
+    std::os::unix::fs::symlink(&target, vm.dir().join("hotplug/data.img")).unwrap();
+    let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
+
+    let spec = with_claims(guest_spec(name, "", &[]), &[("data", "Data-1")]);
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync whose one volume fails")
+        .into_inner();
+    let data = reply.volumes.iter().find(|v| v.name == "data").unwrap();
+    assert_eq!(
+        data.phase,
+        proto::volume_status::Phase::Failed as i32,
+        "{data:?}"
+    );
+    assert_eq!(data.reason, "UnsafeImage", "{data:?}");
+    assert!(data.message.contains("is a symbolic link"), "{data:?}");
+
+    // Through a link in the test's own dir, the launcher's saved Sync.
+    std::os::unix::fs::symlink(vm.dir(), vm.scratch().join("state")).unwrap();
+    let via = vm.scratch().join("state/last-sync.1.json");
+    let err = client
+        .sync(proto::SyncRequest {
+            spec: guest_spec(name, "", &[("d", "Saved-1", &via)]),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a hostDisk into the runtime dir");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("spec.volumes[0].hostDisk.path: ")
+            && err.message().contains("the launcher's own state"),
+        "{err:?}"
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), TARGET_BYTES);
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
