@@ -48,20 +48,30 @@ enum Mode {
 
 /// Reads the command line; `Err` is the exit code of a usage error or of a help request.
 fn mode() -> Result<Mode, ExitCode> {
-    let args: Vec<String> = std::env::args().collect();
+    // OS strings: a path that is not UTF-8 is clap's to refuse, naming it, not a panic here.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let flags = if args
         .first()
-        .is_some_and(|a| vmlauncher::kubevirt::invoked_as_virt_launcher(a))
+        .and_then(|a| a.to_str())
+        .is_some_and(vmlauncher::kubevirt::invoked_as_virt_launcher)
     {
         Some(&args[1..])
-    } else if args.get(1).map(String::as_str) == Some("virt-launcher") {
+    } else if args.get(1).and_then(|a| a.to_str()) == Some("virt-launcher") {
         Some(&args[2..])
     } else {
         None
     };
     if let Some(flags) = flags {
         use vmlauncher::kubevirt::flags::{parse, FlagsError, USAGE};
-        return match parse(flags.iter().cloned()) {
+        let Some(flags) = flags
+            .iter()
+            .map(|a| a.to_str().map(str::to_string))
+            .collect::<Option<Vec<String>>>()
+        else {
+            eprintln!("virt-launcher: an argument is not UTF-8\n{USAGE}");
+            return Err(ExitCode::Usage);
+        };
+        return match parse(flags) {
             Ok(flags) => Ok(Mode::VirtLauncher(flags)),
             Err(FlagsError::Help) => {
                 print!("{USAGE}");

@@ -350,3 +350,28 @@ fn run_refuses_a_directory_that_is_not_utf8() {
         assert!(!Path::new(not_utf8).exists());
     }
 }
+
+/// KubeVirt's launcher command line, by either name: pflag's rules, exit 64 on an unknown flag.
+#[test]
+fn virt_launcher_flags_are_kubevirts_and_an_unknown_one_is_a_usage_error() {
+    let unknown = vmlauncher(&["virt-launcher", "--name", "a", "--no-such-flag"], None);
+    assert_eq!(unknown.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(stderr.contains("unknown flag: --no-such-flag"), "{stderr}");
+    let missing = vmlauncher(&["virt-launcher", "--qemu-timeout"], None);
+    assert_eq!(missing.status.code(), Some(64));
+    let help = vmlauncher(&["virt-launcher", "--help"], None);
+    assert_eq!(help.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--kubevirt-share-dir"));
+
+    // Invoked as /usr/bin/virt-launcher (the image's link): the same parser, no verb.
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("virt-launcher");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_vmlauncher"), &link).unwrap();
+    let out = Command::new(&link)
+        .args(["--hook-sidecars", "0", "--bogus=1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag: --bogus=1"));
+}
