@@ -79,8 +79,13 @@ pub struct Logs(mpsc::Receiver<String>);
 
 impl Logs {
     pub fn follow() -> Logs {
+        Self::follow_container(CONTAINER)
+    }
+
+    /// The log of the container `name`.
+    pub fn follow_container(name: &str) -> Logs {
         let mut child = Command::new("podman")
-            .args(["logs", "-f", CONTAINER])
+            .args(["logs", "-f", name])
             .env("CONTAINERS_CONF", repo().join("deploy/containers.conf"))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
