@@ -52,7 +52,7 @@ const MAX_FRAME: usize = 16_384;
 /// decoded the block, so a block decoding to more ends the connection here, before it is copied:
 /// a few bytes that refer to one large table entry many times would otherwise decode to
 /// gigabytes.
-const MAX_HEADER_LIST: usize = 16_384;
+pub(crate) const MAX_HEADER_LIST: usize = 16_384;
 /// Fields in one block: each costs at least 32 of the list size, so a block with more is over
 /// [`MAX_HEADER_LIST`] whatever it holds. Counted before decoding, it bounds the work per block
 /// (every Huffman-coded string costs `loona-hpack` a table of its own).
@@ -564,6 +564,35 @@ fn write_block(out: &mut Vec<u8>, block: &OpenBlock, encoded: &[u8]) {
         write_frame_header(out, chunk.len(), TYPE_CONTINUATION, flags, block.stream);
         out.extend_from_slice(chunk);
     }
+}
+
+/// The header blocks in what the server reads (the client's preface, then whole frames), as
+/// the server's decoder gets them: HEADERS and CONTINUATION fragments joined, priority left out.
+/// A frame cut short at the end is left out. For the fuzz target's checks.
+pub(crate) fn header_blocks(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut rest = bytes.strip_prefix(PREFACE).unwrap_or_default();
+    let mut blocks = Vec::new();
+    let mut block = Vec::new();
+    while rest.len() >= FRAME_HEADER_LEN {
+        let len = u32::from_be_bytes([0, rest[0], rest[1], rest[2]]) as usize;
+        let (frame_type, flags) = (rest[3], rest[4]);
+        let Some(payload) = rest.get(FRAME_HEADER_LEN..FRAME_HEADER_LEN + len) else {
+            break;
+        };
+        rest = &rest[FRAME_HEADER_LEN + len..];
+        if frame_type == TYPE_HEADERS || frame_type == TYPE_CONTINUATION {
+            let skip = if frame_type == TYPE_HEADERS && flags & FLAG_PRIORITY != 0 {
+                5
+            } else {
+                0
+            };
+            block.extend_from_slice(payload.get(skip..).unwrap_or_default());
+            if flags & FLAG_END_HEADERS != 0 {
+                blocks.push(std::mem::take(&mut block));
+            }
+        }
+    }
+    blocks
 }
 
 fn write_frame_header(out: &mut Vec<u8>, len: usize, frame_type: u8, flags: u8, stream: u32) {
