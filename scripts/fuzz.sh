@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Fuzzes what comes from outside (fuzz/: spec, live_xml, records) with cargo-fuzz on the nightly
-# toolchain, FUZZ_SECONDS per target (default 600), from the committed corpus in fuzz/corpus/.
-# New interesting inputs land in fuzz/corpus/<target>; crashes in fuzz/artifacts/<target>.
+# Fuzzes what comes from outside (fuzz/: spec, live_xml, records, authority) with cargo-fuzz on
+# the nightly toolchain, FUZZ_SECONDS per target (default 600), from the committed corpus in
+# fuzz/corpus/. New interesting inputs land in fuzz/corpus/<target>; crashes in
+# fuzz/artifacts/<target>.
 # `cargo test` replays the committed corpus on the pinned toolchain (src/fuzzing.rs), and CI
 # checks that the targets build (scripts/test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-600}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(spec live_xml records)
+[ ${#targets[@]} -gt 0 ] || targets=(spec live_xml records authority)
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz@0.13.2
 mkdir -p fuzz/logs
 for t in "${targets[@]}"; do

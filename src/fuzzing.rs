@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use crate::authority::{self, Rewriter};
 use crate::convert::{self, ConvertOptions};
 use crate::domain::{self, VirtType};
 use crate::host::records::Records;
@@ -50,6 +51,68 @@ pub fn records(data: &[u8]) {
     }
 }
 
+/// A client's side of an API connection from any bytes, through the `:authority` rewriter: the
+/// first byte chooses how the rest is cut into reads (0: whole; n: n bytes at a time, so that
+/// frame boundaries fall anywhere). Nothing panics, the output never outgrows the input by more
+/// than one header list at the server's limit per block, and when the connection is rewritten,
+/// every header block the server gets decodes with the server's one HPACK decoder and carries
+/// only authorities the server accepts.
+pub fn authority(data: &[u8]) {
+    let Some((&chunk, stream)) = data.split_first() else {
+        return;
+    };
+    let chunk = if chunk == 0 {
+        stream.len().max(1)
+    } else {
+        chunk as usize
+    };
+    let mut rewriter = Rewriter::default();
+    let mut out = Vec::new();
+    let (mut taken_all, mut blocks) = (0, 0);
+    'reads: for read in stream.chunks(chunk) {
+        let mut rest = read;
+        while !rest.is_empty() {
+            let Ok((taken, decoded)) = rewriter.feed_some(rest, &mut out) else {
+                break 'reads;
+            };
+            assert!(
+                taken > 0 && taken <= rest.len(),
+                "took {taken} of {}",
+                rest.len()
+            );
+            taken_all += taken;
+            blocks += usize::from(decoded);
+            // Bytes pass through one for one; a decoded block goes on as the client's own
+            // (bytes it sent) or re-encoded, no larger than its list, plus frame headers.
+            let bound = taken_all + blocks * (authority::MAX_HEADER_LIST + 64);
+            assert!(
+                out.len() <= bound,
+                "{taken_all} bytes in, {blocks} blocks, {} out",
+                out.len()
+            );
+            rest = &rest[taken..];
+        }
+    }
+    if !rewriter.passes_through() {
+        // The server's one decoder for the connection, as our encoder's peer.
+        let mut decoder = loona_hpack::Decoder::new();
+        for block in authority::header_blocks(&out) {
+            let headers = decoder
+                .decode(&block)
+                .unwrap_or_else(|e| panic!("a rewritten block does not decode: {e:?}"));
+            for (name, value) in headers {
+                if name == b":authority" {
+                    assert!(
+                        http::uri::Authority::try_from(&value[..]).is_ok(),
+                        "the server gets the authority {:?}",
+                        String::from_utf8_lossy(&value)
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -79,6 +142,13 @@ mod tests {
     fn the_live_xml_corpus_replays() {
         for file in corpus("live_xml") {
             live_xml(&std::fs::read(&file).unwrap());
+        }
+    }
+
+    #[test]
+    fn the_authority_corpus_replays() {
+        for file in corpus("authority") {
+            authority(&std::fs::read(&file).unwrap());
         }
     }
 
