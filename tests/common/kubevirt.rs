@@ -38,7 +38,7 @@ impl PodDirs {
             .prefix("vml-kv-")
             .tempdir()
             .unwrap();
-        for d in ["share", "hotplug", "ephemeral", "container-disks"] {
+        for d in ["share/sockets", "hotplug", "ephemeral", "container-disks"] {
             std::fs::create_dir_all(root.path().join(d)).unwrap();
         }
         PodDirs { root }

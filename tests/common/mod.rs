@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use vmlauncher::console::ConsoleLog;
 
 pub mod kubevirt;
+pub mod kubevirt_notify;
 pub mod net;
 pub mod pod;
 pub mod python;
