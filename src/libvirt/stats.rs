@@ -119,3 +119,103 @@ unsafe fn read_param(p: &sys::virTypedParameter) -> Option<(String, TypedValue)>
     };
     Some((name, value))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn param(
+        name: &[u8],
+        type_: u32,
+        value: sys::_virTypedParameter__bindgen_ty_1,
+    ) -> sys::virTypedParameter {
+        let mut field = [0 as c_char; 80];
+        for (f, b) in field.iter_mut().zip(name) {
+            *f = *b as c_char;
+        }
+        sys::virTypedParameter {
+            field,
+            type_: type_ as i32,
+            value,
+        }
+    }
+
+    #[test]
+    fn typed_parameters_read_as_libvirt_typed_them() {
+        type V = sys::_virTypedParameter__bindgen_ty_1;
+        let text = std::ffi::CString::new("vda").unwrap();
+        let cases = [
+            (
+                param(b"vcpu.0.state", sys::VIR_TYPED_PARAM_INT, V { i: -1 }),
+                Some(TypedValue::Int(-1)),
+            ),
+            (
+                param(b"net.count", sys::VIR_TYPED_PARAM_UINT, V { ui: 2 }),
+                Some(TypedValue::UInt(2)),
+            ),
+            (
+                param(b"x", sys::VIR_TYPED_PARAM_LLONG, V { l: i64::MIN }),
+                Some(TypedValue::Int(i64::MIN)),
+            ),
+            (
+                param(b"cpu.time", sys::VIR_TYPED_PARAM_ULLONG, V { ul: u64::MAX }),
+                Some(TypedValue::UInt(u64::MAX)),
+            ),
+            (
+                param(b"d", sys::VIR_TYPED_PARAM_DOUBLE, V { d: 0.5 }),
+                Some(TypedValue::Float(0.5)),
+            ),
+            (
+                param(b"b", sys::VIR_TYPED_PARAM_BOOLEAN, V { b: 1 }),
+                Some(TypedValue::Bool(true)),
+            ),
+            (
+                param(
+                    b"block.0.name",
+                    sys::VIR_TYPED_PARAM_STRING,
+                    V {
+                        s: text.as_ptr() as *mut c_char,
+                    },
+                ),
+                Some(TypedValue::String("vda".into())),
+            ),
+            (
+                param(
+                    b"s",
+                    sys::VIR_TYPED_PARAM_STRING,
+                    V {
+                        s: std::ptr::null_mut(),
+                    },
+                ),
+                Some(TypedValue::String(String::new())),
+            ),
+            (param(b"new", 99, V { ul: 0 }), None),
+        ];
+        for (p, want) in cases {
+            // SAFETY: each parameter is built as libvirt fills one; the string outlives the loop.
+            let got = unsafe { read_param(&p) };
+            let name = String::from_utf8_lossy(
+                &p.field
+                    .iter()
+                    .take_while(|c| **c != 0)
+                    .map(|c| *c as u8)
+                    .collect::<Vec<_>>(),
+            )
+            .into_owned();
+            assert_eq!(got, want.map(|v| (name, v)));
+        }
+    }
+
+    /// A field libvirt failed to terminate is read to its end, not past it.
+    #[test]
+    fn an_unterminated_field_stops_at_its_end() {
+        let p = param(
+            &[b'a'; 80],
+            sys::VIR_TYPED_PARAM_UINT,
+            sys::_virTypedParameter__bindgen_ty_1 { ui: 1 },
+        );
+        // SAFETY: the parameter is a valid uint; only its field lacks the NUL.
+        let (name, _) = unsafe { read_param(&p) }.unwrap();
+        assert_eq!(name, "a".repeat(80));
+    }
+}
