@@ -5,18 +5,24 @@
 //! period's start once; Delete removes the definition and the domain then reads as gone.
 
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
 use super::domain_json::{self, DomainMeta};
 use super::flags::VirtLauncherFlags;
+use super::guest_agent;
 use super::vmi::{self, VmiError};
 use crate::launcher::{Launcher, LauncherError, SyncInput, VolumePhase};
 use crate::libvirt::events::HypervisorEvent;
-use crate::libvirt::Connector;
+use crate::libvirt::{Connector, MAX_AGENT_ANSWER};
 use crate::lifecycle::{Command, DomainState, RunStrategy};
 use crate::run::LaunchBase;
+
+/// How long one call's guest agent commands may take together: under virt-handler's 5 s
+/// deadline for `GetGuestInfo` and the like (its `shortTimeout`), so that a hung agent costs an
+/// answer with less in it, not a failed call.
+const AGENT_BUDGET: Duration = Duration::from_secs(4);
 
 /// A call's failure, as the Go launcher reports it: `Response{success: false, message}`.
 #[derive(Debug, thiserror::Error)]
@@ -265,6 +271,76 @@ impl Front {
             m.domain.deletion_timestamp = Some(now_rfc3339());
         });
         Ok(())
+    }
+
+    /// `stats.DomainStats` of the domain as JSON, or `None` when there is no domain.
+    pub async fn domain_stats(&self) -> Result<Option<serde_json::Value>, FrontError> {
+        // The domain's JSON first: the stats name interfaces and disks by its aliases.
+        let Some(domain) = self.domain().await? else {
+            return Ok(None);
+        };
+        let Some(launcher) = self.launcher.get() else {
+            return Ok(None);
+        };
+        let Some(stats) = launcher.domain_stats().await? else {
+            return Ok(None);
+        };
+        let params: Vec<(String, domain_json::StatValue)> = stats
+            .params
+            .into_iter()
+            .map(|(name, value)| (name, value.into()))
+            .collect();
+        Ok(Some(domain_json::domain_stats_json(
+            launcher.domain_name(),
+            &stats.uuid,
+            &params,
+            &domain_json::device_aliases(&domain),
+        )))
+    }
+
+    /// The guest agent's answers to `commands` (each one's `return`), asked only when libvirt
+    /// says the agent is connected; empty when there is no domain or no agent. A command that
+    /// fails or answers nonsense is left out: the agent's data is a courtesy, not vital.
+    pub async fn guest_agent(&self, commands: &[&str]) -> guest_agent::Answers {
+        let mut answers = guest_agent::Answers::new();
+        let Some(launcher) = self.launcher.get() else {
+            return answers;
+        };
+        if self.meta.borrow().deleted {
+            return answers;
+        }
+        let xml = match launcher.live_xml().await {
+            Ok(Some(xml)) => xml,
+            Ok(None) => return answers,
+            Err(e) => {
+                tracing::debug!("guest agent: no live XML: {e}");
+                return answers;
+            }
+        };
+        if !guest_agent::agent_connected(&xml) {
+            return answers;
+        }
+        let deadline = Instant::now() + AGENT_BUDGET;
+        for command in commands {
+            // libvirt's agent timeout is in whole seconds.
+            let left = deadline.saturating_duration_since(Instant::now()).as_secs();
+            if left == 0 {
+                tracing::debug!(command, "guest agent: out of time, not asked");
+                break;
+            }
+            let request = serde_json::json!({ "execute": command }).to_string();
+            let secs = i32::try_from(left).unwrap_or(i32::MAX);
+            match launcher.agent_command(&request, secs).await {
+                Ok(answer) => match guest_agent::agent_return(&answer, MAX_AGENT_ANSWER) {
+                    Some(value) => {
+                        answers.insert(command.to_string(), value);
+                    }
+                    None => tracing::debug!(command, "guest agent: no usable answer"),
+                },
+                Err(e) => tracing::debug!(command, "guest agent: {e}"),
+            }
+        }
+        answers
     }
 
     /// The domain as virt-handler decodes it, or `None` when there is none.

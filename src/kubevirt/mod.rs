@@ -8,6 +8,7 @@ pub mod domain_json;
 mod entry;
 pub mod flags;
 mod front;
+pub mod guest_agent;
 pub mod notify;
 mod server;
 pub mod vmi;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use super::front::{Front, FrontError};
+use super::guest_agent::{filesystems_json, guest_info_json, users_json, GUEST_INFO_COMMANDS};
 use super::proto::cmd::cmd_server::Cmd;
 use super::proto::cmd::*;
 use super::proto::cmd_info::cmd_info_server::CmdInfo;
@@ -187,23 +188,32 @@ impl Cmd for CmdService {
         }))
     }
 
+    /// No domain is success with no stats: virt-handler's client reads `""` as "does not
+    /// exist".
     async fn get_domain_stats(
         &self,
         _: Request<EmptyRequest>,
     ) -> Result<Response<DomainStatsResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetDomainStats is not implemented by vmlauncher yet",
-        ))
+        let (response, domain_stats) = match self.front.domain_stats().await {
+            Ok(Some(stats)) => (ok(), stats.to_string()),
+            Ok(None) => (ok(), String::new()),
+            Err(e) => (failed(&e), String::new()),
+        };
+        Ok(Response::new(DomainStatsResponse {
+            response: Some(response),
+            domain_stats,
+        }))
     }
 
+    /// Without a connected agent, `{}`: what virt-handler reads as "no guest agent".
     async fn get_guest_info(
         &self,
         _: Request<EmptyRequest>,
     ) -> Result<Response<GuestInfoResponse>, Status> {
-        // No guest agent is asked yet: KubeVirt's answer for a guest without one.
+        let answers = self.front.guest_agent(GUEST_INFO_COMMANDS).await;
         Ok(Response::new(GuestInfoResponse {
             response: Some(ok()),
-            guest_info_response: "{}".into(),
+            guest_info_response: guest_info_json(&answers).to_string(),
         }))
     }
 
@@ -211,9 +221,11 @@ impl Cmd for CmdService {
         &self,
         _: Request<EmptyRequest>,
     ) -> Result<Response<GuestUserListResponse>, Status> {
+        let answers = self.front.guest_agent(&["guest-get-users"]).await;
+        let users = users_json(answers.get("guest-get-users"), usize::MAX);
         Ok(Response::new(GuestUserListResponse {
             response: Some(ok()),
-            guest_user_list_response: "[]".into(),
+            guest_user_list_response: users.to_string(),
         }))
     }
 
@@ -221,9 +233,11 @@ impl Cmd for CmdService {
         &self,
         _: Request<EmptyRequest>,
     ) -> Result<Response<GuestFilesystemsResponse>, Status> {
+        let answers = self.front.guest_agent(&["guest-get-fsinfo"]).await;
+        let filesystems = filesystems_json(answers.get("guest-get-fsinfo"), usize::MAX);
         Ok(Response::new(GuestFilesystemsResponse {
             response: Some(ok()),
-            guest_filesystems_response: "[]".into(),
+            guest_filesystems_response: filesystems.to_string(),
         }))
     }
 

@@ -42,7 +42,7 @@ use crate::host::devnode::{self, DevNodeError, DevNumber, NodeOwner};
 use crate::host::HostError;
 use crate::hotplug::PlanError;
 use crate::libvirt::events::HypervisorEvent;
-use crate::libvirt::{ConnectError, Connector, Hypervisor, LibvirtError};
+use crate::libvirt::{ConnectError, Connector, DomainStats, Hypervisor, LibvirtError};
 use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
 use crate::spec::{SpecErrors, Validated};
 
@@ -521,6 +521,27 @@ impl Launcher {
     /// The hypervisor's version (QEMU's, `7.2.0`).
     pub fn hypervisor_version(&self) -> Result<String, LauncherError> {
         self.call(|hv| hv.version())
+    }
+
+    /// libvirt's bulk stats of the domain, or `None` when it is not defined.
+    pub async fn domain_stats(&self) -> Result<Option<DomainStats>, LauncherError> {
+        let n = self.domain_name.clone();
+        match self.call(move |hv| hv.domain_stats(&n)) {
+            Ok(stats) => Ok(Some(stats)),
+            Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One guest agent command's JSON answer (bounded, see [`Hypervisor::agent_command`]),
+    /// waiting at most `timeout_secs`: the guest's word, for the caller to parse with care.
+    pub async fn agent_command(
+        &self,
+        command: &str,
+        timeout_secs: i32,
+    ) -> Result<String, LauncherError> {
+        let n = self.domain_name.clone();
+        self.call(move |hv| hv.agent_command(&n, command, timeout_secs))
     }
 
     /// A receiver that sees every status change (the latest one, at least).

@@ -10,6 +10,7 @@ pub mod delivered;
 pub mod events;
 pub mod process;
 mod states;
+pub mod stats;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -27,6 +28,11 @@ use events::{EventRegistration, HypervisorEvent};
 /// index per attach in flight when it died; libvirt runs one at a time).
 const ATTACH_NODE_NAME_RETRIES: u32 = 3;
 pub use states::power_state_from_raw;
+pub use stats::{DomainStats, TypedValue};
+
+/// The most of a guest agent's answer we take: the agent is the guest's, its answers untrusted;
+/// the largest real one (`guest-get-fsinfo` of a guest with many mounts) is some tens of KB.
+pub const MAX_AGENT_ANSWER: usize = 1 << 20;
 
 /// Opens a connection to `uri`, with libvirt's process-wide set-up trimmed first.
 pub(crate) fn connect(uri: &str) -> Result<Connect, virt::error::Error> {
@@ -86,6 +92,11 @@ pub enum LibvirtError {
         rule: String,
         message: String,
     },
+    #[error(
+        "the guest agent of domain {domain} answered {len} bytes, over the limit of {}",
+        MAX_AGENT_ANSWER
+    )]
+    AgentAnswerTooLarge { domain: String, len: usize },
     #[error("cannot read the live XML of domain {domain}")]
     LiveXml {
         domain: String,
@@ -402,6 +413,32 @@ impl Hypervisor {
     /// The hypervisor's version, `major.minor.release`.
     pub fn version(&self) -> Result<String, LibvirtError> {
         version_of(&self.conn)
+    }
+
+    /// libvirt's bulk stats of the domain (see [`stats::STATS`] for the groups).
+    pub fn domain_stats(&self, name: &str) -> Result<DomainStats, LibvirtError> {
+        self.on_domain(name, "get stats", stats::domain_stats)
+    }
+
+    /// One command to the QEMU guest agent (`{"execute":"guest-info"}`), its JSON answer as the
+    /// agent gave it, waiting at most `timeout_secs`. An answer over [`MAX_AGENT_ANSWER`] bytes
+    /// is refused (an error), so that callers never parse what a guest inflated.
+    pub fn agent_command(
+        &self,
+        name: &str,
+        command: &str,
+        timeout_secs: i32,
+    ) -> Result<String, LibvirtError> {
+        let answer = self.on_domain(name, "guest agent command", |d| {
+            d.qemu_agent_command(command, timeout_secs, 0)
+        })?;
+        if answer.len() > MAX_AGENT_ANSWER {
+            return Err(LibvirtError::AgentAnswerTooLarge {
+                domain: name.into(),
+                len: answer.len(),
+            });
+        }
+        Ok(answer)
     }
 
     pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {

@@ -30,6 +30,19 @@ impl StatValue {
     }
 }
 
+impl From<crate::libvirt::TypedValue> for StatValue {
+    fn from(v: crate::libvirt::TypedValue) -> StatValue {
+        use crate::libvirt::TypedValue as T;
+        match v {
+            T::Int(v) => StatValue::Int(v),
+            T::UInt(v) => StatValue::UInt(v),
+            T::Float(v) => StatValue::Float(v),
+            T::Bool(v) => StatValue::Bool(v),
+            T::String(v) => StatValue::String(v),
+        }
+    }
+}
+
 /// vCPUs, interfaces and disks are numbered densely from 0; a larger index is not libvirt's and
 /// would make us allocate that many entries.
 pub const MAX_STAT_INDEX: usize = 4096;

@@ -1,0 +1,153 @@
+//! `GetDomainStats` and the guest agent calls of `vmlauncher virt-launcher`, on a real TCG guest
+//! driven over KubeVirt's cmd protocol by a plain tonic client: before the first Sync there is no
+//! domain (no stats, an empty guest info); after it the stats name the domain and carry its cpu,
+//! balloon, vCPU and block sections; the test guest has no agent, so guest info stays `{}`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::kubevirt::{guest_vmi_json, PodDirs, VirtLauncher};
+use vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient;
+use vmlauncher::kubevirt::proto::cmd::{EmptyRequest, Vmi, VmiRequest};
+
+type Client = CmdClient<tonic::transport::Channel>;
+
+/// The launcher's socket, once it listens.
+async fn connect(dirs: &PodDirs, launcher: &VirtLauncher) -> Client {
+    let socket = dirs.sockets().join("launcher-sock");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if socket.exists() {
+            if let Ok(channel) = vmlauncher::api::channel(&socket).await {
+                return CmdClient::new(channel);
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the launcher's socket did not come up; stderr:\n{}",
+            launcher.stderr_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn stats(client: &mut Client) -> String {
+    let r = client
+        .get_domain_stats(EmptyRequest {})
+        .await
+        .expect("GetDomainStats")
+        .into_inner();
+    assert!(r.response.as_ref().is_some_and(|r| r.success), "{r:?}");
+    r.domain_stats
+}
+
+async fn guest_info(client: &mut Client) -> (String, String, String) {
+    let info = client.get_guest_info(EmptyRequest {}).await.unwrap();
+    let users = client.get_users(EmptyRequest {}).await.unwrap();
+    let fs = client.get_filesystems(EmptyRequest {}).await.unwrap();
+    let (info, users, fs) = (info.into_inner(), users.into_inner(), fs.into_inner());
+    for ok in [&info.response, &users.response, &fs.response] {
+        assert!(ok.as_ref().is_some_and(|r| r.success));
+    }
+    (
+        info.guest_info_response,
+        users.guest_user_list_response,
+        fs.guest_filesystems_response,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn domain_stats_and_guest_info_over_the_cmd_socket() {
+    let dirs = PodDirs::new();
+    let (name, namespace, uid) = ("statsvmi", "kvtest", "0b7e3a52-55a1-4c3e-9a43-2f7c1d9e6a10");
+    let launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
+    let mut client = connect(&dirs, &launcher).await;
+
+    // No domain yet: success with no stats (virt-handler's "does not exist"), no guest info.
+    assert_eq!(stats(&mut client).await, "");
+    assert_eq!(
+        guest_info(&mut client).await,
+        ("{}".into(), "[]".into(), "[]".into())
+    );
+
+    // The guest with a disk, so that the block stats have one.
+    let mut vmi = guest_vmi_json(name, namespace, uid);
+    vmi["spec"]["domain"]["devices"]["disks"] =
+        serde_json::json!([{"name": "scratch", "disk": {"bus": "virtio"}}]);
+    vmi["spec"]["volumes"] =
+        serde_json::json!([{"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}]);
+    let synced = client
+        .sync_virtual_machine(VmiRequest {
+            vmi: Some(Vmi {
+                vmi_json: vmi.to_string().into_bytes(),
+            }),
+            options: None,
+        })
+        .await
+        .expect("SyncVirtualMachine")
+        .into_inner();
+    assert!(
+        synced.success,
+        "{synced:?}; stderr:\n{}",
+        launcher.stderr_text()
+    );
+
+    // The domain's own name and UUID, as GetDomain reports them.
+    let domain = client
+        .get_domain(EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .domain;
+    let domain: serde_json::Value = serde_json::from_str(&domain).expect("domain JSON");
+    let domain_name = domain["Spec"]["Name"].as_str().unwrap().to_string();
+    let domain_uuid = domain["Spec"]["UUID"].as_str().unwrap().to_string();
+    assert_eq!(domain_name, format!("{namespace}_{name}"));
+
+    // The balloon's stats come once QEMU has the balloon driver's numbers: poll a little.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let stats = loop {
+        let text = stats(&mut client).await;
+        let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
+        let ready = stats["Cpu"]["TimeSet"] == true
+            && stats["Memory"]["ActualBalloonSet"] == true
+            && stats["Block"].as_array().is_some_and(|b| !b.is_empty());
+        if ready || Instant::now() > deadline {
+            break stats;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(stats["Name"], domain_name.as_str(), "{stats:#}");
+    assert_eq!(stats["UUID"], domain_uuid.as_str(), "{stats:#}");
+    assert_eq!(stats["Cpu"]["TimeSet"], true, "{stats:#}");
+    assert!(stats["Cpu"]["Time"].as_u64().unwrap() > 0, "{stats:#}");
+    assert_eq!(stats["Memory"]["ActualBalloonSet"], true, "{stats:#}");
+    assert_eq!(stats["Memory"]["TotalSet"], true, "{stats:#}");
+    // 256Mi of guest memory, in KiB.
+    assert_eq!(stats["Memory"]["ActualBalloon"], 262_144, "{stats:#}");
+    let vcpus = stats["Vcpu"].as_array().unwrap();
+    assert!(!vcpus.is_empty(), "{stats:#}");
+    assert_eq!(vcpus[0]["StateSet"], true, "{stats:#}");
+    let blocks = stats["Block"].as_array().unwrap();
+    let scratch = blocks
+        .iter()
+        .find(|b| b["Alias"] == "scratch")
+        .unwrap_or_else(|| panic!("no block stats aliased scratch: {stats:#}"));
+    assert_eq!(scratch["NameSet"], true, "{stats:#}");
+    assert_eq!(scratch["CapacitySet"], true, "{stats:#}");
+    assert_eq!(scratch["Capacity"], 16 << 20, "{stats:#}");
+    assert_eq!(scratch["RdReqsSet"], true, "{stats:#}");
+
+    // The test guest runs no guest agent: nothing is asked, nothing is made up.
+    assert_eq!(
+        guest_info(&mut client).await,
+        ("{}".into(), "[]".into(), "[]".into())
+    );
+
+    // SIGTERM: KubeVirt's graceful shutdown, which ends the launcher with 0.
+    let mut launcher = launcher;
+    launcher.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = launcher.wait_exit(Duration::from_secs(90));
+    assert_eq!(status.code(), Some(0), "{}", launcher.stderr_text());
+}
