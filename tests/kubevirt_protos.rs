@@ -66,7 +66,12 @@ fn the_project_protos_are_kubevirts_files_unchanged_below_their_header() {
     let ours_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto/kubevirt");
     let (ours, theirs) = (protos(&ours_root), protos(&wire));
     // KubeVirt's four: a copy gone, or one of ours KubeVirt does not have, is drift too.
-    assert_eq!(theirs.len(), 4, "KubeVirt's protos in {}: {theirs:?}", wire.display());
+    assert_eq!(
+        theirs.len(),
+        4,
+        "KubeVirt's protos in {}: {theirs:?}",
+        wire.display()
+    );
     assert_eq!(
         ours,
         theirs,
