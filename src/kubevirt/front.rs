@@ -179,11 +179,22 @@ impl Front {
         let options = self
             .base
             .for_spec(&spec, sync.spec_text.clone(), RunStrategy::Once);
-        let Some(events) = self.events.lock().expect("events lock").take() else {
+        let Some(source) = self.events.lock().expect("events lock").take() else {
             return Err(FrontError::Launcher(LauncherError::Unreachable));
         };
+        let (events, lent) = lend_events(source);
         let (launcher, kind) =
-            Launcher::start(self.connector.clone(), spec, options, events).await?;
+            match Launcher::start(self.connector.clone(), spec, options, events).await {
+                Ok(started) => started,
+                Err(e) => {
+                    // virt-handler retries a first Sync that failed (a volume not there yet, a
+                    // QEMU that did not start): the next attempt needs libvirt's events again.
+                    if let Some(source) = lent.give_back().await {
+                        *self.events.lock().expect("events lock") = Some(source);
+                    }
+                    return Err(e.into());
+                }
+            };
         tracing::info!(domain = launcher.domain_name(), ?kind, "domain up");
         let _ = self.launcher.set(launcher);
         self.meta.send_modify(|m| {
@@ -362,6 +373,58 @@ impl Front {
     }
 }
 
+/// libvirt's events, lent to one attempt at starting the launcher: [`Launcher::start`] takes the
+/// receiver and drops it when it fails, and the connection has only one. The attempt gets a
+/// channel of its own, fed from the connection's by a task that hands that back when asked.
+struct LentEvents {
+    give_back: tokio::sync::oneshot::Sender<()>,
+    forwarder: tokio::task::JoinHandle<mpsc::UnboundedReceiver<HypervisorEvent>>,
+}
+
+impl LentEvents {
+    /// The connection's receiver, once the attempt is over (`None` if the forwarder is gone).
+    async fn give_back(self) -> Option<mpsc::UnboundedReceiver<HypervisorEvent>> {
+        let _ = self.give_back.send(());
+        self.forwarder.await.ok()
+    }
+}
+
+fn lend_events(
+    mut source: mpsc::UnboundedReceiver<HypervisorEvent>,
+) -> (mpsc::UnboundedReceiver<HypervisorEvent>, LentEvents) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (give_back, mut asked) = tokio::sync::oneshot::channel::<()>();
+    let forwarder = tokio::spawn(async move {
+        // Dropping `give_back` (the attempt succeeded) is not asking: forward for good.
+        let mut may_ask = true;
+        loop {
+            tokio::select! {
+                biased;
+                asked_back = &mut asked, if may_ask => match asked_back {
+                    Ok(()) => return source,
+                    Err(_) => may_ask = false,
+                },
+                () = tx.closed(), if !may_ask => return source,
+                event = source.recv() => match event {
+                    Some(event) => {
+                        // An event for a failed attempt's domain: the next attempt reads the
+                        // domain afresh, so it is not needed.
+                        let _ = tx.send(event);
+                    }
+                    None => return source,
+                },
+            }
+        }
+    });
+    (
+        rx,
+        LentEvents {
+            give_back,
+            forwarder,
+        },
+    )
+}
+
 /// The VMI's `terminationGracePeriodSeconds`, read without a full parse (the Sync parses it).
 fn grace_of(spec_text: &str) -> Option<i64> {
     serde_json::from_str::<serde_json::Value>(spec_text)
@@ -373,4 +436,42 @@ fn grace_of(spec_text: &str) -> Option<i64> {
 /// Now, as Kubernetes writes a `metav1.Time`.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reboot(domain: &str) -> HypervisorEvent {
+        HypervisorEvent::Reboot {
+            domain: domain.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_gives_the_connections_events_back() {
+        let (tx, source) = mpsc::unbounded_channel();
+        let (attempt, lent) = lend_events(source);
+        // The attempt failed: Launcher::start dropped its receiver.
+        drop(attempt);
+        let mut source = lent.give_back().await.expect("the receiver comes back");
+        tx.send(reboot("later")).unwrap();
+        assert!(
+            matches!(source.recv().await, Some(HypervisorEvent::Reboot { domain }) if domain == "later")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_started_launcher_keeps_getting_events() {
+        let (tx, source) = mpsc::unbounded_channel();
+        let (mut attempt, lent) = lend_events(source);
+        // The attempt succeeded: nothing is given back, the forwarder goes on.
+        drop(lent.give_back);
+        for name in ["a", "b"] {
+            tx.send(reboot(name)).unwrap();
+            assert!(
+                matches!(attempt.recv().await, Some(HypervisorEvent::Reboot { domain }) if domain == name)
+            );
+        }
+    }
 }

@@ -205,3 +205,52 @@ pub fn guest_vmi_json(name: &str, namespace: &str, uid: &str) -> serde_json::Val
         "status": {"phase": "Scheduled"},
     })
 }
+
+/// Long enough for the private libvirtd to come up under load.
+pub const SERVING_DEADLINE: Duration = Duration::from_secs(60);
+
+impl VirtLauncher {
+    /// Waits for KubeVirt's only readiness signal, `launcher-sock` (renamed from
+    /// `launcher-init-sock` once the launcher serves), polling until [`SERVING_DEADLINE`]; a
+    /// launcher that exits first, or never serves, fails with its log.
+    pub fn wait_serving(&mut self, dirs: &PodDirs) -> PathBuf {
+        let socket = dirs.sockets().join("launcher-sock");
+        let deadline = std::time::Instant::now() + SERVING_DEADLINE;
+        while !socket.exists() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exited = Some(status);
+                panic!(
+                    "virt-launcher exited ({status}) before serving; stderr:\n{}",
+                    self.stderr_text()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {} within {SERVING_DEADLINE:?}; stderr:\n{}",
+                socket.display(),
+                self.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        socket
+    }
+}
+
+/// A `kubevirt.cmd.v1.Cmd` client with tonic's default options on the launcher's socket.
+pub async fn cmd_client(
+    socket: &Path,
+) -> vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient<tonic::transport::Channel> {
+    let channel = vmlauncher::api::channel(socket)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}", socket.display()));
+    vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient::new(channel)
+}
+
+/// A `VMIRequest` carrying `vmi_json` as virt-handler sends a VMI.
+pub fn vmi_request(vmi_json: Vec<u8>) -> vmlauncher::kubevirt::proto::cmd::VmiRequest {
+    use vmlauncher::kubevirt::proto::cmd::{Vmi, VmiRequest};
+    VmiRequest {
+        vmi: Some(Vmi { vmi_json }),
+        ..VmiRequest::default()
+    }
+}
