@@ -226,6 +226,11 @@ impl Front {
         Ok(())
     }
 
+    /// No domain was ever created, or it was deleted: a stop has nothing to do.
+    fn nothing_to_stop(&self) -> bool {
+        self.meta.borrow().deleted || self.launcher.get().is_none()
+    }
+
     fn running(&self) -> Result<&Arc<Launcher>, FrontError> {
         if self.meta.borrow().deleted {
             return Err(FrontError::Deleted);
@@ -235,6 +240,10 @@ impl Front {
 
     /// An owner's command on the VM.
     pub async fn command(&self, command: Command) -> Result<(), FrontError> {
+        // Killing what does not exist leaves it as asked, as KubeVirt's launcher answers.
+        if command == Command::Kill && self.nothing_to_stop() {
+            return Ok(());
+        }
         let launcher = self.running()?.clone();
         if command == Command::Pause {
             self.meta.send_modify(|m| m.user_paused = true);
@@ -250,6 +259,9 @@ impl Front {
 
     /// `ShutdownVirtualMachine`: ACPI, and the grace period's start stamped (once).
     pub async fn shutdown(&self) -> Result<(), FrontError> {
+        if self.nothing_to_stop() {
+            return Ok(());
+        }
         let launcher = self.running()?.clone();
         self.meta.send_if_modified(|m| {
             if m.domain.grace_deletion_timestamp.is_some() {
