@@ -64,6 +64,8 @@ pub struct Front {
     /// Held while the first Sync creates the launcher: a second Sync waits, then syncs.
     creating: tokio::sync::Mutex<()>,
     meta: watch::Sender<Meta>,
+    /// QEMU's version, once asked.
+    pub qemu_version: OnceLock<String>,
 }
 
 impl Front {
@@ -91,6 +93,7 @@ impl Front {
             launcher: OnceLock::new(),
             creating: tokio::sync::Mutex::new(()),
             meta: watch::channel(meta).0,
+            qemu_version: OnceLock::new(),
         }
     }
 

@@ -250,13 +250,20 @@ impl Cmd for CmdService {
         _: Request<EmptyRequest>,
     ) -> Result<Response<QemuVersionResponse>, Status> {
         let front = self.front.clone();
-        let version = tokio::task::spawn_blocking(move || match front.launcher() {
-            Some(l) => l.hypervisor_version().map_err(|e| crate::error_chain(&e)),
-            None => crate::libvirt::hypervisor_version(&front.connector().uri())
-                .map_err(|e| crate::error_chain(&e)),
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?;
+        let version = match front.qemu_version.get() {
+            Some(known) => Ok(known.clone()),
+            None => tokio::task::spawn_blocking(move || {
+                let version = match front.launcher() {
+                    Some(l) => l.hypervisor_version().map_err(|e| crate::error_chain(&e)),
+                    None => crate::libvirt::hypervisor_version(&front.connector().uri())
+                        .map_err(|e| crate::error_chain(&e)),
+                }?;
+                // QEMU's version does not change under a launcher: asked once.
+                Ok(front.qemu_version.get_or_init(|| version).clone())
+            })
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?,
+        };
         Ok(Response::new(match version {
             Ok(version) => QemuVersionResponse {
                 response: Some(ok()),

@@ -520,7 +520,12 @@ impl Launcher {
 
     /// The hypervisor's version (QEMU's, `7.2.0`).
     pub fn hypervisor_version(&self) -> Result<String, LauncherError> {
-        self.call(|hv| hv.version())
+        // The running QEMU answers at once; libvirt's own answer may first probe QEMU.
+        let n = self.domain_name.clone();
+        match self.call(move |hv| hv.qemu_version(&n)) {
+            Ok(Some(version)) => Ok(version),
+            _ => self.call(|hv| hv.version()),
+        }
     }
 
     /// libvirt's bulk stats of the domain, or `None` when it is not defined.

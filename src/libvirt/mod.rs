@@ -410,6 +410,27 @@ impl Hypervisor {
     }
 
     /// Removes the persistent definition (the domain must be stopped).
+    /// The version of the QEMU that runs `name` (QMP `query-version`), `major.minor.micro`;
+    /// `None` when the reply does not say. Asked of the running QEMU because libvirt's
+    /// hypervisor version probes QEMU's capabilities the first time it is asked (4.7 s here).
+    pub fn qemu_version(&self, name: &str) -> Result<Option<String>, LibvirtError> {
+        let reply = self.on_domain(name, "query-version", |dom| {
+            dom.qemu_monitor_command(r#"{"execute":"query-version"}"#, 0)
+        })?;
+        let reply: serde_json::Value = serde_json::from_str(&reply).unwrap_or_default();
+        let qemu = &reply["return"]["qemu"];
+        Ok(
+            match (
+                qemu["major"].as_u64(),
+                qemu["minor"].as_u64(),
+                qemu["micro"].as_u64(),
+            ) {
+                (Some(major), Some(minor), Some(micro)) => Some(format!("{major}.{minor}.{micro}")),
+                _ => None,
+            },
+        )
+    }
+
     /// The hypervisor's version, `major.minor.release`.
     pub fn version(&self) -> Result<String, LibvirtError> {
         version_of(&self.conn)
