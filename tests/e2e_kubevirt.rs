@@ -7,45 +7,24 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::kubevirt::{guest_vmi_json, kubevirt_wire, wait_child, PodDirs, VirtLauncher};
+use common::kubevirt::{guest_vmi_json, handler_replay_holds, PodDirs, VirtLauncher};
 
 #[test]
 fn virt_handlers_own_client_drives_the_launcher_to_held() {
-    let wire = kubevirt_wire();
     let dirs = PodDirs::new();
     let (name, namespace, uid) = ("testvmi", "kvtest", "5d6f1a2b-7c1e-4a8b-9d0e-1f2a3b4c5d6e");
     let vmi = dirs.root.path().join("vmi.json");
     std::fs::write(&vmi, guest_vmi_json(name, namespace, uid).to_string()).unwrap();
     let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
 
-    let log = dirs.root.path().join("handler-replay.log");
-    let mut replay = Command::new(wire.join("handler-replay/handler-replay"))
-        .arg("-share")
-        .arg(dirs.share())
-        .arg("-vmi")
-        .arg(&vmi)
-        .arg("-hotplug-dir")
-        .arg(dirs.hotplug())
-        .arg("-console-dir")
-        .arg(dirs.runtime())
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run handler-replay");
-    let ended = wait_child(&mut replay, Duration::from_secs(600));
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
-    if ended.is_none() {
-        let _ = replay.kill();
-    }
-    let last = said.lines().last().unwrap_or("");
-    assert!(
-        ended.is_some_and(|s| s.success()) && last.starts_with("HELD"),
-        "handler-replay did not hold ({ended:?}):\n{said}\nlauncher stderr:\n{}",
-        launcher.stderr_text()
+    handler_replay_holds(
+        &dirs.share(),
+        &vmi,
+        &dirs.hotplug(),
+        &dirs.runtime(),
+        || format!("launcher stderr:\n{}", launcher.stderr_text()),
     );
 
     launcher.signal(nix::sys::signal::Signal::SIGTERM);

@@ -9,10 +9,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::kubevirt::{guest_vmi_json, kubevirt_wire, wait_child};
+use common::kubevirt::{guest_vmi_json, handler_replay_holds};
 use common::pod::{podman, podman_ok, Logs, PlayedPod};
 
 const CONTAINER: &str = "virt-launcher-testvmi-compute";
@@ -91,7 +90,6 @@ spec:
 
 #[test]
 fn the_image_runs_as_kubevirts_launcher_under_podman_kube_play() {
-    let wire = kubevirt_wire();
     let root = tempfile::Builder::new()
         .prefix("vml-kvpod-")
         .tempdir_in("/var/tmp")
@@ -112,39 +110,26 @@ fn the_image_runs_as_kubevirts_launcher_under_podman_kube_play() {
         l.contains("virt-launcher for kvtest_testvmi ready")
     });
 
-    let log = root.path().join("handler-replay.log");
-    let mut replay = Command::new(wire.join("handler-replay/handler-replay"))
-        .arg("-share")
-        .arg(root.path().join("share"))
-        .arg("-vmi")
-        .arg(&vmi)
-        .arg("-hotplug-dir")
-        .arg(root.path().join("hotplug"))
-        .arg("-console-dir")
-        .arg(root.path().join("runtime"))
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&log).unwrap())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run handler-replay");
-    let ended = wait_child(&mut replay, Duration::from_secs(600));
-    if ended.is_none() {
-        let _ = replay.kill();
-    }
-    let said = std::fs::read_to_string(&log).unwrap_or_default();
-    let container_log = String::from_utf8_lossy(&podman(&["logs", CONTAINER]).stderr).into_owned();
-    assert!(
-        ended.is_some_and(|s| s.success()) && said.lines().last().unwrap_or("").starts_with("HELD"),
-        "handler-replay did not hold ({ended:?}):\n{said}\ncontainer log:\n{container_log}"
+    handler_replay_holds(
+        &root.path().join("share"),
+        &vmi,
+        &root.path().join("hotplug"),
+        &root.path().join("runtime"),
+        || {
+            let log = podman(&["logs", CONTAINER]);
+            format!("container log:\n{}", String::from_utf8_lossy(&log.stderr))
+        },
     );
 
     // The VM is over and deleted: the launcher exits by itself; SIGTERM would end it too.
     let _ = podman(&["kill", "--signal", "TERM", CONTAINER]);
     podman_ok(&["wait", CONTAINER]);
     let code = podman_ok(&["inspect", "--format", "{{.State.ExitCode}}", CONTAINER]);
+    let log = podman(&["logs", CONTAINER]);
     assert_eq!(
         code.trim(),
         "0",
-        "the container's exit code:\n{container_log}"
+        "the container's exit code; its log:\n{}",
+        String::from_utf8_lossy(&log.stderr)
     );
 }

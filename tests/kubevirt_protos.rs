@@ -6,25 +6,14 @@
 //! `../shared/kubevirt-wire` (or `VMLAUNCHER_KUBEVIRT_WIRE`), and the two sets must match file for
 //! file. No guest, no launcher: fast.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-/// Where KubeVirt's wire files are: the lookup of `tests/common/kubevirt.rs::kubevirt_wire`, keyed
-/// on the protos (this test needs no `handler-replay` binary).
+/// Where KubeVirt's wire files are, found by its protos (this test needs no `handler-replay`).
 fn kubevirt_wire() -> PathBuf {
-    if let Some(dir) = std::env::var_os("VMLAUNCHER_KUBEVIRT_WIRE") {
-        return dir.into();
-    }
-    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/kubevirt-wire");
-    for dir in [beside, PathBuf::from("/work/shared/kubevirt-wire")] {
-        if dir.join("cmd/v1/cmd.proto").exists() {
-            return dir;
-        }
-    }
-    panic!(
-        "KubeVirt's wire files (cmd/v1/cmd.proto) not found: set VMLAUNCHER_KUBEVIRT_WIRE to the \
-         kubevirt-wire directory"
-    )
+    common::kubevirt::kubevirt_wire_with("cmd/v1/cmd.proto")
 }
 
 /// Every `.proto` under `root`, by its path relative to `root`.

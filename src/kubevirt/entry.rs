@@ -63,18 +63,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         hotplug_dir: flags.hotplug_disk_dir.clone(),
         ..HostPaths::pod()
     };
-    // A hostDisk may not lead into the launcher's own places (its state, the pod's hotplug and
-    // private dirs, the capability cache).
-    let own_dirs: Vec<PathBuf> = [
-        Some(rt.0.clone()),
-        Some(paths.private_dir.clone()),
-        Some(paths.hotplug_dir.clone()),
-        flags.qemu_cache_dir.clone(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let host_paths = crate::host::confine::HostPathPolicy::new(&own_dirs, &[]);
+    let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[]);
     let prepared = run::prepare(HostRequest {
         rt: &rt,
         connect: None,

@@ -90,6 +90,27 @@ impl LaunchBase {
     }
 }
 
+/// Where a spec's host paths may lead: never into the launcher's own places (its runtime dir with
+/// the saved Sync, records, libvirt's and the vTPM's state; the private and hotplug dirs; the
+/// capability cache), and only under `host_disk_roots` when any are named.
+pub fn host_path_policy(
+    rt: &RuntimeDir,
+    paths: &HostPaths,
+    qemu_cache_dir: Option<&Path>,
+    host_disk_roots: &[PathBuf],
+) -> HostPathPolicy {
+    let own_dirs: Vec<PathBuf> = [
+        Some(rt.0.clone()),
+        Some(paths.private_dir.clone()),
+        Some(paths.hotplug_dir.clone()),
+        qemu_cache_dir.map(Path::to_path_buf),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    HostPathPolicy::new(&own_dirs, host_disk_roots)
+}
+
 /// Prepares the host side; problems that only take features away (block hotplug) are said on
 /// standard output, once each, and do not stop the launcher.
 pub fn prepare(request: HostRequest<'_>) -> Prepared {

@@ -20,7 +20,7 @@ pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
 mod host;
-pub use host::{prepare, HostRequest, LaunchBase, Prepared};
+pub use host::{host_path_policy, prepare, HostRequest, LaunchBase, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -148,16 +148,12 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     if let Some(dir) = &opts.hotplug_dir {
         paths.hotplug_dir = dir.clone();
     }
-    let own_dirs: Vec<PathBuf> = [
-        Some(rt.0.clone()),
-        Some(paths.private_dir.clone()),
-        Some(paths.hotplug_dir.clone()),
-        opts.qemu_cache_dir.clone(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    let host_paths = crate::host::confine::HostPathPolicy::new(&own_dirs, &opts.host_disk_roots);
+    let host_paths = host_path_policy(
+        &rt,
+        &paths,
+        opts.qemu_cache_dir.as_deref(),
+        &opts.host_disk_roots,
+    );
     if let Err(errors) = host_paths.check(&opts.spec) {
         for e in &errors.0 {
             eprintln!("vmlauncher: {e}");

@@ -12,19 +12,62 @@ use super::bin;
 /// Where KubeVirt's wire files are: `VMLAUNCHER_KUBEVIRT_WIRE`, else `shared/kubevirt-wire`
 /// beside the checkout or in `/work/shared`.
 pub fn kubevirt_wire() -> PathBuf {
+    kubevirt_wire_with("handler-replay/handler-replay")
+}
+
+/// [`kubevirt_wire`], found by the one file a test needs from it (`marker`, relative to it).
+pub fn kubevirt_wire_with(marker: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os("VMLAUNCHER_KUBEVIRT_WIRE") {
         return dir.into();
     }
     let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/kubevirt-wire");
     for dir in [beside, PathBuf::from("/work/shared/kubevirt-wire")] {
-        if dir.join("handler-replay/handler-replay").exists() {
+        if dir.join(marker).exists() {
             return dir;
         }
     }
     panic!(
-        "KubeVirt's wire files (handler-replay) not found: set VMLAUNCHER_KUBEVIRT_WIRE to the \
+        "KubeVirt's wire files ({marker}) not found: set VMLAUNCHER_KUBEVIRT_WIRE to the \
          kubevirt-wire directory"
     )
+}
+
+/// Runs virt-handler's own code (`handler-replay`) against the launcher whose share dir is
+/// `share`, until it ends or 10 minutes pass; panics with what it said, and `context`, unless its
+/// last line is `HELD`.
+pub fn handler_replay_holds(
+    share: &Path,
+    vmi: &Path,
+    hotplug: &Path,
+    console_dir: &Path,
+    context: impl FnOnce() -> String,
+) {
+    let log = share.with_file_name("handler-replay.log");
+    let mut replay = Command::new(kubevirt_wire().join("handler-replay/handler-replay"))
+        .arg("-share")
+        .arg(share)
+        .arg("-vmi")
+        .arg(vmi)
+        .arg("-hotplug-dir")
+        .arg(hotplug)
+        .arg("-console-dir")
+        .arg(console_dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run handler-replay");
+    let ended = wait_child(&mut replay, Duration::from_secs(600));
+    if ended.is_none() {
+        let _ = replay.kill();
+    }
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let last = said.lines().last().unwrap_or("");
+    assert!(
+        ended.is_some_and(|s| s.success()) && last.starts_with("HELD"),
+        "handler-replay did not hold ({ended:?}):\n{said}\n{}",
+        context()
+    );
 }
 
 /// A pod's directories, in a temp dir.
