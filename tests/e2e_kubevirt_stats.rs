@@ -5,32 +5,13 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::kubevirt::{guest_vmi_json, PodDirs, VirtLauncher};
+use common::kubevirt::{cmd_client, guest_vmi_json, PodDirs, VirtLauncher};
 use vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient;
 use vmlauncher::kubevirt::proto::cmd::{EmptyRequest, Vmi, VmiRequest};
 
 type Client = CmdClient<tonic::transport::Channel>;
-
-/// The launcher's socket, once it listens.
-async fn connect(dirs: &PodDirs, launcher: &VirtLauncher) -> Client {
-    let socket = dirs.sockets().join("launcher-sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if socket.exists() {
-            if let Ok(channel) = vmlauncher::api::channel(&socket).await {
-                return CmdClient::new(channel);
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the launcher's socket did not come up; stderr:\n{}",
-            launcher.stderr_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn stats(client: &mut Client) -> String {
     let r = client
@@ -61,8 +42,9 @@ async fn guest_info(client: &mut Client) -> (String, String, String) {
 async fn domain_stats_and_guest_info_over_the_cmd_socket() {
     let dirs = PodDirs::new();
     let (name, namespace, uid) = ("statsvmi", "kvtest", "0b7e3a52-55a1-4c3e-9a43-2f7c1d9e6a10");
-    let launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
-    let mut client = connect(&dirs, &launcher).await;
+    let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
+    let socket = tokio::task::block_in_place(|| launcher.wait_serving(&dirs));
+    let mut client = cmd_client(&socket).await;
 
     // No domain yet: success with no stats (virt-handler's "does not exist"), no guest info.
     assert_eq!(stats(&mut client).await, "");
@@ -105,19 +87,14 @@ async fn domain_stats_and_guest_info_over_the_cmd_socket() {
     let domain_uuid = domain["Spec"]["UUID"].as_str().unwrap().to_string();
     assert_eq!(domain_name, format!("{namespace}_{name}"));
 
-    // The balloon's stats come once QEMU has the balloon driver's numbers: poll a little.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let stats = loop {
-        let text = stats(&mut client).await;
-        let stats: serde_json::Value = serde_json::from_str(&text).expect("stats JSON");
-        let ready = stats["Cpu"]["TimeSet"] == true
-            && stats["Memory"]["ActualBalloonSet"] == true
-            && stats["Block"].as_array().is_some_and(|b| !b.is_empty());
-        if ready || Instant::now() > deadline {
-            break stats;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    // Once the guest has booted it has run (CPU time) and its disk is open: every group the
+    // assertions read is there in one answer.
+    let mut console =
+        vmlauncher::console::ConsoleLog::from_start(&dirs.runtime().join("console.log"))
+            .expect("the console log");
+    tokio::task::block_in_place(|| common::wait_booted(&mut console));
+    let stats: serde_json::Value =
+        serde_json::from_str(&stats(&mut client).await).expect("stats JSON");
     assert_eq!(stats["Name"], domain_name.as_str(), "{stats:#}");
     assert_eq!(stats["UUID"], domain_uuid.as_str(), "{stats:#}");
     assert_eq!(stats["Cpu"]["TimeSet"], true, "{stats:#}");

@@ -20,6 +20,7 @@ use vmlauncher::kubevirt::proto::cmd_info::cmd_info_client::CmdInfoClient;
 use vmlauncher::kubevirt::proto::cmd_info::CmdInfoRequest;
 
 use common::kubevirt::{cmd_client, guest_vmi_json, vmi_request, PodDirs, VirtLauncher};
+use common::kubevirt_notify::NotifyRecorder;
 use common::{ConsoleWait, BOOT_DEADLINE};
 
 const NAME: &str = "wirevmi";
@@ -52,10 +53,12 @@ fn status_of(domain: &Value) -> &str {
     domain["Status"]["Status"].as_str().unwrap_or("")
 }
 
-/// Polls `GetDomain` until `done` accepts what it shows, within `within`; fails naming `what`
-/// and the last domain seen.
+/// Reads `GetDomain` until `done` accepts what it shows, within `within`, looking again after
+/// each notify call the launcher makes (it notifies every change of the domain); fails naming
+/// `what` and the last domain seen.
 async fn wait_domain(
     client: &mut CmdClient<Channel>,
+    notify: &mut NotifyRecorder,
     what: &str,
     within: Duration,
     mut done: impl FnMut(Option<&Value>) -> bool,
@@ -70,7 +73,7 @@ async fn wait_domain(
             Instant::now() < deadline,
             "GetDomain did not show {what} within {within:?}; last: {domain:#?}"
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::task::block_in_place(|| notify.next_event(deadline));
     }
 }
 
@@ -232,6 +235,7 @@ async fn the_wire_refuses_what_the_go_client_never_sends() {
 async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
     let started = Instant::now();
     let dirs = PodDirs::new();
+    let mut notify = NotifyRecorder::serve(&dirs.share());
     let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(NAME, NAMESPACE, UID));
     let socket = tokio::task::block_in_place(|| launcher.wait_serving(&dirs));
     let mut client = cmd_client(&socket).await;
@@ -291,7 +295,7 @@ async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
         }
     }
     // Nobody syncs again: the work the caller abandoned must finish on its own.
-    let running = wait_domain(&mut client, "Running", BOOT_DEADLINE, |d| {
+    let running = wait_domain(&mut client, &mut notify, "Running", BOOT_DEADLINE, |d| {
         d.is_some_and(|d| status_of(d) == "Running")
     })
     .await
@@ -352,9 +356,13 @@ async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
 
     // ACPI, then destroyed at the latest after the VMI's 30 s grace period.
     let off = Duration::from_secs(30) + BOOT_DEADLINE;
-    let last = wait_domain(&mut client, "the guest powered off", off, |d| {
-        d.is_none_or(|d| status_of(d) == "Shutoff")
-    })
+    let last = wait_domain(
+        &mut client,
+        &mut notify,
+        "the guest powered off",
+        off,
+        |d| d.is_none_or(|d| status_of(d) == "Shutoff"),
+    )
     .await;
     if let Some(d) = &last {
         // The Shutdown's grace period start, stamped for virt-handler.

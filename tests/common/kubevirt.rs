@@ -259,22 +259,28 @@ impl VirtLauncher {
     pub fn wait_serving(&mut self, dirs: &PodDirs) -> PathBuf {
         let socket = dirs.sockets().join("launcher-sock");
         let deadline = std::time::Instant::now() + SERVING_DEADLINE;
-        while !socket.exists() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exited = Some(status);
-                panic!(
-                    "virt-launcher exited ({status}) before serving; stderr:\n{}",
-                    self.stderr_text()
-                );
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no {} within {SERVING_DEADLINE:?}; stderr:\n{}",
-                socket.display(),
+        // Woken by every change in the sockets dir (the rename among them); an exit is seen
+        // at the next change or at the deadline.
+        let mut exited = None;
+        let serving =
+            vmlauncher::host::watch::wait_for_change_in(&[&dirs.sockets()], deadline, || {
+                exited = self.child.try_wait().ok().flatten();
+                socket.exists() || exited.is_some()
+            })
+            .unwrap();
+        if let Some(status) = exited.filter(|_| !socket.exists()) {
+            self.exited = Some(status);
+            panic!(
+                "virt-launcher exited ({status}) before serving; stderr:\n{}",
                 self.stderr_text()
             );
-            std::thread::sleep(Duration::from_millis(50));
         }
+        assert!(
+            serving,
+            "no {} within {SERVING_DEADLINE:?}; stderr:\n{}",
+            socket.display(),
+            self.stderr_text()
+        );
         socket
     }
 }

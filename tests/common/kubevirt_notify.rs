@@ -108,6 +108,19 @@ impl NotifyRecorder {
         }
     }
 
+    /// Waits for the next notify call until `deadline`; false if none came. What a test that
+    /// polls the launcher's state waits on between two looks: every change is notified.
+    pub fn next_event(&mut self, deadline: Instant) -> bool {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.events.recv_timeout(left) {
+            Ok(r) => {
+                self.seen.push(r);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// The first domain event that `wanted` accepts, among those received so far or within
     /// `within`.
     pub fn domain(
