@@ -177,6 +177,8 @@ async fn dispatch(command: Command) -> Outcome {
             log_max_size,
             qemu_cache_dir,
             host_disk_roots,
+            qemu_user,
+            allow_block_devices,
         } => {
             let (spec, spec_text) = run::load_spec(&spec)?;
             let strategy = run_strategy
@@ -215,6 +217,8 @@ async fn dispatch(command: Command) -> Outcome {
                 log_max_size,
                 qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
                 host_disk_roots,
+                qemu_user,
+                allow_block_devices,
             })
             .await;
             Ok(ended)

@@ -69,6 +69,8 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     let work = tempfile::tempdir().unwrap();
     common::sparse_file(shared.join("hotplug-disks/data.img"), 8);
     let block = Loop::new(work.path(), "pod-blk", 16, false);
+    // In a pod only a device the node daemon gave it may be attached.
+    block.give_to(&shared.join("hotplug-disks"), "given-pod-blk");
     let with_both = work.path().join("both.yaml");
     std::fs::write(
         &with_both,

@@ -91,6 +91,15 @@ pub(crate) enum Command {
         /// repeatable; default: anywhere but the host's and the launcher's own places).
         #[arg(long = "host-disk-root", value_name = "DIR", value_parser = absolute_path())]
         host_disk_roots: Vec<PathBuf>,
+        /// The user QEMU runs as: a name or uid, or `root` (default: the host's libvirt-qemu
+        /// or qemu account; libvirt hands it each disk image while the VM uses it).
+        #[arg(long, value_name = "USER")]
+        qemu_user: Option<String>,
+        /// A block device a Sync may attach, MAJOR:MINOR (repeatable). Listing any restricts a
+        /// host run to those; in a container only listed devices, and those the node daemon
+        /// put a node for in the hotplug dir, may be attached.
+        #[arg(long = "allow-block-device", value_name = "MAJOR:MINOR")]
+        allow_block_devices: Vec<vmlauncher::host::DevNumber>,
     },
     /// Probe QEMU once and fill the shared capability cache (an image build runs this).
     WarmCache {

@@ -19,6 +19,8 @@ pub struct HostPathPolicy {
     denied: Vec<(PathBuf, Place, bool)>,
     /// Empty: no restriction beyond `denied`.
     host_disk_roots: Vec<PathBuf>,
+    /// Who must reach each path: QEMU's user (root reaches everything).
+    qemu: crate::host::qemu_user::QemuUser,
 }
 
 impl HostPathPolicy {
@@ -43,7 +45,15 @@ impl HostPathPolicy {
                 .iter()
                 .map(|r| resolve(r).unwrap_or_else(|_| r.clone()))
                 .collect(),
+            qemu: Default::default(),
         }
+    }
+
+    /// Also refuses a path QEMU's (unprivileged) user cannot reach: QEMU would fail to open it
+    /// after the VM was started, with a message that names neither the field nor the directory.
+    pub fn reached_by(mut self, qemu: &crate::host::qemu_user::QemuUser) -> HostPathPolicy {
+        self.qemu = qemu.clone();
+        self
     }
 
     /// Every host path of `vmi`, each problem named with its field.
@@ -128,6 +138,16 @@ impl HostPathPolicy {
                 path: text.into(),
                 resolved: shown,
                 roots: roots.join(", "),
+            });
+        }
+        if let Some(blocked) = self.qemu.blocked_on_the_way(&resolved) {
+            return Err(HostPathError::Unreachable {
+                path: text.into(),
+                user: self.qemu.name.clone(),
+                dir: blocked.dir.display().to_string(),
+                mode: blocked.mode,
+                owner: blocked.owner,
+                group: blocked.group,
             });
         }
         Ok(())

@@ -29,8 +29,23 @@ impl fmt::Display for DevNumber {
     }
 }
 
+impl std::str::FromStr for DevNumber {
+    type Err = String;
+
+    /// `MAJOR:MINOR`, as `/sys/dev/block` and `ls -l` name a device.
+    fn from_str(text: &str) -> Result<DevNumber, String> {
+        let parsed = text
+            .split_once(':')
+            .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
+        match parsed {
+            Some((major, minor)) => Ok(DevNumber { major, minor }),
+            None => Err(format!("{text:?} is not MAJOR:MINOR (e.g. 7:0)")),
+        }
+    }
+}
+
 impl DevNumber {
-    fn from_rdev(rdev: u64) -> DevNumber {
+    pub(crate) fn from_rdev(rdev: u64) -> DevNumber {
         DevNumber {
             major: libc::major(rdev),
             minor: libc::minor(rdev),
@@ -98,6 +113,8 @@ pub enum DevNodeError {
         #[source]
         source: Errno,
     },
+    #[error(transparent)]
+    NotGiven(#[from] super::block_allow::NotGiven),
 }
 
 /// A volume name becomes one path component inside the hotplug dir, nothing else.

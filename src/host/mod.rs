@@ -4,22 +4,28 @@
 //! `volumes`; paths come in as parameters, so the same code runs on real files in a temp dir in
 //! unit tests.
 //!
-//! Submodules: `block` (the owner of hot-plugged block volumes' host side), `devnode` (block
+//! Submodules: `block` (the owner of hot-plugged block volumes' host side), `block_allow`
+//! (which block devices a Sync may attach), `devnode` (block
 //! nodes in the hotplug dir), `cgroup` (v1/v2 device rules), `records` (what the launcher made,
 //! for a restarted launcher), `caps` (capability check and drop), `watch` (inotify on paths),
 //! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `confine`
 //! (where a spec's host paths lead once links are followed), `image_check`
-//! (what a foreign image's header may be before QEMU opens it: raw, or self-contained qcow2).
+//! (what a foreign image's header may be before QEMU opens it: raw, or self-contained qcow2),
+//! `qemu_user` (the unprivileged user QEMU runs as, and what it is given).
 
 pub(crate) mod block;
+pub mod block_allow;
 pub mod caps;
 pub mod cgroup;
 pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
+pub mod qemu_user;
 pub(crate) mod records;
 pub mod watch;
+
+pub use devnode::DevNumber;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -49,6 +49,15 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     let Ok(mut int) = signal(SignalKind::interrupt()) else {
         return ExitCode::Internal;
     };
+    // KubeVirt's QEMU user (107 in its images and in vmlauncher's): it owns what virt-handler
+    // hot-plugs for the pod.
+    let qemu_user = match run::qemu_user(None) {
+        Ok(user) => user,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::Internal;
+        }
+    };
     let (rt, _lock) = match RuntimeDir::claim(&flags.runtime_dir) {
         Ok(claimed) => claimed,
         Err(e) => {
@@ -63,7 +72,8 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         hotplug_dir: flags.hotplug_disk_dir.clone(),
         ..HostPaths::pod()
     };
-    let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[]);
+    let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[])
+        .reached_by(&qemu_user);
     let prepared = run::prepare(HostRequest {
         rt: &rt,
         connect: None,
@@ -76,6 +86,9 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         resync_interval: Duration::from_secs(30),
         reconnect_timeout: None,
         host_paths,
+        qemu_user,
+        // virt-handler makes the node of each block volume it hot-plugs in the hotplug dir.
+        block_allow: crate::host::block_allow::BlockAllowList::new([], true),
     });
     let _logs = prepared.logs;
     // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync

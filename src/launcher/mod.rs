@@ -164,6 +164,8 @@ pub struct HotplugOptions {
     pub last_sync: PathBuf,
     /// What this process lacks for block hotplug: block volumes are refused while anything is.
     pub missing_capabilities: Vec<crate::host::caps::Unavailable>,
+    /// Which block devices a Sync may attach.
+    pub allowed_block_devices: crate::host::block_allow::BlockAllowList,
 }
 
 #[derive(Debug)]

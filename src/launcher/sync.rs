@@ -191,6 +191,16 @@ impl Launcher {
                     Ok(*dev)
                 }
             };
+            if let Ok(dev) = resolved {
+                // A device this launcher already holds for the volume was allowed when attached.
+                if self.block.nodes().get(volume) != Some(&dev) {
+                    self.options
+                        .hotplug
+                        .allowed_block_devices
+                        .check(dev, &self.options.convert.paths.hotplug_dir)
+                        .map_err(|e| refuse(e.into()))?;
+                }
+            }
             devices.insert(volume.clone(), resolved);
         }
         // A live block volume the request does not repeat keeps its device.

@@ -62,6 +62,7 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
             records: dir.path().join("records.json"),
             last_sync: dir.path().join("last-sync"),
             missing_capabilities: Vec::new(),
+            allowed_block_devices: Default::default(),
         },
         spec_text: spec,
         reconnect_timeout: Some(Duration::from_secs(5)),

@@ -16,7 +16,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -82,6 +82,8 @@ pub struct DaemonOptions {
     /// QEMU's capability cache shared with the other launchers of this host (see `capcache`);
     /// `None`: this daemon's own cache only (probes QEMU at every first start).
     pub capability_cache: Option<PathBuf>,
+    /// Who QEMU (and swtpm) run as; libvirt gives them each image for as long as the VM uses it.
+    pub qemu_user: crate::host::qemu_user::QemuUser,
 }
 
 /// Told the name of a daemon the launcher started when it exits.
@@ -321,6 +323,16 @@ impl PrivateDaemon {
                 .mode(0o700)
                 .create(&path)
                 .map_err(|e| prepare(&path, e))?;
+            // A non-root QEMU (and libvirt's probe of it) makes and opens its monitor socket, pid
+            // file and per-domain dirs under libvirt's run, lib and cache dirs, as under the
+            // system daemon's /run/libvirt (0755). The daemon's own sockets and config stay in
+            // root-only dirs.
+            let mode = match sub {
+                "run" | "lib" | "cache" if !self.options.qemu_user.is_root() => 0o755,
+                _ => 0o700,
+            };
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+                .map_err(|e| prepare(&path, e))?;
         }
         for (host, _) in COVERED {
             fs::create_dir_all(host).map_err(|e| prepare(Path::new(host), e))?;
@@ -360,6 +372,34 @@ impl PrivateDaemon {
             }
         }
         Ok(())
+    }
+
+    /// `/dev/kvm` as QEMU's user may open it, when the host's may not be (a host without udev's
+    /// `root:kvm 0660`, or a container given the node as root's alone). Without it libvirt
+    /// probes QEMU with KVM (the probe keeps CAP_DAC_OVERRIDE), then finds KVM unusable by
+    /// that user, discards the probe and probes again, forever.
+    fn kvm_for_qemu(&self) -> Option<KvmNode> {
+        let qemu = &self.options.qemu_user;
+        let meta = fs::metadata(KVM_DEVICE).ok()?;
+        if qemu.is_root() || !meta.file_type().is_char_device() || qemu_may_open(qemu, &meta) {
+            return None;
+        }
+        let dir = self.dir.join("kvm");
+        if let Err(e) = fs::DirBuilder::new().mode(0o700).create(&dir) {
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot give QEMU's user /dev/kvm");
+                return None;
+            }
+        }
+        let cstring =
+            |path: &Path| CString::new(path.as_os_str().as_bytes()).expect("no NUL in paths");
+        Some(KvmNode {
+            node: cstring(&dir.join("kvm")),
+            dir: cstring(&dir),
+            device: CString::new(KVM_DEVICE).expect("no NUL"),
+            rdev: meta.rdev(),
+            gid: qemu.gid,
+        })
     }
 
     /// Where `prepare` puts the preload that keeps libvirtd from setting up OpenSSL
@@ -418,6 +458,7 @@ impl PrivateDaemon {
         // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
         // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
         let one_cpu = first_allowed_cpu();
+        let kvm = self.kvm_for_qemu();
         let mut command = libvirtd_command(&self.loader_link(), &self.no_ssh_crypto());
         if self.driver_dir().join(QEMU_DRIVER_MODULE).exists() {
             command.env("LIBVIRT_DRIVER_DIR", self.driver_dir());
@@ -455,6 +496,9 @@ impl PrivateDaemon {
                         MsFlags::MS_BIND,
                         None::<&str>,
                     )?;
+                }
+                if let Some(kvm) = &kvm {
+                    kvm.cover()?;
                 }
                 Ok(())
             });
@@ -703,6 +747,70 @@ const LIBRARY_DIRS: [&str; 4] = [
     "/usr/lib",
 ];
 
+const KVM_DEVICE: &str = "/dev/kvm";
+
+/// Whether QEMU's user may read and write a device with this owner and mode (its own uid, its
+/// group or one of its supplementary groups, or anyone's).
+fn qemu_may_open(qemu: &crate::host::qemu_user::QemuUser, meta: &fs::Metadata) -> bool {
+    let mode = meta.mode();
+    let in_group = meta.gid() == qemu.gid
+        || CString::new(qemu.name.as_str())
+            .ok()
+            .and_then(|name| {
+                nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(qemu.gid)).ok()
+            })
+            .is_some_and(|groups| groups.iter().any(|g| g.as_raw() == meta.gid()));
+    (meta.uid() == qemu.uid && mode & 0o600 == 0o600)
+        || (in_group && mode & 0o060 == 0o060)
+        || mode & 0o006 == 0o006
+}
+
+/// A node for `/dev/kvm` that QEMU's group may open, made in libvirtd's mount namespace only
+/// (on a tmpfs of its own: the runtime dir may be `nodev`) and bound over `/dev/kvm` there.
+/// Same device number, so a device cgroup that allows the host's node allows this one.
+struct KvmNode {
+    dir: CString,
+    node: CString,
+    device: CString,
+    rdev: u64,
+    gid: u32,
+}
+
+impl KvmNode {
+    /// Runs in the forked child, in its new mount namespace: system calls only.
+    fn cover(&self) -> nix::Result<()> {
+        mount(
+            Some("tmpfs"),
+            self.dir.as_c_str(),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("size=4k,mode=0755"),
+        )?;
+        // Not masked: the node is the group's to open (and the daemon's umask stays its own).
+        let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let made = nix::sys::stat::mknod(
+            self.node.as_c_str(),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o660),
+            self.rdev,
+        );
+        nix::sys::stat::umask(umask);
+        made?;
+        nix::unistd::chown(
+            self.node.as_c_str(),
+            None,
+            Some(nix::unistd::Gid::from_raw(self.gid)),
+        )?;
+        mount(
+            Some(self.node.as_c_str()),
+            self.device.as_c_str(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+    }
+}
+
 /// The daemon's program (and the name of its config, pid and log files).
 const LIBVIRTD: &str = "libvirtd";
 
@@ -718,16 +826,25 @@ fn qemu_conf_text(options: &DaemonOptions) -> String {
     };
     format!(
         r#"# Written by vmlauncher for its private libvirtd; rewritten at every start.
-user = "root"
-group = "root"
-dynamic_ownership = 0
+user = "+{uid}"
+group = "+{gid}"
+dynamic_ownership = {dynamic}
 remember_owner = 0
 namespaces = [ ]
 stdio_handler = "file"
 security_driver = "none"
-swtpm_user = "root"
-swtpm_group = "root"
-{cgroups}"#
+seccomp_sandbox = 1
+clear_emulator_capabilities = 1
+swtpm_user = "+{uid}"
+swtpm_group = "+{gid}"
+{cgroups}"#,
+        uid = options.qemu_user.uid,
+        gid = options.qemu_user.gid,
+        // A root QEMU opens anything: nothing to hand over. libvirt hands each image to QEMU's
+        // user at start and back to root at the end, remembering no owner: a remembered owner
+        // lives in the file's xattrs as a reference count, which a launcher killed with SIGKILL
+        // leaves behind, and the next start refuses the file as "already in use".
+        dynamic = u8::from(!options.qemu_user.is_root()),
     )
 }
 

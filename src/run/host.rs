@@ -15,6 +15,7 @@ use super::{say, Emulation, RuntimeDir};
 use crate::convert::{ConvertOptions, NetworkMode, Publish};
 use crate::host::cgroup::CgroupRoots;
 use crate::host::confine::HostPathPolicy;
+use crate::host::qemu_user::{QemuUser, QemuUserError};
 use crate::launcher::{HotplugOptions, LaunchOptions};
 use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
 use crate::libvirt::events::HypervisorEvent;
@@ -41,6 +42,68 @@ pub struct HostRequest<'a> {
     pub reconnect_timeout: Option<Duration>,
     /// Where the spec's host paths may lead.
     pub host_paths: HostPathPolicy,
+    /// Who QEMU runs as (see [`qemu_user`]).
+    pub qemu_user: QemuUser,
+    /// Which block devices a Sync may attach.
+    pub block_allow: crate::host::block_allow::BlockAllowList,
+}
+
+/// The user QEMU runs as: the one `--qemu-user` names, else the distribution's QEMU account;
+/// root only when asked for, or (said once) when the host has no such account.
+pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
+    let user = QemuUser::resolve(requested)?;
+    Ok(user.unwrap_or_else(|| {
+        say(format_args!(
+            "QEMU runs as root: this host has no {} account (add one, or say --qemu-user root)",
+            crate::host::qemu_user::DEFAULT_NAMES.join(" or ")
+        ));
+        QemuUser::root()
+    }))
+}
+
+/// What a non-root QEMU must reach: the runtime and hotplug dirs to pass through, and its own
+/// private dir (overlays, ISOs, EFI variables, the VNC socket it makes).
+fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
+    if qemu.is_root() {
+        return;
+    }
+    let private = [paths.private_dir.clone(), paths.private_dir.join("nvram")];
+    for dir in &private {
+        if let Err(e) = fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+        {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot make QEMU's private dir");
+        }
+    }
+    let given = private.iter().map(|dir| (dir, qemu.own_dir(dir))).chain(
+        [&rt.0, &paths.hotplug_dir]
+            .into_iter()
+            .map(|dir| (dir, qemu.traverse_dir(dir))),
+    );
+    for (dir, result) in given {
+        if let Err(e) = result {
+            say(format_args!(
+                "cannot give {} to QEMU's user {}: {e}",
+                dir.display(),
+                qemu.name
+            ));
+        }
+    }
+    for dir in [&paths.private_dir, &paths.hotplug_dir] {
+        if let Some(blocked) = qemu.blocked_on_the_way(&dir.join("-")) {
+            say(format_args!(
+                "QEMU's user {} cannot reach {}: {} is {:04o} {}:{}",
+                qemu.name,
+                dir.display(),
+                blocked.dir.display(),
+                blocked.mode,
+                blocked.owner,
+                blocked.group
+            ));
+        }
+    }
 }
 
 /// The host, ready for a launcher: give [`Prepared::events`] and the options of
@@ -126,6 +189,8 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         resync_interval,
         reconnect_timeout,
         host_paths,
+        qemu_user,
+        block_allow,
     } = request;
     let (events_tx, events) = mpsc::unbounded_channel();
     let backend = match &connect {
@@ -135,6 +200,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             options: DaemonOptions {
                 pod_cgroups: true,
                 capability_cache: qemu_cache_dir,
+                qemu_user: qemu_user.clone(),
             },
         },
     };
@@ -152,8 +218,12 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             Default::default()
         }
     };
-    // The private libvirtd runs QEMU as root (`user = "root"` in its qemu.conf).
-    let node_owner = crate::host::devnode::NodeOwner { uid: 0, gid: 0 };
+    // Block nodes are QEMU's to open (a `--connect`ed libvirt runs QEMU as its distribution's
+    // account too, which is what `qemu_user` finds).
+    let node_owner = crate::host::devnode::NodeOwner {
+        uid: qemu_user.uid,
+        gid: qemu_user.gid,
+    };
     let chown_needed = nix::unistd::geteuid().as_raw() != node_owner.uid
         || nix::unistd::getegid().as_raw() != node_owner.gid;
     let effective = crate::host::caps::effective();
@@ -176,6 +246,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
     }
     let cgroup_roots = unless_unrestricted(cgroup_roots, connect.is_some());
     let hotplug = HotplugOptions {
+        allowed_block_devices: block_allow,
         node_owner,
         // Block volumes are refused, naming it, while a capability they need is missing.
         missing_capabilities: effective
@@ -200,6 +271,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
     {
         tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
     }
+    give_qemu_its_dirs(rt, &paths, &qemu_user);
     // As a container's PID 1 the launcher owns its mount namespace.
     let in_container = crate::init::is_container_entrypoint();
     match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {

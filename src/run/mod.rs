@@ -20,7 +20,7 @@ pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
 mod host;
-pub use host::{host_path_policy, prepare, HostRequest, LaunchBase, Prepared};
+pub use host::{host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -78,6 +78,10 @@ pub struct RunOptions {
     pub log_max_size: u64,
     /// The only directories a hostDisk may be under (empty: anywhere not denied).
     pub host_disk_roots: Vec<PathBuf>,
+    /// `--qemu-user`: who QEMU runs as (`None`: the host's QEMU account).
+    pub qemu_user: Option<String>,
+    /// `--allow-block-device`: the block devices a Sync may attach besides the hotplug dir's.
+    pub allow_block_devices: Vec<crate::host::DevNumber>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -124,6 +128,13 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         eprintln!("vmlauncher: cannot install signal handlers");
         return ExitCode::Internal;
     };
+    let qemu_user = match host::qemu_user(opts.qemu_user.as_deref()) {
+        Ok(user) => user,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::Usage;
+        }
+    };
     // Held until the launcher exits: one launcher per runtime dir.
     let (rt, _lock) = match RuntimeDir::claim(&opts.runtime_dir) {
         Ok(claimed) => claimed,
@@ -153,7 +164,8 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         &paths,
         opts.qemu_cache_dir.as_deref(),
         &opts.host_disk_roots,
-    );
+    )
+    .reached_by(&qemu_user);
     if let Err(errors) = host_paths.check(&opts.spec) {
         for e in &errors.0 {
             eprintln!("vmlauncher: {e}");
@@ -178,6 +190,11 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         resync_interval: opts.resync_interval,
         reconnect_timeout: opts.reconnect_timeout,
         host_paths,
+        qemu_user,
+        block_allow: crate::host::block_allow::BlockAllowList::new(
+            opts.allow_block_devices.iter().copied(),
+            crate::init::is_container_entrypoint(),
+        ),
     });
     let console_log = rt.console_log();
     if opts.console {
@@ -245,6 +262,13 @@ pub async fn run(opts: RunOptions) -> ExitCode {
 /// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
 pub async fn warm_cache(cache: &Path) -> ExitCode {
     let cache = cache.to_path_buf();
+    let qemu_user = match host::qemu_user(None) {
+        Ok(user) => user,
+        Err(e) => {
+            eprintln!("vmlauncher: {}", crate::error_chain(&e));
+            return ExitCode::Usage;
+        }
+    };
     let started = Instant::now();
     let warmed = tokio::task::spawn_blocking(move || {
         let dir = tempfile::Builder::new()
@@ -255,6 +279,8 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
             DaemonOptions {
                 pod_cgroups: true,
                 capability_cache: Some(cache.clone()),
+                // Probed as the launchers that use the cache will run QEMU.
+                qemu_user,
             },
         )
         .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;

@@ -387,6 +387,16 @@ pub enum HostPathError {
         resolved: String,
         roots: String,
     },
+    /// QEMU runs as an unprivileged user, which cannot pass through a directory on the way.
+    #[error("{path:?}: QEMU's user {user} cannot reach it: {dir} is {mode:04o} {owner}:{group} (give others search permission, o+x, or run with --qemu-user root)")]
+    Unreachable {
+        path: String,
+        user: String,
+        dir: String,
+        mode: u32,
+        owner: u32,
+        group: u32,
+    },
 }
 
 /// Where no spec may point: the kernel's and the host's configuration and secrets.

@@ -77,10 +77,7 @@ pub struct PodDirs {
 
 impl PodDirs {
     pub fn new() -> PodDirs {
-        let root = tempfile::Builder::new()
-            .prefix("vml-kv-")
-            .tempdir()
-            .unwrap();
+        let root = super::disk_dir("vml-kv-");
         for d in ["share/sockets", "hotplug", "ephemeral", "container-disks"] {
             std::fs::create_dir_all(root.path().join(d)).unwrap();
         }

@@ -186,6 +186,18 @@ pub fn hotplug_image(dir: &Path, volume: &str, bytes: u64) {
         .unwrap();
 }
 
+/// A temp dir for disk images: QEMU runs as an unprivileged user, which must pass through the
+/// dir (tempfile makes them 0700).
+pub fn disk_dir(prefix: &str) -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .expect("temp dir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir
+}
+
 /// A sparse file of `mib` MiB at `path`: a raw disk image.
 pub fn sparse_file(path: impl AsRef<Path>, mib: u64) {
     std::fs::File::create(path)
@@ -367,12 +379,7 @@ impl Launched {
             child,
             runtime_dir: runtime_dir.to_path_buf(),
             _owned: None,
-            scratch: std::sync::Arc::new(
-                tempfile::Builder::new()
-                    .prefix("vml-e2e-disks-")
-                    .tempdir()
-                    .expect("temp dir"),
-            ),
+            scratch: std::sync::Arc::new(disk_dir("vml-e2e-disks-")),
             stdout,
             stdout_seen: Vec::new(),
             exited: None,
@@ -699,6 +706,18 @@ impl Loop {
 
     pub fn number(&self) -> String {
         format!("{}:{}", self.major, self.minor)
+    }
+
+    /// Gives the device to a launcher the way a node daemon gives a pod one: a node of it in
+    /// the launcher's hotplug dir, as `name`.
+    pub fn give_to(&self, hotplug_dir: &Path, name: &str) {
+        nix::sys::stat::mknod(
+            &hotplug_dir.join(name),
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(self.major.into(), self.minor.into()),
+        )
+        .expect("mknod in the hotplug dir");
     }
 
     pub fn block_device(&self) -> vmlauncher::api::proto::BlockDevice {

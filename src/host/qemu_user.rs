@@ -1,0 +1,263 @@
+//! The user QEMU runs as. A guest that escapes into QEMU acts with QEMU's rights, so QEMU runs
+//! as a dedicated unprivileged user, as libvirt's system daemon and KubeVirt (uid 107) do: with
+//! no capabilities (libvirt clears them for a non-root emulator), unable to open the launcher's
+//! and libvirtd's root-only sockets or anything else of root's. The launcher gives this user
+//! exactly what QEMU must reach: its private dir (overlays, ISOs, the VNC socket, EFI
+//! variables), traversal of the runtime and hotplug dirs, and the block nodes it makes; libvirt
+//! gives it each disk image for as long as the VM uses it (`dynamic_ownership`).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The accounts QEMU runs as by default, the first that exists: Debian's and Ubuntu's
+/// (`libvirt-qemu`), then Fedora's and KubeVirt's images' (`qemu`).
+pub const DEFAULT_NAMES: [&str; 2] = ["libvirt-qemu", "qemu"];
+
+/// `Default` is root: what a daemon that only judges XML, or a `--qemu-user root` run, uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QemuUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QemuUserError {
+    #[error("--qemu-user {0}: no such user here")]
+    Unknown(String),
+    #[error("--qemu-user {name}: cannot look it up")]
+    Lookup {
+        name: String,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+impl Default for QemuUser {
+    fn default() -> QemuUser {
+        QemuUser::root()
+    }
+}
+
+impl QemuUser {
+    pub fn root() -> QemuUser {
+        QemuUser {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+
+    /// The user named by `--qemu-user` (a name, or `root`), or the first of `DEFAULT_NAMES`
+    /// that exists. `Ok(None)`: nothing was named and no default account exists.
+    pub fn resolve(requested: Option<&str>) -> Result<Option<QemuUser>, QemuUserError> {
+        match requested {
+            Some(name) => match lookup(name)? {
+                Some(user) => Ok(Some(user)),
+                None => Err(QemuUserError::Unknown(name.into())),
+            },
+            None => {
+                for name in DEFAULT_NAMES {
+                    if let Some(user) = lookup(name)? {
+                        return Ok(Some(user));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Makes `dir` QEMU's own (0700): QEMU creates sockets there (VNC) and opens what the
+    /// launcher put there for it. Nothing else of the launcher's may live in such a dir.
+    pub fn own_dir(&self, dir: &Path) -> io::Result<()> {
+        nix::unistd::chown(
+            dir,
+            Some(nix::unistd::Uid::from_raw(self.uid)),
+            Some(nix::unistd::Gid::from_raw(self.gid)),
+        )
+        .map_err(io::Error::from)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+    }
+
+    /// Lets QEMU pass through `dir` (root's, 0711: traverse, not list) to what is given to it
+    /// inside; everything else in there stays root's own (0600 files, 0700 dirs).
+    pub fn traverse_dir(&self, dir: &Path) -> io::Result<()> {
+        if self.is_root() {
+            return Ok(());
+        }
+        let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o011))
+    }
+}
+
+/// A directory on a path that QEMU's user cannot pass through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocked {
+    pub dir: PathBuf,
+    pub mode: u32,
+    pub owner: u32,
+    pub group: u32,
+}
+
+impl QemuUser {
+    /// The first directory on the way to `path` (which need not exist yet) that this user may
+    /// not search; `None` where it may reach it (root reaches everything).
+    pub fn blocked_on_the_way(&self, path: &Path) -> Option<Blocked> {
+        if self.is_root() {
+            return None;
+        }
+        let groups = self.groups();
+        let mut dirs: Vec<&Path> = path.ancestors().skip(1).collect();
+        dirs.reverse();
+        dirs.into_iter().find_map(|dir| {
+            let meta = fs::metadata(dir).ok()?;
+            let mode = meta.mode() & 0o7777;
+            let may_search = if meta.uid() == self.uid {
+                mode & 0o100 != 0
+            } else if groups.contains(&meta.gid()) {
+                mode & 0o010 != 0
+            } else {
+                mode & 0o001 != 0
+            };
+            (!may_search).then(|| Blocked {
+                dir: dir.into(),
+                mode,
+                owner: meta.uid(),
+                group: meta.gid(),
+            })
+        })
+    }
+
+    /// Its primary and supplementary groups (libvirt gives QEMU both).
+    pub fn groups(&self) -> Vec<u32> {
+        let mut groups = vec![self.gid];
+        if let Ok(name) = std::ffi::CString::new(self.name.as_str()) {
+            if let Ok(more) = nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(self.gid))
+            {
+                groups.extend(more.iter().map(|g| g.as_raw()));
+            }
+        }
+        groups
+    }
+}
+
+fn lookup(name: &str) -> Result<Option<QemuUser>, QemuUserError> {
+    let lookup_error = |source| QemuUserError::Lookup {
+        name: name.into(),
+        source,
+    };
+    if let Ok(uid) = name.parse::<u32>() {
+        // A bare uid (KubeVirt's 107 in an image without the account): its own group.
+        let user =
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).map_err(lookup_error)?;
+        return Ok(Some(match user {
+            Some(user) => QemuUser {
+                name: user.name,
+                uid,
+                gid: user.gid.as_raw(),
+            },
+            None => QemuUser {
+                name: uid.to_string(),
+                uid,
+                gid: uid,
+            },
+        }));
+    }
+    Ok(nix::unistd::User::from_name(name)
+        .map_err(lookup_error)?
+        .map(|user| QemuUser {
+            name: user.name,
+            uid: user.uid.as_raw(),
+            gid: user.gid.as_raw(),
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_is_found_by_name_and_by_uid() {
+        assert_eq!(
+            QemuUser::resolve(Some("root")).unwrap(),
+            Some(QemuUser::root())
+        );
+        assert_eq!(
+            QemuUser::resolve(Some("0")).unwrap(),
+            Some(QemuUser::root())
+        );
+    }
+
+    #[test]
+    fn an_unknown_name_is_refused_naming_it() {
+        let e = QemuUser::resolve(Some("no-such-user-vmltest")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--qemu-user no-such-user-vmltest: no such user here"
+        );
+    }
+
+    #[test]
+    fn a_uid_without_an_account_runs_with_its_own_group() {
+        // No account has this uid on any machine this runs on.
+        let user = QemuUser::resolve(Some("3999999")).unwrap().unwrap();
+        assert_eq!((user.uid, user.gid), (3_999_999, 3_999_999));
+    }
+
+    #[test]
+    fn the_first_dir_it_cannot_search_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let closed = tmp.path().join("closed");
+        let open = closed.join("open");
+        fs::create_dir_all(&open).unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o750)).unwrap();
+        let qemu = QemuUser {
+            name: "no-such-user-vmltest".into(),
+            uid: 3_999_999,
+            gid: 3_999_999,
+        };
+        let disk = open.join("not-yet/disk.img");
+        assert_eq!(
+            qemu.blocked_on_the_way(&disk),
+            Some(Blocked {
+                dir: closed.clone(),
+                mode: 0o750,
+                owner: 0,
+                group: 0
+            })
+        );
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o751)).unwrap();
+        assert_eq!(qemu.blocked_on_the_way(&disk), None);
+        // Its group may search where others may not.
+        nix::unistd::chown(&closed, None, Some(nix::unistd::Gid::from_raw(3_999_999))).unwrap();
+        fs::set_permissions(&closed, fs::Permissions::from_mode(0o710)).unwrap();
+        assert_eq!(qemu.blocked_on_the_way(&disk), None);
+        assert_eq!(QemuUser::root().blocked_on_the_way(&disk), None);
+    }
+
+    #[test]
+    fn a_traversed_dir_gains_execute_for_others_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let qemu = QemuUser {
+            name: "q".into(),
+            uid: 3_999_999,
+            gid: 3_999_999,
+        };
+        qemu.traverse_dir(tmp.path()).unwrap();
+        let mode = fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o711);
+        QemuUser::root().traverse_dir(tmp.path()).unwrap();
+        assert_eq!(
+            fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o7777,
+            0o711
+        );
+    }
+}
