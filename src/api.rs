@@ -4,7 +4,6 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -453,13 +452,39 @@ pub fn check_socket_path(path: &Path) -> Result<SocketPath, ApiError> {
             io::ErrorKind::AlreadyExists,
             "something other than a socket is there; not removing it",
         ))),
-        Ok(_) if std::os::unix::net::UnixStream::connect(path).is_ok() => {
-            Err(listen_err(io::Error::new(
+        Ok(_) => match answers(path) {
+            Ok(false) => Ok(SocketPath::Stale),
+            Ok(true) => Err(listen_err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 "another process answers on this socket",
-            )))
-        }
-        Ok(_) => Ok(SocketPath::Stale),
+            ))),
+            Err(e) => Err(listen_err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("cannot tell whether anyone answers on this socket ({e}); not removing it"),
+            ))),
+        },
+    }
+}
+
+/// Whether a process listens on the stream socket at `path`, found without waiting. Only
+/// ECONNREFUSED means no one does (the listener is gone): any other failure (a datagram socket,
+/// no permission, ...) says nothing about it and is returned. The connect is non-blocking: a
+/// blocking one waits as long as a live listener's backlog stays full, where EAGAIN answers at
+/// once that someone listens.
+fn answers(path: &Path) -> io::Result<bool> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    match connect(fd.as_raw_fd(), &UnixAddr::new(path)?) {
+        Ok(()) | Err(Errno::EAGAIN) => Ok(true),
+        Err(Errno::ECONNREFUSED) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -473,14 +498,15 @@ pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
     if check_socket_path(path)? == SocketPath::Stale {
         fs::remove_file(path).map_err(listen_err)?;
     }
-    // Created 0600, not chmod'ed after: no window in which anyone else may connect (review L1).
-    // The umask is the process's; the launcher binds once, at start, before it makes files.
+    // Created 0600 by the umask, and never chmod'ed after: no window in which anyone else may
+    // connect, and no path-based chmod that a symlink swapped in after the bind
+    // would redirect (fchmod cannot help: on a socket's fd it changes the socket, not the
+    // node). The umask is the process's: a file another thread makes during the bind gets at
+    // most 0600 (a directory 0700), stricter than meant and never looser.
     let umask = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
     let bound = UnixListener::bind(path);
     nix::sys::stat::umask(umask);
-    let listener = bound.map_err(listen_err)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
-    Ok(listener)
+    bound.map_err(listen_err)
 }
 
 /// Serves the launcher's API on `listener` until `shutdown` resolves.
@@ -580,6 +606,7 @@ pub async fn channel(path: &Path) -> Result<Channel, ApiError> {
 #[cfg(test)]
 mod bind_tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[tokio::test]
     async fn bind_replaces_only_a_stale_socket() {
@@ -597,5 +624,53 @@ mod bind_tests {
         assert!(crate::error_chain(&err).contains("answers"), "{err}");
         drop(first);
         bind(&sock).unwrap();
+        assert_eq!(
+            fs::metadata(&sock).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listener_with_a_full_backlog_is_refused_without_waiting() {
+        use nix::sys::socket::{
+            bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let sock = tmp.path().join("busy.sock");
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(
+            std::os::fd::AsRawFd::as_raw_fd(&listener),
+            &UnixAddr::new(&sock).unwrap(),
+        )
+        .unwrap();
+        // A backlog of 0 holds one connection that is never accepted: then it is full.
+        listen(&listener, Backlog::new(0).unwrap()).unwrap();
+        let _queued = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let path = sock.clone();
+        let err =
+            crate::testing::without_blocking("checking a busy listener's socket", move || {
+                check_socket_path(&path)
+            })
+            .unwrap_err();
+        assert!(crate::error_chain(&err).contains("answers"), "{err}");
+        assert!(err.is_refusal());
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_cannot_say_whether_anyone_listens_is_refused_and_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        // A datagram socket: a stream connect fails with EPROTOTYPE, not ECONNREFUSED.
+        let sock = tmp.path().join("dgram.sock");
+        let _other = std::os::unix::net::UnixDatagram::bind(&sock).unwrap();
+        let err = bind(&sock).unwrap_err();
+        assert!(err.is_refusal(), "{err}");
+        assert!(crate::error_chain(&err).contains("cannot tell"), "{err}");
+        assert!(fs::symlink_metadata(&sock).is_ok());
     }
 }

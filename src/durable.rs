@@ -21,17 +21,24 @@ pub enum Contents {
 }
 
 /// The launcher's own file at `path`, at most `max` bytes, never through a symlink (a link
-/// there is an error, not followed).
+/// there is an error, not followed) and only if it is a regular file: a FIFO or a device planted
+/// there is an error too, found without waiting (the open does not block on a FIFO's writer).
 pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
     let file = match fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
         .open(path)
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Contents::Missing),
         Err(e) => return Err(e),
     };
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
     let mut bytes = Vec::new();
     file.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
     if bytes.len() as u64 > max {
@@ -140,6 +147,19 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("target"), &link).unwrap();
         let err = read_bounded(&link, 100).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+    }
+
+    #[test]
+    fn never_reads_a_fifo_or_a_device() {
+        let (_dir, path) = crate::testing::temp_path("fifo");
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // Opening a FIFO for reading waits for a writer, which never comes.
+        let err =
+            crate::testing::without_blocking("reading a FIFO", move || read_bounded(&path, 100))
+                .unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
+        let err = read_bounded(Path::new("/dev/zero"), 100).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "{err}");
     }
 
     #[test]

@@ -59,6 +59,7 @@ pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod logs;
+pub mod owned_dir;
 pub mod run;
 pub(crate) mod run_to_end;
 pub mod runtime_dir;

@@ -184,14 +184,10 @@ async fn dispatch(command: Command) -> Outcome {
             let strategy = run_strategy
                 .or(spec.run_strategy)
                 .unwrap_or(RunStrategy::Once);
-            // A --publish for a port the spec does not publish would silently do nothing.
-            let listed = vmlauncher::convert::published_ports(&spec);
-            if let Some((host, guest)) = publish.iter().find(|(_, g)| !listed.contains(g)) {
-                eprintln!(
-                    "vmlauncher: --publish {host}:{guest}: no masquerade interface of the spec lists port {guest}"
-                );
-                return Err(ExitCode::Usage);
-            }
+            let host_ports = vmlauncher::convert::moved_ports(&spec, &publish).map_err(|e| {
+                eprintln!("vmlauncher: {e}");
+                ExitCode::Usage
+            })?;
             let ended = run::run(RunOptions {
                 spec,
                 connect,
@@ -207,10 +203,7 @@ async fn dispatch(command: Command) -> Outcome {
                 publish: vmlauncher::convert::Publish {
                     address: publish_address
                         .unwrap_or(vmlauncher::convert::Publish::default_for(network).address),
-                    host_ports: publish
-                        .into_iter()
-                        .map(|(host, guest)| (guest, host))
-                        .collect(),
+                    host_ports,
                 },
                 reconnect_timeout: (reconnect_timeout > 0)
                     .then(|| std::time::Duration::from_secs(reconnect_timeout)),

@@ -1,7 +1,8 @@
 //! The runtime dir: everything the launcher owns for one VM (socket, console log, private
 //! libvirtd, hotplug records, the last Sync). Root acts on what is in it — writes config files,
 //! signals pids, unlinks nodes — so it must be the launcher's own (review H2): a directory, not a
-//! symlink, owned by the launcher's user, writable by no one else. And one launcher at a time
+//! symlink, owned by the launcher's user, writable by no one else, under directories no one else
+//! can rename it out of (`owned_dir`). And one launcher at a time
 //! (review M11): a second `run` on the same dir would adopt the first one's VM and stop it on
 //! exit. The lock is an `flock` held for the launcher's life, released by the kernel when it dies
 //! (kill -9 included), so a restarted launcher never finds a stale lock.
@@ -12,6 +13,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
+
+use crate::owned_dir::{self, OwnedDirError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeDirError {
@@ -50,6 +53,9 @@ impl RuntimeDir {
             path: path.into(),
             source,
         };
+        // Before anything is made: a directory made under an ancestor someone else could rename
+        // would be theirs to redirect.
+        owned_dir::check_ancestors(path).map_err(refused)?;
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -132,31 +138,16 @@ fn take_fresh_shared_dir(path: &Path) -> Result<(), RuntimeDirError> {
 /// `path` is a directory (not a symlink to one) of the launcher's user that no one else can
 /// write.
 fn check_owned(path: &Path) -> Result<(), RuntimeDirError> {
-    let meta = fs::symlink_metadata(path).map_err(|source| RuntimeDirError::Io {
-        path: path.into(),
-        source,
-    })?;
-    let unsafe_because = |why: String| RuntimeDirError::Unsafe {
-        path: path.into(),
-        why,
-    };
-    if !meta.file_type().is_dir() {
-        return Err(unsafe_because("not a directory (a symlink?)".into()));
+    owned_dir::check_owned(path).map_err(refused)
+}
+
+/// The runtime dir, a directory in it or one above it cannot be the launcher's: `e` names
+/// which directory and why.
+fn refused(e: OwnedDirError) -> RuntimeDirError {
+    match e {
+        OwnedDirError::Io { path, source } => RuntimeDirError::Io { path, source },
+        OwnedDirError::Unsafe { path, why } => RuntimeDirError::Unsafe { path, why },
     }
-    let euid = nix::unistd::geteuid().as_raw();
-    if meta.uid() != euid {
-        return Err(unsafe_because(format!(
-            "owned by uid {}, not this launcher's {euid}",
-            meta.uid()
-        )));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(unsafe_because(format!(
-            "mode {:o}: group or others may write it",
-            meta.mode() & 0o7777
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -215,6 +206,27 @@ mod tests {
             RuntimeDir::claim(&rt),
             Err(RuntimeDirError::Unsafe { .. })
         ));
+    }
+
+    #[test]
+    fn a_dir_under_an_ancestor_others_may_write_is_refused_and_not_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let open = tmp.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let rt = open.join("vm/rt");
+        let err = RuntimeDir::claim(&rt).unwrap_err();
+        assert!(err.is_refusal(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("{} is not safe", open.display())) && text.contains("mode 777"),
+            "{text}"
+        );
+        assert!(!open.join("vm").exists());
+
+        // Sticky, as /tmp is (where the tests' runtime dirs live): others cannot rename ours.
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o1777)).unwrap();
+        RuntimeDir::claim(&rt).unwrap();
     }
 
     #[test]

@@ -11,3 +11,18 @@ pub(crate) fn temp_path(name: impl AsRef<Path>) -> (TempDir, PathBuf) {
     let path = dir.path().join(name);
     (dir, path)
 }
+
+/// Runs `f` on its own thread and returns its result, failing the test with `what` if it has
+/// not returned within ten seconds: for code that must not block, where a regression would
+/// otherwise hang the test run instead of failing it.
+pub(crate) fn without_blocking<T: Send + 'static>(
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("{what} blocked (no answer within 10 s)"))
+}

@@ -328,6 +328,61 @@ fn publishing_a_port_the_spec_does_not_list_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(64), "HOSTPORT:PORT is required");
 }
 
+/// A host port must publish one guest port, and a guest port be moved once: otherwise QEMU
+/// would refuse the second forward only after the VM started, or the later move would silently
+/// replace the earlier one. Refused as usage errors before anything starts.
+#[test]
+fn publishing_two_ports_on_one_host_port_or_one_port_twice_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = dir.path().join("web.yaml");
+    std::fs::write(
+        &spec,
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: web}
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices:
+      interfaces:
+      - name: default
+        masquerade: {}
+        ports:
+        - {port: 22}
+        - {port: 80}
+        - {port: 443}
+        - {port: 8080}
+  networks:
+  - {name: default, pod: {}}
+"#,
+    )
+    .unwrap();
+    let spec = spec.to_str().unwrap();
+    for (publish, says) in [
+        (
+            &["9000:80", "9000:443"][..],
+            "--publish 9000:443: host port 9000/tcp already publishes guest port 80",
+        ),
+        (
+            &["8080:80"][..],
+            "--publish 8080:80: host port 8080/tcp already publishes guest port 8080 (on its own number)",
+        ),
+        (
+            &["2222:22", "3333:22"][..],
+            "--publish 3333:22: guest port 22 is already moved to host port 2222",
+        ),
+    ] {
+        let mut args = vec!["run", spec];
+        for p in publish {
+            args.extend(["--publish", p]);
+        }
+        let out = vmlauncher(&args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{publish:?}: {stderr}");
+        assert!(stderr.contains(says), "{publish:?}: {stderr}");
+    }
+}
+
 /// Review, panic inventory: a --hotplug-dir (or --runtime-dir) that is not UTF-8 ends up in
 /// libvirt's XML and in the hotplug records as text; it is refused up front, naming the option.
 #[test]

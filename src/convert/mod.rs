@@ -55,17 +55,75 @@ impl Default for Publish {
     }
 }
 
-/// The guest ports masquerade interfaces publish (what `--publish` may move).
-pub fn published_ports(vmi: &VirtualMachineInstance) -> BTreeSet<u16> {
-    vmi.spec
+/// Why the command line's `--publish HOSTPORT:PORT` moves cannot all apply. Each would
+/// otherwise surface only once QEMU runs (two forwards on one host port fail in `hostfwd_add`)
+/// or not at all (a second move of one guest port would silently replace the first).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    #[error("--publish {host}:{guest}: no masquerade interface of the spec lists port {guest}")]
+    NotListed { host: u16, guest: u16 },
+    #[error("--publish {host}:{guest}: guest port {guest} is already moved to host port {first}")]
+    GuestTwice { host: u16, guest: u16, first: u16 },
+    #[error(
+        "--publish {host}:{guest}: host port {host}/{protocol} already publishes guest port \
+         {other}{}",
+        if *other_moved { "" } else { " (on its own number)" }
+    )]
+    HostTwice {
+        host: u16,
+        guest: u16,
+        protocol: String,
+        other: u16,
+        other_moved: bool,
+    },
+}
+
+/// The `--publish` moves (`(host port, guest port)`, as given) as [`Publish::host_ports`],
+/// checked against what the spec's masquerade interfaces publish: each guest port listed there
+/// and moved at most once, and no host port left publishing two guest ports of one protocol
+/// (ports not moved keep their own number, so `--publish 8080:80` clashes with a listed 8080).
+pub fn moved_ports(
+    vmi: &VirtualMachineInstance,
+    moves: &[(u16, u16)],
+) -> Result<BTreeMap<u16, u16>, PublishError> {
+    let listed: Vec<(String, u16)> = vmi
+        .spec
         .domain
         .devices
         .interfaces
         .iter()
         .filter(|i| i.masquerade.is_some())
         .flat_map(|i| &i.ports)
-        .filter_map(|p| u16::try_from(p.port).ok())
-        .collect()
+        .filter_map(|p| Some((p.protocol_lower(), u16::try_from(p.port).ok()?)))
+        .collect();
+    let mut moved = BTreeMap::new();
+    for &(host, guest) in moves {
+        if !listed.iter().any(|(_, port)| *port == guest) {
+            return Err(PublishError::NotListed { host, guest });
+        }
+        if let Some(&first) = moved.get(&guest) {
+            return Err(PublishError::GuestTwice { host, guest, first });
+        }
+        moved.insert(guest, host);
+    }
+    // (protocol, host port) → the guest port published there.
+    let mut taken: BTreeMap<(&str, u16), u16> = BTreeMap::new();
+    // Ports on their own number first, so that a clash is reported on the move that caused it.
+    let (own, shifted): (Vec<_>, Vec<_>) = listed.iter().partition(|(_, p)| !moved.contains_key(p));
+    for (protocol, guest) in own.into_iter().chain(shifted) {
+        let host = moved.get(guest).copied().unwrap_or(*guest);
+        if let Some(&other) = taken.get(&(protocol.as_str(), host)) {
+            return Err(PublishError::HostTwice {
+                host,
+                guest: *guest,
+                protocol: protocol.clone(),
+                other,
+                other_moved: moved.contains_key(&other),
+            });
+        }
+        taken.insert((protocol, host), *guest);
+    }
+    Ok(moved)
 }
 
 impl Publish {

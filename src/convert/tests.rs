@@ -384,6 +384,47 @@ fn ports_are_published_on_loopback_under_their_own_number_unless_moved() {
 }
 
 #[test]
+fn publish_moves_must_leave_every_host_port_to_one_guest_port() {
+    let spec = vmi(&PORTS.replace(
+        "        - {port: 53, protocol: UDP}\n",
+        "        - {port: 53, protocol: UDP}\n        - {port: 53}\n        - {port: 8080}\n        - {port: 443}\n",
+    ));
+    // TCP and UDP 53 may share a host port; a swap clashes with nothing.
+    assert_eq!(
+        moved_ports(&spec, &[(5353, 53), (443, 80), (80, 443)]).unwrap(),
+        BTreeMap::from([(53, 5353), (80, 443), (443, 80)])
+    );
+    assert_eq!(
+        moved_ports(&spec, &[(2222, 22)]).unwrap_err(),
+        PublishError::NotListed {
+            host: 2222,
+            guest: 22
+        }
+    );
+    assert_eq!(
+        moved_ports(&spec, &[(2222, 80), (3333, 80)]).unwrap_err(),
+        PublishError::GuestTwice {
+            host: 3333,
+            guest: 80,
+            first: 2222
+        }
+    );
+    let err = moved_ports(&spec, &[(9000, 80), (9000, 443)]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "--publish 9000:443: host port 9000/tcp already publishes guest port 80"
+    );
+    // 8080 keeps its own number, so moving 80 there clashes.
+    let err = moved_ports(&spec, &[(8080, 80)]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "--publish 8080:80: host port 8080/tcp already publishes guest port 8080 (on its own number)"
+    );
+    // ... unless 8080 moves away too.
+    moved_ports(&spec, &[(8080, 80), (8081, 8080)]).unwrap();
+}
+
+#[test]
 fn in_a_pod_masquerade_is_user_mode_on_the_pods_addresses_and_bridge_the_tap() {
     let mut o = opts();
     o.network = NetworkMode::Pod;

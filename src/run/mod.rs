@@ -90,6 +90,30 @@ pub(crate) fn say(what: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stdout().lock(), "vmlauncher: {what}");
 }
 
+/// `dedicatedCpuPlacement` pins vCPUs to the launcher's CPUs (its affinity, as convert reads it)
+/// as if they were the VM's alone; where they visibly are not, the operator is told why (the VM
+/// still runs: pinned on shared CPUs it is no worse off than unpinned on them).
+fn warn_if_cpus_shared(spec: &Validated) {
+    let cpu = spec.spec.domain.cpu.as_ref();
+    if cpu.is_none_or(|c| c.dedicated_cpu_placement != Some(true)) {
+        return;
+    }
+    let Ok(cpus) = crate::host::cpus::own_cpus() else {
+        return;
+    };
+    let cgroup = crate::host::cgroup::CgroupRoots::detect()
+        .ok()
+        .and_then(|roots| {
+            roots.unified_dir_of(&fs::read_to_string("/proc/self/cgroup").unwrap_or_default())
+        });
+    let sys_cpu = Path::new("/sys/devices/system/cpu");
+    if let Some(why) =
+        crate::host::cpus::own_not_exclusive_because(&cpus, sys_cpu, cgroup.as_deref())
+    {
+        tracing::warn!("dedicatedCpuPlacement: the pinned CPUs are not the VM's alone: {why}");
+    }
+}
+
 /// SIGTERM, SIGINT and SIGHUP, caught from the very start: a signal that comes while the VM is
 /// still being created must not kill the launcher with the default action and leave it behind.
 struct StopSignals {
@@ -196,6 +220,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             crate::init::is_container_entrypoint(),
         ),
     });
+    warn_if_cpus_shared(&opts.spec);
     let console_log = rt.console_log();
     if opts.console {
         mirror_console(console_log.clone());

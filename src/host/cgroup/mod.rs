@@ -255,6 +255,14 @@ impl CgroupRoots {
         Ok(self)
     }
 
+    /// The cgroup v2 directory of the process whose `/proc/<pid>/cgroup` is `text`, if the
+    /// unified hierarchy is mounted and the process's cgroup lies in the mounted part.
+    pub fn unified_dir_of(&self, text: &str) -> Option<PathBuf> {
+        let mount = self.unified.as_ref()?;
+        let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+        mount.dir_of(path).ok()
+    }
+
     /// The cgroups whose device rules apply to the process whose `/proc/<pid>/cgroup` is `text`.
     /// The root of a hierarchy restricts nothing and is left alone; the root of a cgroup
     /// namespace (a container's own cgroup) is not the hierarchy's root, and is kept. A cgroup

@@ -170,6 +170,18 @@ fn cgroup_v2_in_a_cgroup_namespace() {
     ));
 }
 
+#[test]
+fn the_unified_dir_of_a_process_is_under_the_mount_or_none() {
+    let roots =
+        CgroupRoots::from_mountinfo("35 25 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n");
+    assert_eq!(
+        roots.unified_dir_of("0::/system.slice/vm.service\n"),
+        Some("/sys/fs/cgroup/system.slice/vm.service".into())
+    );
+    assert_eq!(roots.unified_dir_of("0::/../outside\n"), None);
+    assert_eq!(CgroupRoots::default().unified_dir_of("0::/a\n"), None);
+}
+
 /// An empty cgroup of this host's cgroup2 mount, removed (programs first) when dropped.
 struct ScratchV2(PathBuf);
 
