@@ -509,10 +509,29 @@ pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
     bound.map_err(listen_err)
 }
 
-/// Serves the launcher's API on `listener` until `shutdown` resolves.
+/// Whether a connection is served: not one from QEMU's user (`qemu_uid`, unless QEMU runs as
+/// root), which is what a guest that escaped into QEMU acts as. The socket's mode (0600, root's)
+/// keeps that user out already; this still holds where a deployment widens the socket or its
+/// directory (a pod's shared emptyDir).
+pub fn admitted(qemu_uid: u32) -> impl FnMut(&std::io::Result<UnixStream>) -> bool {
+    move |connection| {
+        let Ok(stream) = connection else { return true };
+        match stream.peer_cred() {
+            Ok(peer) if qemu_uid != 0 && peer.uid() == qemu_uid => {
+                tracing::warn!(pid = ?peer.pid(), uid = peer.uid(), "refused a connection from QEMU's user");
+                false
+            }
+            _ => true,
+        }
+    }
+}
+
+/// Serves the launcher's API on `listener` until `shutdown` resolves; connections from
+/// `qemu_uid` are closed unanswered ([`admitted`]).
 pub async fn serve(
     launcher: Arc<Launcher>,
     listener: UnixListener,
+    qemu_uid: u32,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ApiError> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -524,6 +543,7 @@ pub async fn serve(
     // Every connection goes through the authority fix: stock C-core and Java clients send the
     // socket path as `:authority`, which the HTTP/2 layer would refuse.
     let incoming = UnixListenerStream::new(listener)
+        .filter(admitted(qemu_uid))
         .map(|connection| connection.map(crate::authority::FixAuthority::new));
     Server::builder()
         .add_service(LauncherServer::new(Service { launcher }))

@@ -179,6 +179,7 @@ async fn dispatch(command: Command) -> Outcome {
             host_disk_roots,
             qemu_user,
             allow_block_devices,
+            guest_loopback,
         } => {
             let (spec, spec_text) = run::load_spec(&spec)?;
             let strategy = run_strategy
@@ -212,6 +213,7 @@ async fn dispatch(command: Command) -> Outcome {
                 host_disk_roots,
                 qemu_user,
                 allow_block_devices,
+                guest_loopback,
             })
             .await;
             Ok(ended)

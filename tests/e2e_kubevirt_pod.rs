@@ -62,7 +62,7 @@ spec:
       securityContext:
         capabilities:
           drop: [ALL]
-          add: [SETUID, SETGID, SETPCAP, SYS_ADMIN, MKNOD, NET_BIND_SERVICE]
+          add: [SETUID, SETGID, SETPCAP, CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_ADMIN, MKNOD]
       volumeMounts:
         - name: pod-dirs
           mountPath: {root}

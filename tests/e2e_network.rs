@@ -131,3 +131,66 @@ fn a_port_already_taken_on_the_host_fails_the_start_by_name() {
     );
     drop(taken);
 }
+
+/// A cgroup v2 of its own for one launcher (its libvirtd and QEMU follow it): the loopback rule
+/// is attached to the launcher's cgroup, and must not reach the other tests' guests.
+struct OwnCgroup(std::path::PathBuf);
+
+impl OwnCgroup {
+    fn new(name: &str) -> OwnCgroup {
+        let dir = std::path::PathBuf::from("/sys/fs/cgroup/unified")
+            .join(format!("vmltest-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a cgroup v2 hierarchy at /sys/fs/cgroup/unified");
+        OwnCgroup(dir)
+    }
+}
+
+impl Drop for OwnCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn with_the_loopback_closed_the_guest_cannot_reach_the_host_but_its_port_still_answers() {
+    let token = format!("host-token-{}", std::process::id());
+    let (server_port, requests) = host_server(Ipv4Addr::LOCALHOST.into(), format!("{token}\n"));
+    let published = free_port();
+    let url = format!("http://10.0.2.2:{server_port}/from-guest");
+    let args = format!("vmltest.name=closed vmltest.fetch={url}");
+    let cgroup = OwnCgroup::new("loopback");
+    let mut vm = Launched::start_in_cgroups(
+        &spec("e2e-loopback-closed", &args),
+        &[
+            "--publish",
+            &format!("{published}:80"),
+            "--guest-loopback",
+            "closed",
+        ],
+        &[cgroup.0.join("cgroup.procs")],
+    );
+    let mut console = vm.boot();
+    let deadline = Instant::now() + BOOT_DEADLINE;
+    let fetched = console
+        .wait_for("the guest's fetch from the host", deadline, |l| {
+            l.starts_with("VMLTEST-FETCH")
+        })
+        .unwrap();
+    eprintln!("{fetched}");
+    assert!(
+        fetched.starts_with(&format!("VMLTEST-FETCH-FAILED {url}")),
+        "{fetched}"
+    );
+    assert!(
+        requests.try_recv().is_err(),
+        "the host's server was reached"
+    );
+
+    // Into the guest, through the published port: untouched.
+    let answer = http_get(SocketAddr::from((Ipv4Addr::LOCALHOST, published)), "/").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.contains("vmltest closed"), "{answer}");
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(Duration::from_secs(60)).code(), Some(0));
+}

@@ -35,6 +35,47 @@ fn writable_by(user: &str, path: &Path) -> bool {
         .success()
 }
 
+/// How many bytes the launcher's HTTP/2 server answers to a client preface on `socket`, sent as
+/// `user` (`None`: as this test, root); 0 when it closes the connection instead.
+fn answer_bytes(user: Option<&str>, socket: &Path) -> usize {
+    const CLIENT: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.settimeout(10)
+s.connect(sys.argv[1])
+try:
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    answer = s.recv(100)
+except (BrokenPipeError, ConnectionResetError):
+    # Closed unanswered, before or after the preface.
+    answer = b""
+print(len(answer))
+"#;
+    let mut command = match user {
+        Some(user) => {
+            let mut c = std::process::Command::new("runuser");
+            c.args(["-u", user, "--", "python3"]);
+            c
+        }
+        None => std::process::Command::new("python3"),
+    };
+    let out = command
+        .args(["-c", CLIENT])
+        .arg(socket)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
     let name = "confined";
@@ -86,6 +127,17 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
             own.display()
         );
     }
+
+    // With the socket opened to everyone (as a deployment might), QEMU's user is still not
+    // answered, while root is.
+    std::fs::set_permissions(vm.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    assert_eq!(
+        answer_bytes(Some(&qemu_user.name), &vm.socket()),
+        0,
+        "QEMU's user was answered"
+    );
+    assert!(answer_bytes(None, &vm.socket()) > 0, "root is answered");
+    std::fs::set_permissions(vm.socket(), std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // The block device it was not given is refused, naming it; the given one is attached.
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");

@@ -100,6 +100,11 @@ pub(crate) enum Command {
         /// put a node for in the hotplug dir, may be attached.
         #[arg(long = "allow-block-device", value_name = "MAJOR:MINOR")]
         allow_block_devices: Vec<vmlauncher::host::DevNumber>,
+        /// Whether the guest reaches the host's loopback through its gateway (10.0.2.2) on
+        /// user-mode networking (default: open on a host run; closed with --network pod unless
+        /// the VMI's annotation vmlauncher.io/guest-reaches-host-loopback is "true").
+        #[arg(long, value_enum)]
+        guest_loopback: Option<vmlauncher::host::loopback::GuestLoopback>,
     },
     /// Probe QEMU once and fill the shared capability cache (an image build runs this).
     WarmCache {

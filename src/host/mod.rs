@@ -11,7 +11,8 @@
 //! `cpus` (the CPUs this process may run on, which dedicated vCPUs are pinned to), `confine`
 //! (where a spec's host paths lead once links are followed), `image_check`
 //! (what a foreign image's header may be before QEMU opens it: raw, or self-contained qcow2),
-//! `qemu_user` (the unprivileged user QEMU runs as, and what it is given).
+//! `qemu_user` (the unprivileged user QEMU runs as, and what it is given), `loopback` (keeping
+//! QEMU's user-mode network off the host's loopback).
 
 pub(crate) mod block;
 pub mod block_allow;
@@ -21,6 +22,7 @@ pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
+pub mod loopback;
 pub mod qemu_user;
 pub(crate) mod records;
 pub mod watch;

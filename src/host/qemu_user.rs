@@ -73,16 +73,14 @@ impl QemuUser {
         }
     }
 
-    /// Makes `dir` QEMU's own (0700): QEMU creates sockets there (VNC) and opens what the
-    /// launcher put there for it. Nothing else of the launcher's may live in such a dir.
-    pub fn own_dir(&self, dir: &Path) -> io::Result<()> {
-        nix::unistd::chown(
-            dir,
-            Some(nix::unistd::Uid::from_raw(self.uid)),
-            Some(nix::unistd::Gid::from_raw(self.gid)),
-        )
-        .map_err(io::Error::from)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+    /// Shares `dir` with QEMU (root's, QEMU's group, 0770): QEMU creates sockets there (VNC)
+    /// and opens what the launcher put there for it, and the launcher keeps writing there
+    /// without CAP_DAC_OVERRIDE (a pod may not grant it). Nothing else of the launcher's may
+    /// live in such a dir.
+    pub fn share_dir(&self, dir: &Path) -> io::Result<()> {
+        nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(self.gid)))
+            .map_err(io::Error::from)?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o770))
     }
 
     /// Lets QEMU pass through `dir` (root's, 0711: traverse, not list) to what is given to it

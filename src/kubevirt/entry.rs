@@ -58,6 +58,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
             return ExitCode::Internal;
         }
     };
+    let qemu_uid = qemu_user.uid;
     let (rt, _lock) = match RuntimeDir::claim(&flags.runtime_dir) {
         Ok(claimed) => claimed,
         Err(e) => {
@@ -74,6 +75,16 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     };
     let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[])
         .reached_by(&qemu_user);
+    // As KubeVirt's masquerade binding, whose guest cannot address the pod's loopback at all:
+    // closed before libvirtd and QEMU start in this cgroup.
+    let _loopback = crate::host::loopback::close_here(qemu_uid)
+        .inspect_err(|e| {
+            crate::run::say(format_args!(
+                "the guest can reach the pod's loopback: {}",
+                crate::error_chain(e)
+            ))
+        })
+        .ok();
     let prepared = run::prepare(HostRequest {
         rt: &rt,
         connect: None,
@@ -114,7 +125,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     ));
     let sockets = share.join("sockets");
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = match serve(&sockets, front.clone(), async {
+    let server = match serve(&sockets, front.clone(), qemu_uid, async {
         let _ = server_stopped.await;
     }) {
         Ok(server) => server,
@@ -182,6 +193,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
 fn serve(
     sockets: &Path,
     front: Arc<Front>,
+    qemu_uid: u32,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, crate::api::ApiError> {
     let init = sockets.join(INIT_SOCKET);
@@ -202,6 +214,7 @@ fn serve(
     }
     let listener = crate::api::bind(&init)?;
     let incoming = UnixListenerStream::new(listener)
+        .filter(crate::api::admitted(qemu_uid))
         .map(|connection| connection.map(crate::authority::FixAuthority::new));
     let router = tonic::transport::Server::builder()
         .add_service(CmdServer::new(CmdService { front }))

@@ -38,12 +38,17 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The host paths a root libvirtd insists on, and the subdirectory of ours that covers each.
-const COVERED: [(&str, &str); 5] = [
+const COVERED: [(&str, &str); 7] = [
     ("/etc/libvirt", "etc"),
     ("/run/libvirt", "run"),
     ("/var/lib/libvirt", "lib"),
     ("/var/cache/libvirt", "cache"),
     ("/var/log/libvirt", "log"),
+    // swtpm's logs, named by domain: the host's dir would be shared with every other libvirt.
+    ("/var/log/swtpm", "log-swtpm"),
+    // The local CA that signs a new vTPM's certificates: swtpm_setup, as QEMU's user, writes its
+    // key there; the host's belongs to another user (Debian's `tss`), or to root.
+    ("/var/lib/swtpm-localca", "swtpm-localca"),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -315,7 +320,16 @@ impl PrivateDaemon {
             source,
         };
         for sub in [
-            "etc", "run", "lib", "cache", "log/qemu", "sock", "drivers", "bin",
+            "etc",
+            "run",
+            "lib",
+            "cache",
+            "log/qemu",
+            "log-swtpm",
+            "swtpm-localca",
+            "sock",
+            "drivers",
+            "bin",
         ] {
             let path = self.dir.join(sub);
             fs::DirBuilder::new()
@@ -325,14 +339,23 @@ impl PrivateDaemon {
                 .map_err(|e| prepare(&path, e))?;
             // A non-root QEMU (and libvirt's probe of it) makes and opens its monitor socket, pid
             // file and per-domain dirs under libvirt's run, lib and cache dirs, as under the
-            // system daemon's /run/libvirt (0755). The daemon's own sockets and config stay in
-            // root-only dirs.
+            // system daemon's /run/libvirt (0755); swtpm, as the same user, writes its log. The
+            // daemon's own sockets and config stay in root-only dirs.
             let mode = match sub {
-                "run" | "lib" | "cache" if !self.options.qemu_user.is_root() => 0o755,
+                "run" | "lib" | "cache" | "log-swtpm" if !self.options.qemu_user.is_root() => 0o755,
                 _ => 0o700,
             };
             fs::set_permissions(&path, fs::Permissions::from_mode(mode))
                 .map_err(|e| prepare(&path, e))?;
+            if sub == "swtpm-localca" {
+                let qemu = &self.options.qemu_user;
+                nix::unistd::chown(
+                    &path,
+                    Some(nix::unistd::Uid::from_raw(qemu.uid)),
+                    Some(nix::unistd::Gid::from_raw(qemu.gid)),
+                )
+                .map_err(|e| prepare(&path, e.into()))?;
+            }
         }
         for (host, _) in COVERED {
             fs::create_dir_all(host).map_err(|e| prepare(Path::new(host), e))?;
@@ -382,6 +405,18 @@ impl PrivateDaemon {
         let qemu = &self.options.qemu_user;
         let meta = fs::metadata(KVM_DEVICE).ok()?;
         if qemu.is_root() || !meta.file_type().is_char_device() || qemu_may_open(qemu, &meta) {
+            return None;
+        }
+        let effective = |cap| caps::has_cap(None, caps::CapSet::Effective, cap).unwrap_or(false);
+        // Without it the probe cannot open /dev/kvm either, and finds what QEMU will find.
+        if !effective(caps::Capability::CAP_DAC_OVERRIDE) {
+            return None;
+        }
+        if !effective(caps::Capability::CAP_MKNOD) || !effective(caps::Capability::CAP_SYS_ADMIN) {
+            tracing::warn!(
+                user = %qemu.name,
+                "QEMU's user cannot open /dev/kvm and no node of its own can be made here: libvirt may probe QEMU again and again; give /dev/kvm to group kvm, mode 0660, as udev does"
+            );
             return None;
         }
         let dir = self.dir.join("kvm");

@@ -61,8 +61,9 @@ pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
     }))
 }
 
-/// What a non-root QEMU must reach: the runtime and hotplug dirs to pass through, and its own
-/// private dir (overlays, ISOs, EFI variables, the VNC socket it makes).
+/// What a non-root QEMU must reach: the runtime and hotplug dirs to pass through, and the
+/// private dir it shares with the launcher (overlays, ISOs, EFI variables, the VNC socket it
+/// makes).
 fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
     if qemu.is_root() {
         return;
@@ -77,7 +78,7 @@ fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot make QEMU's private dir");
         }
     }
-    let given = private.iter().map(|dir| (dir, qemu.own_dir(dir))).chain(
+    let given = private.iter().map(|dir| (dir, qemu.share_dir(dir))).chain(
         [&rt.0, &paths.hotplug_dir]
             .into_iter()
             .map(|dir| (dir, qemu.traverse_dir(dir))),

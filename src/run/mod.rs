@@ -82,6 +82,8 @@ pub struct RunOptions {
     pub qemu_user: Option<String>,
     /// `--allow-block-device`: the block devices a Sync may attach besides the hotplug dir's.
     pub allow_block_devices: Vec<crate::host::DevNumber>,
+    /// `--guest-loopback` (`None`: decided by the network mode and the VMI).
+    pub guest_loopback: Option<crate::host::loopback::GuestLoopback>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -159,6 +161,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             return ExitCode::Usage;
         }
     };
+    let qemu_uid = qemu_user.uid;
     // Held until the launcher exits: one launcher per runtime dir.
     let (rt, _lock) = match RuntimeDir::claim(&opts.runtime_dir) {
         Ok(claimed) => claimed,
@@ -197,6 +200,11 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         return ExitCode::BadSpec;
     }
 
+    // Before libvirtd, and so QEMU, start in this cgroup.
+    let _loopback = match close_guest_loopback(&opts, qemu_uid) {
+        Ok(closed) => closed,
+        Err(code) => return code,
+    };
     let Prepared {
         connector,
         events,
@@ -263,7 +271,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         }
     };
     let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(api::serve(launcher.clone(), listener, async {
+    let server = tokio::spawn(api::serve(launcher.clone(), listener, qemu_uid, async {
         let _ = api_stopped.await;
     }));
     say(format_args!("api unix:{}", socket.display()));
@@ -281,6 +289,42 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
     let _ = fs::remove_file(&socket);
     code
+}
+
+/// Closes the host's loopback to the guest where `GuestLoopback::decide` says so. Asked for on
+/// the command line and impossible: a refused run (nothing started yet). By default in a pod and
+/// impossible (no cgroup v2, a root QEMU): said, and the run goes on as before.
+fn close_guest_loopback(
+    opts: &RunOptions,
+    qemu_uid: u32,
+) -> Result<Option<crate::host::loopback::LoopbackClosed>, ExitCode> {
+    use crate::host::loopback::{self, GuestLoopback};
+    let in_pod = opts.network == crate::convert::NetworkMode::Pod;
+    let wanted =
+        GuestLoopback::decide(opts.guest_loopback, in_pod, &opts.spec.metadata.annotations);
+    if wanted == GuestLoopback::Open || opts.connect.is_some() {
+        return Ok(None);
+    }
+    match loopback::close_here(qemu_uid) {
+        Ok(closed) => {
+            tracing::info!(cgroup = %closed.cgroup.display(), "the guest cannot reach the host's loopback");
+            Ok(Some(closed))
+        }
+        Err(e) if opts.guest_loopback.is_some() => {
+            eprintln!(
+                "vmlauncher: --guest-loopback closed: {}",
+                crate::error_chain(&e)
+            );
+            Err(ExitCode::Usage)
+        }
+        Err(e) => {
+            say(format_args!(
+                "the guest can reach the pod's loopback: {}",
+                crate::error_chain(&e)
+            ));
+            Ok(None)
+        }
+    }
 }
 
 /// `vmlauncher warm-cache`: starts a private libvirtd in a temporary dir with the shared cache

@@ -121,7 +121,7 @@ impl CgroupMount {
     }
 
     /// The directory of the cgroup `path` (as `/proc/<pid>/cgroup` shows it) under this mount.
-    fn dir_of(&self, path: &str) -> Result<PathBuf, CgroupError> {
+    pub(crate) fn dir_of(&self, path: &str) -> Result<PathBuf, CgroupError> {
         let cgroup = Path::new(path);
         if !cgroup.is_absolute()
             || cgroup
