@@ -80,9 +80,16 @@ impl GuestLoopback {
 }
 
 /// Closes the loopback for QEMU's user in this process's own cgroup v2 (where its libvirtd and
-/// QEMU run).
-pub fn close_here(qemu_uid: u32) -> Result<LoopbackClosed, LoopbackError> {
-    let roots = crate::host::cgroup::CgroupRoots::detect().map_err(|_| LoopbackError::NoCgroup2)?;
+/// QEMU run). `mount_at`: where to mount the unified hierarchy if it is not mounted (a
+/// container's PID 1, whose mount namespace is its own); `None` on a host.
+pub fn close_here(qemu_uid: u32, mount_at: Option<&Path>) -> Result<LoopbackClosed, LoopbackError> {
+    let mut roots =
+        crate::host::cgroup::CgroupRoots::detect().map_err(|_| LoopbackError::NoCgroup2)?;
+    if let Some(dir) = mount_at {
+        roots = roots
+            .with_unified(dir)
+            .map_err(|_| LoopbackError::NoCgroup2)?;
+    }
     let own = std::fs::read_to_string("/proc/self/cgroup").map_err(|_| LoopbackError::NoCgroup2)?;
     let dir = roots.unified_dir_of(&own).ok_or(LoopbackError::NoCgroup2)?;
     close(&dir, qemu_uid)

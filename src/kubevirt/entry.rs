@@ -77,7 +77,9 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         .reached_by(&qemu_user);
     // As KubeVirt's masquerade binding, whose guest cannot address the pod's loopback at all:
     // closed before libvirtd and QEMU start in this cgroup.
-    let _loopback = crate::host::loopback::close_here(qemu_uid)
+    let in_container = crate::init::is_container_entrypoint();
+    let mount_at = in_container.then(|| rt.0.join("cgroup2"));
+    let _loopback = crate::host::loopback::close_here(qemu_uid, mount_at.as_deref())
         .inspect_err(|e| {
             crate::run::say(format_args!(
                 "the guest can reach the pod's loopback: {}",

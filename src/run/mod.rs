@@ -201,7 +201,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     }
 
     // Before libvirtd, and so QEMU, start in this cgroup.
-    let _loopback = match close_guest_loopback(&opts, qemu_uid) {
+    let _loopback = match close_guest_loopback(&opts, &rt, qemu_uid) {
         Ok(closed) => closed,
         Err(code) => return code,
     };
@@ -296,6 +296,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
 /// impossible (no cgroup v2, a root QEMU): said, and the run goes on as before.
 fn close_guest_loopback(
     opts: &RunOptions,
+    rt: &RuntimeDir,
     qemu_uid: u32,
 ) -> Result<Option<crate::host::loopback::LoopbackClosed>, ExitCode> {
     use crate::host::loopback::{self, GuestLoopback};
@@ -305,7 +306,9 @@ fn close_guest_loopback(
     if wanted == GuestLoopback::Open || opts.connect.is_some() {
         return Ok(None);
     }
-    match loopback::close_here(qemu_uid) {
+    let in_container = crate::init::is_container_entrypoint();
+    let mount_at = in_container.then(|| rt.0.join("cgroup2"));
+    match loopback::close_here(qemu_uid, mount_at.as_deref()) {
         Ok(closed) => {
             tracing::info!(cgroup = %closed.cgroup.display(), "the guest cannot reach the host's loopback");
             Ok(Some(closed))

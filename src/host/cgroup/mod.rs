@@ -255,6 +255,43 @@ impl CgroupRoots {
         Ok(self)
     }
 
+    /// The unified hierarchy, mounted at `dir` when none is (a container on a hybrid host gets
+    /// the v1 hierarchies alone), for the programs the launcher attaches to its own cgroup v2.
+    /// Only in a mount namespace that is the launcher's own (a container's PID 1).
+    pub fn with_unified(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
+        if self.unified.is_some() {
+            return Ok(self);
+        }
+        std::fs::create_dir_all(dir).map_err(|source| CgroupError::Read {
+            path: dir.into(),
+            source,
+        })?;
+        nix::mount::mount(
+            Some("cgroup2"),
+            dir,
+            Some("cgroup2"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(|source| CgroupError::Mount {
+            path: dir.into(),
+            source,
+        })?;
+        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
+            CgroupError::Read {
+                path: "/proc/self/mountinfo".into(),
+                source,
+            }
+        })?;
+        let ours = text
+            .lines()
+            .rfind(|l| l.split(' ').nth(4).map(unescape).as_deref() == Some(dir))
+            .map(CgroupRoots::from_mountinfo)
+            .and_then(|r| r.unified);
+        self.unified = Some(ours.unwrap_or_else(|| CgroupMount::whole(dir)));
+        Ok(self)
+    }
+
     /// The cgroup v2 directory of the process whose `/proc/<pid>/cgroup` is `text`, if the
     /// unified hierarchy is mounted and the process's cgroup lies in the mounted part.
     pub fn unified_dir_of(&self, text: &str) -> Option<PathBuf> {
