@@ -1,5 +1,6 @@
 //! The pod, for real: `podman kube play deploy/pod.yaml` (the manifest unchanged, the image
-//! `scripts/build-image.sh` built), then from the host, as a node daemon would, through the
+//! `scripts/build-image.sh` built; the guest finds the manifest's vTPM), then from the host, as a
+//! node daemon would, through the
 //! emptyDir that holds the socket and the hotplug dir: a stock Python gRPC client (default
 //! options) hot-plugs a file disk and a loop device passed by major:minor; the guest reports both
 //! serials; the device rule shows in the container's devices cgroup; removal leaves no node and
@@ -38,6 +39,7 @@ fn spec(disks: &[(&str, &str)]) -> String {
       interfaces:
       - {name: default, masquerade: {}, ports: [{name: http, port: 80}]}
       disks: []
+      tpm: {}
 ",
         "  networks:\n  - {name: default, pod: {}}\n  volumes: []\n",
     );
@@ -54,6 +56,10 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     eprintln!("{running}");
     logs.wait_for("the guest's boot line", BOOT_DEADLINE, |l| {
         l.contains("VMLTEST-BOOTED")
+    });
+    // The manifest's vTPM: swtpm runs in the image, and the guest's kernel finds the TPM.
+    logs.wait_for("the guest's TPM", GUEST_DEADLINE, |l| {
+        l.ends_with("VMLTEST-TPM tpm0")
     });
 
     // The node daemon's view: the emptyDir on the host.
