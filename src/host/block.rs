@@ -374,7 +374,18 @@ impl BlockDevices {
         host.programs = records.programs;
         for (volume, node) in records.nodes {
             if live.contains(&volume) {
-                host.plug(&volume, node);
+                // The record names what the launcher made; the node must still be that device
+                // (a node replaced since would otherwise be allowed under the old number).
+                match node_now(&node.path) {
+                    Some(dev) if dev == node.dev => host.plug(&volume, node),
+                    now => tracing::warn!(
+                        %volume,
+                        path = %node.path.display(),
+                        recorded = %node.dev,
+                        now = ?now.map(|d| d.to_string()),
+                        "the node is not the recorded device: not adopted"
+                    ),
+                }
             } else {
                 match devnode::remove_node(&self.roots.hotplug_dir, &volume, node.dev) {
                     Ok(()) => {
@@ -422,6 +433,13 @@ impl BlockDevices {
             tracing::warn!(error = %e, "cannot keep the unreadable hotplug records");
         }
     }
+}
+
+/// The device a node is now (not following a link), if it is a block node.
+fn node_now(path: &std::path::Path) -> Option<DevNumber> {
+    let meta = fs::symlink_metadata(path).ok()?;
+    std::os::unix::fs::FileTypeExt::is_block_device(&meta.file_type())
+        .then(|| DevNumber::from_rdev(std::os::unix::fs::MetadataExt::rdev(&meta)))
 }
 
 #[cfg(test)]
@@ -638,6 +656,26 @@ mod tests {
             host.records().cgroups,
             vec![(DeviceCgroup::V1(host.cgroup()), [LOOP1].into())]
         );
+    }
+
+    #[test]
+    fn a_node_that_is_no_longer_the_recorded_device_is_not_adopted() {
+        let host = Host::new();
+        let before = BlockDevices::new(host.roots());
+        before.plug("live", LOOP1).unwrap().keep();
+        drop(before);
+        // Someone put another device under the volume's name since.
+        fs::remove_file(host.path("hotplug/live")).unwrap();
+        nix::sys::stat::mknod(
+            &host.path("hotplug/live"),
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(LOOP2.major.into(), LOOP2.minor.into()),
+        )
+        .unwrap();
+        let after = BlockDevices::new(host.roots());
+        after.adopt(&["live".to_string()].into());
+        assert_eq!(after.nodes(), BTreeMap::new());
     }
 
     #[test]

@@ -489,6 +489,12 @@ impl Launcher {
                 return false;
             }
         };
+        // Checked as a Sync would be now: this launcher's places and QEMU's user may differ
+        // from the one that saved it.
+        if let Err(e) = self.options.host_paths.check(&vmi) {
+            tracing::warn!(error = %e, "the saved last Sync names a host path this launcher refuses; the spec file stands");
+            return false;
+        }
         match convert::convert(&vmi, &self.convert_options()) {
             Ok(def) if def.name == self.domain_name => {}
             Ok(def) => {
@@ -500,7 +506,11 @@ impl Launcher {
                 return false;
             }
         }
-        tracing::info!("restored the last Sync");
+        // The operator restarted with a spec file; what stands instead must not be a surprise.
+        crate::run::say(format_args!(
+            "adopted the running VM with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)"
+        ));
+        tracing::warn!("restored the last Sync over the spec file");
         self.update(|s| s.spec = vmi);
         *self.last_input.lock().expect("input lock") = input;
         true
