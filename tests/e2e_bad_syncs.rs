@@ -8,14 +8,8 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{guest_spec, Launched, GUEST_DEADLINE};
+use common::{guest_spec, live_xml, Launched, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
-
-fn live_xml(uri: &str, domain: &str) -> String {
-    let conn = virt::connect::Connect::open(Some(uri)).expect("connect to the private libvirtd");
-    let dom = conn.lookup_domain_by_name(domain).expect("domain exists");
-    dom.xml_desc(0).expect("live XML")
-}
 
 fn corpus() -> Vec<(String, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/bad-specs");

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{guest_spec, with_claims, Launched, GUEST_DEADLINE};
+use common::{guest_spec, with_claims, ConsoleWait, Launched, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 
 const TARGET_BYTES: &[u8] = b"#!/bin/sh\n# a file of the launcher's\n";
@@ -107,6 +107,100 @@ async fn a_hotplug_image_that_is_a_link_fails_and_a_host_disk_into_the_runtime_d
         "{err:?}"
     );
     assert_eq!(std::fs::read(&target).unwrap(), TARGET_BYTES);
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+/// QEMU's command line, its arguments joined by spaces.
+fn command_line(pid: i32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Owner and permission bits of `path`.
+fn owner_and_mode(path: &std::path::Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).unwrap();
+    (meta.uid(), meta.mode() & 0o7777)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = "claim-fd";
+    let make_image = |path: &std::path::Path| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        common::sparse_file(path, 4);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    let mut vm = Launched::start_owned(|dir| make_image(&dir.join("vmi-disks/data/disk.img"))).run(
+        &with_volume(
+            guest_spec(name, "", &[]),
+            "persistentVolumeClaim: {claimName: data}",
+        ),
+        &[],
+    );
+    let mut console = vm.boot();
+    let claim = vm.dir().join("vmi-disks/data/disk.img");
+    // A hot-plugged file, from the hotplug dir a node daemon fills.
+    let hotplugged = vm.dir().join("hotplug/late.img");
+    make_image(&hotplugged);
+    let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
+    let spec = with_volume(
+        guest_spec(name, "", &[]),
+        "persistentVolumeClaim: {claimName: data}",
+    )
+    .replace(
+        "      - {name: data, disk: {bus: scsi}, serial: Data-1}\n",
+        "      - {name: data, disk: {bus: scsi}, serial: Data-1}\n      - {name: late, disk: {bus: scsi}, serial: Late-1}\n",
+    )
+    .replace(
+        "  - {name: data, persistentVolumeClaim: {claimName: data}}\n",
+        "  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: late, persistentVolumeClaim: {claimName: late, hotpluggable: true}}\n",
+    );
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec,
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync that hot-plugs a file")
+        .into_inner();
+    let late = reply.volumes.iter().find(|v| v.name == "late").unwrap();
+    assert_eq!(
+        late.phase,
+        proto::volume_status::Phase::Ready as i32,
+        "{late:?}"
+    );
+    console.line("the guest sees both disks", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS") && l.contains("serial=Data-1") && l.contains("serial=Late-1")
+    });
+
+    // QEMU (not root) never opened the claim's path: it was given a descriptor, and the file
+    // stays root's. The hot-plugged file (libvirt 9.0 cannot pass one by descriptor) was given
+    // to QEMU's user by the launcher, through the descriptor it checked, not by libvirt's
+    // chown of a path.
+    let qemu = vm.qemu_pid(name);
+    let cmdline = command_line(qemu);
+    assert!(cmdline.contains("/dev/fdset/"), "{cmdline}");
+    assert!(!cmdline.contains(claim.to_str().unwrap()), "{cmdline}");
+    assert_eq!(owner_and_mode(&claim), (0, 0o600));
+    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    assert_eq!(owner_and_mode(&hotplugged), (qemu_uid, 0o600));
+    let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
+    assert!(
+        live.contains("relabel=\"no\"") || live.contains("relabel='no'"),
+        "{live}"
+    );
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));

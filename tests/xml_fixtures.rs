@@ -49,6 +49,8 @@ struct FixtureOptions {
     network: Option<String>,
     #[serde(default)]
     block_volumes: Vec<String>,
+    #[serde(default)]
+    claims_by_fd: bool,
 }
 
 fn options(dir: &Path) -> ConvertOptions {
@@ -64,6 +66,7 @@ fn options(dir: &Path) -> ConvertOptions {
     };
     opts.publish = vmlauncher::convert::Publish::default_for(opts.network);
     opts.block_volumes = extra.block_volumes.into_iter().collect();
+    opts.claims_by_fd = extra.claims_by_fd;
     opts
 }
 

@@ -156,6 +156,9 @@ pub struct ConvertOptions {
     pub cpus: Vec<u32>,
     /// Volumes whose source the host found to be a block device.
     pub block_volumes: BTreeSet<String>,
+    /// Claim images (a PVC's or DataVolume's `disk.img`, a hot-plugged file) are passed to QEMU
+    /// as descriptors the launcher opens (`DiskDef::fd_group`; libvirt 9.0 and later).
+    pub claims_by_fd: bool,
 }
 
 impl ConvertOptions {
@@ -175,6 +178,7 @@ impl ConvertOptions {
             publish: Publish::default(),
             cpus: Vec::new(),
             block_volumes: BTreeSet::new(),
+            claims_by_fd: false,
         }
     }
 }
@@ -492,6 +496,12 @@ fn disks(
             VolumeSource::HostDisk(h) => (false, h.shared == Some(true)),
             _ => (false, false),
         };
+        // A claim's image file lies where a tenant or the node daemon writes: handed to QEMU by
+        // the launcher, never by a path QEMU or libvirt resolves (`DiskDef::fd_group`).
+        let tenant_file = opts.claims_by_fd
+            && resolved.preparation == crate::volumes::Preparation::Claim
+            && !resolved.block;
+        let hotpluggable = crate::volumes::is_hotpluggable(volume);
         let raw_backing = resolved.raw_backing().map(|(path, block)| {
             if block {
                 DiskSource::Block(path.into())
@@ -525,6 +535,8 @@ fn disks(
             boot_order: disk.boot_order,
             readonly: disk.readonly() || claim_readonly,
             shareable: disk.shareable == Some(true) || shared,
+            fd_group: (tenant_file && !hotpluggable).then(|| format!("vml-{}", disk.name)),
+            given_to_qemu: tenant_file && hotpluggable,
         });
     }
     if !problems.is_empty() {

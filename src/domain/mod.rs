@@ -298,6 +298,16 @@ pub struct DiskDef {
     pub boot_order: Option<u32>,
     pub readonly: bool,
     pub shareable: bool,
+    /// Passed to QEMU as a file descriptor the launcher opened and checked (libvirt's
+    /// `fdgroup`, associated before the start or attach), never opened by QEMU through its path:
+    /// the image lies in a directory someone else writes, who could swap it for a link.
+    pub fd_group: Option<String>,
+    /// The launcher gave the image to QEMU's user itself, through the descriptor it opened and
+    /// checked; libvirt must not relabel it (`<seclabel model='dac' relabel='no'/>`), since
+    /// libvirt's chown follows a link. For hot-plugged files, which libvirt 9.0 cannot pass
+    /// by `fdgroup` ("Could not dup FD" from QEMU on `blockdev-add`): QEMU opens these by path,
+    /// as its unprivileged user.
+    pub given_to_qemu: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

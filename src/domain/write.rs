@@ -90,7 +90,19 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
                 driver.push(("iothread", t));
             }
             empty(w, "driver", &driver)?;
-            empty(w, "source", &[(source_attr, source.as_ref())])?;
+            let mut source_attrs = vec![(source_attr, source.as_ref())];
+            if let Some(group) = &disk.fd_group {
+                source_attrs.push(("fdgroup", group));
+            }
+            if disk.given_to_qemu {
+                w.create_element("source")
+                    .with_attributes(source_attrs)
+                    .write_inner_content(|w| {
+                        empty(w, "seclabel", &[("model", "dac"), ("relabel", "no")])
+                    })?;
+            } else {
+                empty(w, "source", &source_attrs)?;
+            }
             if let Some(backing) = &disk.raw_backing {
                 let (backing_type, attr) = source_kind(backing);
                 let path = backing.path().to_string_lossy();

@@ -134,8 +134,9 @@ pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostErr
 /// a node daemon's hotplug file) as itself: a symbolic link there would hand the guest, and QEMU
 /// running as root, whatever file it names in the launcher's filesystem. The last component is
 /// looked at and opened without following a link, without blocking (a FIFO), and what was opened
-/// must be a regular file or a block device.
-pub(crate) fn open_image(path: &Path) -> Result<fs::File, HostError> {
+/// must be a regular file or a block device. `writable`: opened for writing too (the descriptor
+/// QEMU is given for a disk that is not read-only).
+pub(crate) fn open_image(path: &Path, writable: bool) -> Result<fs::File, HostError> {
     let failed = |source: io::Error| match source.raw_os_error() {
         // What O_NOFOLLOW says when the last component has become a link since it was looked at.
         Some(libc::ELOOP) => HostError::Link { path: path.into() },
@@ -156,6 +157,7 @@ pub(crate) fn open_image(path: &Path) -> Result<fs::File, HostError> {
     }
     let file = fs::OpenOptions::new()
         .read(true)
+        .write(writable)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
         .map_err(failed)?;
@@ -164,6 +166,40 @@ pub(crate) fn open_image(path: &Path) -> Result<fs::File, HostError> {
         return Err(HostError::NotADisk { path: path.into() });
     }
     Ok(file)
+}
+
+/// Hands QEMU the images of `disks` that lie where others write, each opened as itself
+/// (`open_image`; read-only for a read-only disk), so that what was checked is what QEMU gets:
+/// returns the descriptors of those passed by `fdgroup`; gives those marked `given_to_qemu` to
+/// QEMU's user (`owner`) through the descriptor (`fchown`, no path followed).
+pub fn open_for_qemu(
+    disks: &[crate::domain::DiskDef],
+    owner: devnode::NodeOwner,
+) -> Result<Vec<(String, fs::File)>, (String, HostError)> {
+    let mut fds = Vec::new();
+    for disk in disks
+        .iter()
+        .filter(|d| d.fd_group.is_some() || d.given_to_qemu)
+    {
+        let failed = |e| (disk.volume.clone(), e);
+        let path = disk.source.path();
+        let file = open_image(path, !disk.readonly).map_err(failed)?;
+        match &disk.fd_group {
+            Some(group) => fds.push((group.clone(), file)),
+            None => nix::unistd::fchown(
+                &file,
+                Some(nix::unistd::Uid::from_raw(owner.uid)),
+                Some(nix::unistd::Gid::from_raw(owner.gid)),
+            )
+            .map_err(|e| {
+                failed(HostError::Inspect {
+                    path: path.into(),
+                    source: e.into(),
+                })
+            })?,
+        }
+    }
+    Ok(fds)
 }
 
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
@@ -185,7 +221,7 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     let path = volume.path.as_path();
     match &volume.preparation {
         Preparation::Exists => prepare_host_disk(path, None),
-        Preparation::Claim => open_image(path).map(drop),
+        Preparation::Claim => open_image(path, false).map(drop),
         Preparation::CreateIfMissing { capacity } => prepare_host_disk(path, Some(*capacity)),
         Preparation::EmptyQcow2 { capacity } => {
             if path.exists() {
@@ -265,7 +301,7 @@ fn backing_info(path: &Path, trust: Backing) -> Result<(&'static str, u64), Host
         path: path.into(),
         source,
     };
-    let mut file = open_image(path)?;
+    let mut file = open_image(path, false)?;
     if trust == Backing::ContainerDisk {
         let mut header = Vec::with_capacity(image_check::HEADER_BYTES);
         (&mut file)

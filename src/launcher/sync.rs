@@ -382,11 +382,19 @@ impl Launcher {
     /// The libvirt step of an attach; true if it worked.
     fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
+        let owner = self.options.hotplug.node_owner;
+        let fds = match crate::host::open_for_qemu(std::slice::from_ref(disk), owner) {
+            Ok(fds) => fds,
+            Err((_, e)) => {
+                self.set_volume(disk, VolumePhase::Failed, e.reason(), e.to_string());
+                return false;
+            }
+        };
         let xml = disk.to_xml();
         self.forget_live_disks();
         let mut attempts = 1;
         let attached = loop {
-            match self.call(|hv| hv.attach(&self.domain_name, &xml, persist)) {
+            match self.call(|hv| hv.attach(&self.domain_name, &xml, persist, &fds)) {
                 Err(LauncherError::Libvirt(e))
                     if e.is_operation_timeout() && attempts < JOB_WAIT_ATTEMPTS =>
                 {

@@ -307,9 +307,14 @@ impl Launcher {
                 Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
             }
         }
+        let (disks, owner) = (def.disks.clone(), self.options.hotplug.node_owner);
+        let fds = tokio::task::spawn_blocking(move || host::open_for_qemu(&disks, owner))
+            .await
+            .map_err(LauncherError::Join)?
+            .map_err(|(volume, source)| DiskNotReady { volume, source })?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
-        self.call(move |hv| hv.define_and_start(&n, &xml))?;
+        self.call(move |hv| hv.define_and_start(&n, &xml, &fds))?;
         self.update(|s| {
             s.undefined_by_us = false;
             s.finished = false;

@@ -263,12 +263,23 @@ impl Hypervisor {
 
     /// Defines the domain persistently and starts it (what KubeVirt does; a persistent domain
     /// keeps its state and reason after it stops, so the launcher can read how it ended).
-    pub fn define_and_start(&self, name: &str, xml: &str) -> Result<(), LibvirtError> {
+    /// `fds`: the images the XML names by `fdgroup`, opened by the launcher, given to libvirt
+    /// for this start.
+    pub fn define_and_start(
+        &self,
+        name: &str,
+        xml: &str,
+        fds: &[(String, std::fs::File)],
+    ) -> Result<(), LibvirtError> {
         self.forget_domain();
         let dom = self
             .conn
             .define_domain_xml(xml)
             .map_err(Self::call_err("define", name))?;
+        if let Err(e) = associate_fds(&dom, fds) {
+            let _ = dom.undefine();
+            return Err(Self::call_err("associate a disk's descriptor", name)(e));
+        }
         if let Err(e) = dom.create() {
             let _ = dom.undefine();
             return Err(Self::call_err("start", name)(e));
@@ -337,13 +348,21 @@ impl Hypervisor {
         self.on_domain(name, "get XML", |d| d.xml_desc(0))
     }
 
-    pub fn attach(&self, name: &str, disk_xml: &str, persist: bool) -> Result<(), LibvirtError> {
+    /// Attaches a disk; `fds` as for [`Self::define_and_start`].
+    pub fn attach(
+        &self,
+        name: &str,
+        disk_xml: &str,
+        persist: bool,
+        fds: &[(String, std::fs::File)],
+    ) -> Result<(), LibvirtError> {
         let mut flags = sys::VIR_DOMAIN_AFFECT_LIVE;
         if persist {
             flags |= sys::VIR_DOMAIN_AFFECT_CONFIG;
         }
         let mut attempt = 1;
         self.on_domain(name, "attach", |dom| loop {
+            associate_fds(dom, fds)?;
             match dom.attach_device_flags(disk_xml, flags) {
                 Ok(_) => return Ok(()),
                 // A libvirtd killed during an attach leaves QEMU holding a block node whose
@@ -631,4 +650,30 @@ impl Connector {
             d.stop();
         }
     }
+}
+
+/// Whether the libvirt this launcher is built with passes disk images as descriptors
+/// (`fdgroup`, `virDomainFDAssociate`: libvirt 9.0.0).
+pub fn supports_fd_groups() -> bool {
+    let mut version: std::os::raw::c_ulong = 0;
+    // SAFETY: a null type asks for the library's own version; the out-pointer is valid.
+    let rc = unsafe { sys::virGetVersion(&mut version, std::ptr::null(), std::ptr::null_mut()) };
+    rc == 0 && version >= 9_000_000
+}
+
+/// Gives libvirt each `(fdgroup, file)` for `dom`'s next start or attach. libvirt keeps its own
+/// copy of the descriptor (it crosses the socket), so the caller's may be closed after.
+fn associate_fds(dom: &Domain, fds: &[(String, std::fs::File)]) -> Result<(), virt::error::Error> {
+    use std::os::fd::AsRawFd;
+    for (group, file) in fds {
+        let group = std::ffi::CString::new(group.as_str()).expect("fd group names have no NUL");
+        let mut fd = file.as_raw_fd();
+        // SAFETY: `dom` is valid for the call; one valid descriptor at `fd`; no flags: libvirt
+        // neither relabels nor restores the file, which the launcher opened for QEMU.
+        let rc = unsafe { sys::virDomainFDAssociate(dom.as_ptr(), group.as_ptr(), 1, &mut fd, 0) };
+        if rc < 0 {
+            return Err(virt::error::Error::last_error());
+        }
+    }
+    Ok(())
 }

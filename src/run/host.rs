@@ -290,6 +290,9 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         console_log,
         machines: Default::default(),
         block_volumes: Default::default(),
+        // The private libvirtd is this host's libvirt, 9.0 or later where it was built against
+        // one; a `--connect`ed one may be older than `fdgroup`.
+        claims_by_fd: connect.is_none() && crate::libvirt::supports_fd_groups(),
         paths,
         network,
         publish,

@@ -186,6 +186,13 @@ pub fn hotplug_image(dir: &Path, volume: &str, bytes: u64) {
         .unwrap();
 }
 
+/// The live XML of `domain`, straight from libvirt at `uri`.
+pub fn live_xml(uri: &str, domain: &str) -> String {
+    let conn = virt::connect::Connect::open(Some(uri)).expect("connect to the private libvirtd");
+    let dom = conn.lookup_domain_by_name(domain).expect("domain exists");
+    dom.xml_desc(0).expect("live XML")
+}
+
 /// A temp dir for disk images: QEMU runs as an unprivileged user, which must pass through the
 /// dir (tempfile makes them 0700).
 pub fn disk_dir(prefix: &str) -> tempfile::TempDir {
