@@ -46,6 +46,11 @@ pub enum HostError {
     NotADisk { path: PathBuf },
     #[error("{path} is a symbolic link: a disk image from a claim or a container disk is opened only as itself, never through a link")]
     Link { path: PathBuf },
+    #[error("{path} is a file of the kernel's {filesystem} (something was mounted over it), not a disk image")]
+    KernelFile {
+        path: PathBuf,
+        filesystem: &'static str,
+    },
     #[error("cannot create {path}")]
     Create {
         path: PathBuf,
@@ -86,7 +91,9 @@ impl HostError {
             HostError::NotADisk { .. } => "NotADisk",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
-            HostError::UnsafeImage { .. } | HostError::Link { .. } => "UnsafeImage",
+            HostError::UnsafeImage { .. }
+            | HostError::Link { .. }
+            | HostError::KernelFile { .. } => "UnsafeImage",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
         }
     }
@@ -165,7 +172,42 @@ pub(crate) fn open_image(path: &Path, writable: bool) -> Result<fs::File, HostEr
     if !is_disk(opened.file_type()) {
         return Err(HostError::NotADisk { path: path.into() });
     }
+    // A regular file must be on a filesystem that holds data. Where images arrive, a node
+    // daemon bind-mounts them (KubeVirt does, for hot-plugged and container disks), so any
+    // filesystem of data will do; a kernel interface (a /proc or /sys file bound over the
+    // image's name) is no disk. A block node lives on devtmpfs or tmpfs wherever it is.
+    if opened.file_type().is_file() {
+        let kind = nix::sys::statfs::fstatfs(&file).map_err(|e| failed(e.into()))?;
+        if let Some(filesystem) = kernel_filesystem(kind.filesystem_type()) {
+            return Err(HostError::KernelFile {
+                path: path.into(),
+                filesystem,
+            });
+        }
+    }
     Ok(file)
+}
+
+/// The name of a filesystem that is an interface of the kernel's, not storage.
+fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
+    const KERNEL: [(i64, &str); 12] = [
+        (libc::PROC_SUPER_MAGIC as i64, "procfs"),
+        (libc::SYSFS_MAGIC as i64, "sysfs"),
+        (libc::DEBUGFS_MAGIC as i64, "debugfs"),
+        (libc::TRACEFS_MAGIC as i64, "tracefs"),
+        (libc::SECURITYFS_MAGIC as i64, "securityfs"),
+        (libc::CGROUP_SUPER_MAGIC as i64, "cgroupfs"),
+        (libc::CGROUP2_SUPER_MAGIC as i64, "cgroup2"),
+        (libc::BPF_FS_MAGIC as i64, "bpffs"),
+        (libc::DEVPTS_SUPER_MAGIC as i64, "devpts"),
+        (libc::NSFS_MAGIC as i64, "nsfs"),
+        (0x6265_6570, "configfs"),
+        (0xde5e_81e4, "efivarfs"),
+    ];
+    let kind = kind.0 as i64;
+    KERNEL
+        .iter()
+        .find_map(|(magic, name)| (*magic == kind).then_some(*name))
 }
 
 /// Hands QEMU the images of `disks` that lie where others write, each opened as itself
@@ -560,6 +602,27 @@ mod tests {
     /// An overlay's backing (an ephemeral volume's claim, a container disk's `disk_N.img`) is
     /// read by the launcher and then by QEMU: a link is refused before either, and no overlay
     /// is made.
+    #[test]
+    fn a_kernel_file_bound_over_an_image_is_no_disk() {
+        // What a bind mount of one over a claim's disk.img would open: procfs and sysfs files
+        // are regular files.
+        for (file, filesystem) in [
+            ("/proc/self/status", "procfs"),
+            ("/sys/kernel/mm/transparent_hugepage/enabled", "sysfs"),
+        ] {
+            let err = open_image(Path::new(file), false).unwrap_err();
+            assert_eq!(err.reason(), "UnsafeImage", "{file}");
+            assert!(
+                matches!(&err, HostError::KernelFile { filesystem: f, .. } if *f == filesystem),
+                "{file}: {err}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, b"").unwrap();
+        assert!(open_image(&image, false).is_ok());
+    }
+
     #[test]
     fn an_overlay_backing_that_is_a_link_is_refused() {
         let (dir, target) = crate::testing::temp_path("secret");
