@@ -1,6 +1,6 @@
 //! QEMU is what a guest that escapes its virtual hardware controls. It runs as the host's QEMU
 //! account (KubeVirt's uid 107 in the image), with no capabilities, under libvirt's seccomp
-//! sandbox, and cannot open the launcher's socket, libvirtd's socket or the launcher's saved
+//! sandbox, in libvirt's mount namespace for the domain (a /dev of its own), and cannot open the launcher's socket, libvirtd's socket or the launcher's saved
 //! state. A hostDisk that account cannot reach is refused before anything starts, naming the
 //! field and the directory. A Sync attaches only the block devices the launcher was given.
 //! Against the real binary, a real private libvirtd and a TCG guest.
@@ -113,6 +113,25 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
         "QEMU runs under a seccomp filter"
     );
     assert_eq!(status_of(qemu, "NoNewPrivs"), "1");
+    // libvirt's mount namespace for the domain: a /dev of QEMU's own, with no host disk in it.
+    let libvirtd = vm.pid_from("libvirt/libvirtd.pid").expect("libvirtd's pid");
+    let mount_ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(
+        mount_ns(qemu),
+        mount_ns(libvirtd),
+        "QEMU shares libvirtd's mount namespace"
+    );
+    let host_disks: Vec<String> = std::fs::read_dir(format!("/proc/{qemu}/root/dev"))
+        .unwrap()
+        .flatten()
+        .filter(|e| std::os::unix::fs::FileTypeExt::is_block_device(&e.file_type().unwrap()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        host_disks,
+        Vec::<String>::new(),
+        "block devices in QEMU's /dev"
+    );
 
     for own in [
         vm.socket(),

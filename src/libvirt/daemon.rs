@@ -89,6 +89,11 @@ pub struct DaemonOptions {
     pub capability_cache: Option<PathBuf>,
     /// Who QEMU (and swtpm) run as; libvirt gives them each image for as long as the VM uses it.
     pub qemu_user: crate::host::qemu_user::QemuUser,
+    /// libvirt's own mount namespace for each domain (a /dev with QEMU's devices only). Not in a
+    /// container: its /dev is already the few devices the runtime gave, and libvirtd's
+    /// `clone(CLONE_NEWNS)` is refused there under podman ("Kernel does not provide mount
+    /// namespace: Permission denied"), as KubeVirt turns it off too.
+    pub domain_namespace: bool,
 }
 
 /// Told the name of a daemon the launcher started when it exits.
@@ -865,7 +870,7 @@ user = "+{uid}"
 group = "+{gid}"
 dynamic_ownership = {dynamic}
 remember_owner = 0
-namespaces = [ ]
+namespaces = [ {namespaces} ]
 stdio_handler = "file"
 security_driver = "none"
 seccomp_sandbox = 1
@@ -875,6 +880,11 @@ swtpm_group = "+{gid}"
 {cgroups}"#,
         uid = options.qemu_user.uid,
         gid = options.qemu_user.gid,
+        namespaces = if options.domain_namespace {
+            "\"mount\""
+        } else {
+            ""
+        },
         // A root QEMU opens anything: nothing to hand over. libvirt hands each image to QEMU's
         // user at start and back to root at the end, remembering no owner: a remembered owner
         // lives in the file's xattrs as a reference count, which a launcher killed with SIGKILL

@@ -202,6 +202,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
                 pod_cgroups: true,
                 capability_cache: qemu_cache_dir,
                 qemu_user: qemu_user.clone(),
+                domain_namespace: !crate::init::is_container_entrypoint(),
             },
         },
     };

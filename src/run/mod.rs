@@ -353,6 +353,7 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
                 capability_cache: Some(cache.clone()),
                 // Probed as the launchers that use the cache will run QEMU.
                 qemu_user,
+                domain_namespace: false,
             },
         )
         .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;
