@@ -177,6 +177,7 @@ impl Front {
     /// The first Sync: validate, then define and start the domain.
     async fn create(&self, sync: vmi::HandlerSync) -> Result<(), FrontError> {
         let spec = crate::spec::parse(&sync.spec_text).map_err(VmiError::Spec)?;
+        crate::run::warn_if_cpus_shared(&spec);
         let grace = spec.spec.termination_grace_period_seconds;
         // The VM runs once, as a VMI does: restarting it is the controller's decision.
         let options = self

@@ -95,7 +95,7 @@ pub(crate) fn say(what: std::fmt::Arguments<'_>) {
 /// `dedicatedCpuPlacement` pins vCPUs to the launcher's CPUs (its affinity, as convert reads it)
 /// as if they were the VM's alone; where they visibly are not, the operator is told why (the VM
 /// still runs: pinned on shared CPUs it is no worse off than unpinned on them).
-fn warn_if_cpus_shared(spec: &Validated) {
+pub(crate) fn warn_if_cpus_shared(spec: &Validated) {
     let cpu = spec.spec.domain.cpu.as_ref();
     if cpu.is_none_or(|c| c.dedicated_cpu_placement != Some(true)) {
         return;
