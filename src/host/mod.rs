@@ -189,6 +189,8 @@ pub(crate) fn open_image(path: &Path, writable: bool) -> Result<fs::File, HostEr
 }
 
 /// The name of a filesystem that is an interface of the kernel's, not storage.
+// The magic numbers' type differs between C libraries (c_long, c_uint): cast to one.
+#[allow(clippy::unnecessary_cast)]
 fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
     const KERNEL: [(i64, &str); 12] = [
         (libc::PROC_SUPER_MAGIC as i64, "procfs"),
