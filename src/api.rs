@@ -437,7 +437,7 @@ pub enum SocketPath {
 }
 
 /// Checks that the launcher may bind `path`: nothing there, or a stale socket. A file, a
-/// directory or a socket someone still answers on is refused (review M11). `run` checks this
+/// directory or a socket someone still answers on is refused. `run` checks this
 /// before it starts anything, and `bind` again when it binds.
 pub fn check_socket_path(path: &Path) -> Result<SocketPath, ApiError> {
     use std::os::unix::fs::FileTypeExt;

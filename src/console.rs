@@ -177,7 +177,7 @@ impl ConsoleLog {
     }
 
     /// Moves each complete line of `chunk` to `lines`. A guest that never prints a newline gets
-    /// its output cut into lines of [`MAX_LINE`] bytes (review L6: no unbounded buffer, no
+    /// its output cut into lines of [`MAX_LINE`] bytes (no unbounded buffer, no
     /// rescanning it).
     fn split_lines(&mut self, chunk: &[u8]) {
         for &byte in chunk {

@@ -70,7 +70,7 @@ pub enum ImageFormat {
     Qcow2,
 }
 
-/// Whose bytes an overlay's backing image is, which decides how its format is known (review H1):
+/// Whose bytes an overlay's backing image is, which decides how its format is known:
 /// never by sniffing what a guest could have written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backing {

@@ -211,8 +211,8 @@ pub(crate) struct Target {
 }
 
 /// A directory whose paths end up as text (libvirt's XML, the hotplug records): a name that is
-/// not UTF-8 is a usage error naming the option, not a failure deep inside (review, panic
-/// inventory: the records file could not be written).
+/// not UTF-8 is a usage error naming the option, not a failure deep inside (the records file
+/// could not be written).
 fn utf8_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
     clap::builder::OsStringValueParser::new().try_map(|os| {
         os.into_string()

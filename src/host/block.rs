@@ -269,7 +269,7 @@ impl BlockDevices {
     }
 
     /// When the domain is gone for good (the launcher exits): every node unlinked, every rule
-    /// revoked, the records emptied — nothing is left for a next launcher to find (review L14).
+    /// revoked, the records emptied — nothing is left for a next launcher to find.
     pub fn release_all(&self) {
         let volumes: Vec<String> = self.lock().nodes.keys().cloned().collect();
         for volume in volumes {
@@ -304,7 +304,7 @@ impl BlockDevices {
 
     /// [`BlockDevices::release`], only if the node of `volume` is still the one plug
     /// `generation` made: a late device-removed event of an old disk must not take the node and
-    /// rule of the same name plugged again since (review L3). False if it was not.
+    /// rule of the same name plugged again since. False if it was not.
     pub fn release_plug(&self, volume: &str, generation: u64) -> Result<bool, BlockHostError> {
         let mut host = self.lock();
         if host.generations.get(volume) != Some(&generation) {
@@ -344,7 +344,7 @@ impl BlockDevices {
     }
 
     /// At start: takes over what a previous launcher of this runtime dir made. Its records are
-    /// vetted first (review M1: a node only in the hotplug dir, a cgroup only one QEMU is in now);
+    /// vetted first (a node only in the hotplug dir, a cgroup only one QEMU is in now);
     /// missing or unreadable records are rebuilt from the nodes in the hotplug dir of the volumes
     /// in `live` (what the domain still uses), so their devices stay allowed (KubeVirt #10689).
     /// Nodes of volumes the domain no longer uses are removed.

@@ -78,7 +78,7 @@ pub fn check(effective: &CapsHashSet, roots: &CgroupRoots, chown_needed: bool) -
 }
 
 /// The capabilities block-device hotplug needs on this host and does not have: with any of them
-/// missing, a block volume is refused before its node is made (review L11).
+/// missing, a block volume is refused before its node is made.
 pub fn missing_capabilities(
     effective: &CapsHashSet,
     roots: &CgroupRoots,

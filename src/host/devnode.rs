@@ -341,7 +341,7 @@ pub fn make_node(
         .map_err(mknod_err)?,
     };
     // From here on a node made here is ours to remove if anything fails; one that was there
-    // already is left as it was found (review L2).
+    // already is left as it was found.
     let guard = NodeGuard {
         dir: dir.into(),
         name: name.into(),
@@ -364,7 +364,7 @@ pub fn make_node(
     .map_err(own_err)?;
     // mknod applied the umask. Linux cannot chmod a name without following a symlink, so the
     // node is pinned first (O_PATH, no follow), checked through that fd, and chmod'ed through
-    // /proc/self/fd: whatever is renamed into its place meanwhile is never touched (review L2).
+    // /proc/self/fd: whatever is renamed into its place meanwhile is never touched.
     let pinned = nix::fcntl::openat(
         dirfd.as_fd(),
         name,

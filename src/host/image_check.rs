@@ -1,4 +1,4 @@
-//! What an image we did not make may be before QEMU opens it (security review H1). QEMU runs as
+//! What an image we did not make may be before QEMU opens it. QEMU runs as
 //! root without MAC confinement, so a qcow2 header inside a disk is a pointer to any host file:
 //! a backing file (`/etc/shadow`), an external data file (`/dev/sda`). A claim's image is the
 //! guest's own bytes, so it is always read as `raw`, never sniffed; a container disk's image is

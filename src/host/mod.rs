@@ -249,7 +249,8 @@ pub fn open_for_qemu(
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
 /// and the one for EFI variables, which libvirt fills from the template but does not create.
 pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
-    // 0700: cloud-init user data (secrets) and overlays live here (review L10).
+    // 0700 (0770 with QEMU's group, when QEMU is not root: `run::prepare` made it so first):
+    // cloud-init user data (secrets) and overlays live here.
     for dir in [paths.private_dir.clone(), paths.private_dir.join("nvram")] {
         fs::DirBuilder::new()
             .recursive(true)
@@ -382,7 +383,7 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
     let (refcount_table, refcount_block, l1_table) = (CLUSTER, 2 * CLUSTER, 3 * CLUSTER);
     let clusters = 3 + l1_clusters;
     // One refcount block (16-bit entries) counts 32,768 clusters: the metadata of any size up to
-    // the spec's 2Pi capacity bound takes 515 (review M5: refused, never a panic).
+    // the spec's 2Pi capacity bound takes 515 (refused, never a panic).
     if clusters >= CLUSTER / 2 {
         return Err(create(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -470,7 +471,8 @@ fn build_cidata(path: &Path, files: &[(String, Vec<u8>)]) -> Result<(), HostErro
         cmd.arg(staging.path().join(name));
     }
     run_tool("genisoimage", path, &mut cmd)?;
-    // User data may hold secrets: only root (QEMU runs as root) reads the ISO (review L10).
+    // User data may hold secrets: only the ISO's owner reads it (root; QEMU's user while the VM
+    // runs, which libvirt hands it to).
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(create)?;
     fs::rename(&tmp, path).map_err(create)
 }

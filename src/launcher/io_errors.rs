@@ -1,6 +1,6 @@
 //! Disk I/O errors, reported at a bounded rate. With `errorPolicy: report` or `ignore` the guest
 //! keeps running after an error and may cause thousands a second; each one reported (a log line,
-//! an event on the stream, a state read) would flood the log and the stream (review L4). The
+//! an event on the stream, a state read) would flood the log and the stream. The
 //! first error is reported at once; those that follow within [`REPORT_INTERVAL`] are counted,
 //! and reported together, by the latest one, when the interval is over.
 

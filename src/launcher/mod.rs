@@ -271,7 +271,7 @@ pub struct Launcher {
     /// (`BlockDevices::generation`): what finishing the detach may release, and nothing newer.
     detaching: Mutex<HashMap<String, Option<u64>>>,
     /// Volumes whose device-removed event came after their detach stopped waiting: finished by
-    /// the reconciler under the task slot, never beside a Sync (review L3).
+    /// the reconciler under the task slot, never beside a Sync.
     late_removals: Mutex<BTreeSet<String>>,
     /// Nodes and device rules of block volumes (`host::records` on disk).
     block: BlockDevices,

@@ -214,7 +214,7 @@ impl Launcher {
                 if waiters.is_empty() {
                     // A removal that arrived after its detach stopped waiting: finished by
                     // `reconcile`, which holds the task slot, so that it never runs beside a
-                    // Sync that plugs the same name again (review L3).
+                    // Sync that plugs the same name again.
                     if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
                         if self
                             .detaching
@@ -540,7 +540,7 @@ pub(super) async fn reconciler(
             event = events.recv() => match event {
                 Some(first) => {
                     // What else is queued is handled now, with one state read for all of it: a
-                    // storm of events costs a read per batch, not one each (review L4).
+                    // storm of events costs a read per batch, not one each.
                     let (mut look, mut event, mut handled) = (false, first, 0);
                     loop {
                         tracing::debug!(?event, "libvirt event");

@@ -1,6 +1,6 @@
 //! The last accepted Sync, kept on disk (`RUNTIME_DIR/last-sync.{0,1}.json`) so that a launcher
 //! killed and started again on the same runtime dir knows what the owner asked for: the spec with
-//! every hot-plugged volume, the block devices and the persisted volumes (review M10). Without
+//! every hot-plugged volume, the block devices and the persisted volumes. Without
 //! it, the adopted launcher would only know the spec file it was started with, and the next Sync
 //! (an `addvolume`) would unplug every volume hot-plugged before the restart.
 //!

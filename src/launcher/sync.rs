@@ -322,7 +322,7 @@ impl Launcher {
 
     /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
     /// only what is missing is done). The request is read once the task slot is held, so a
-    /// retry never re-applies a request older than the last one (review M8).
+    /// retry never re-applies a request older than the last one.
     async fn retry_pending(&self) {
         if *self.closing.borrow() {
             return;

@@ -53,7 +53,7 @@ impl Work for Lifecycle {
 
 /// Holds the task slot for one command; `Launcher::end_task` records how it went. A task that
 /// never gets there (its future panicked, or was dropped part-way) is ended when the guard goes:
-/// as failed, so that status never shows a task no one runs (review, panic inventory).
+/// as failed, so that status never shows a task no one runs.
 pub(super) struct TaskGuard<'a> {
     launcher: &'a Launcher,
     /// Taken by `end_task`; still here on drop means the task did not end normally.
@@ -271,7 +271,7 @@ impl Launcher {
             self.update(|s| s.undefined_by_us = true);
             self.call(move |hv| hv.undefine(&n))?;
         }
-        // A hot-plugged volume never keeps the VM from (re)starting (review M9): one that waits
+        // A hot-plugged volume never keeps the VM from (re)starting: one that waits
         // or failed, or whose source is not ready now, is left out of the definition and keeps
         // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
         // attaches it.
@@ -409,7 +409,7 @@ impl Launcher {
             s.restart_at = None;
         });
         // A Sync in flight gives way at its next volume: the guest's grace period must not
-        // be spent on hotplug (review M12).
+        // be spent on hotplug.
         self.interrupt.send_modify(|n| *n += 1);
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         if active {

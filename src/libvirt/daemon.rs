@@ -112,7 +112,7 @@ impl DaemonProcess {
     fn is_alive(&self) -> bool {
         match &self.exited {
             Some(flag) => !*flag.0.lock().expect("exit flag"),
-            // An adopted pid may have been reused by anything since (review L5).
+            // An adopted pid may have been reused by anything since.
             None => process_alive(self.pid) && runs_program(self.pid, self.name),
         }
     }

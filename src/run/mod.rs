@@ -172,7 +172,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     };
     // The API socket's path before anything starts: a `--socket` that would be refused (a file
     // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo
-    // (review M11). It is bound once the VM is up, as before: until then a client finds no
+    //. It is bound once the VM is up, as before: until then a client finds no
     // socket and fails at once, instead of waiting unanswered through the start.
     let socket = opts.socket.clone().unwrap_or_else(|| rt.socket());
     if let Err(e) = api::check_socket_path(&socket) {
