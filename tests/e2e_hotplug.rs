@@ -7,14 +7,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{alive, guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{
+    alive, guest_spec, live_xml, with_claims, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
+};
 use vmlauncher::api::{self, proto};
-
-fn live_xml(uri: &str, domain: &str) -> String {
-    let conn = virt::connect::Connect::open(Some(uri)).expect("connect to the private libvirtd");
-    let dom = conn.lookup_domain_by_name(domain).expect("domain exists");
-    dom.xml_desc(0).expect("live XML")
-}
 
 fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf {
     let path = dir.join(name);
@@ -478,6 +474,64 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
         "the persisted disk left the persistent definition too"
     );
 
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+/// What a libvirtd killed in the middle of an attach leaves in QEMU: the disk's block nodes and
+/// its device, under the disk's own alias, which the restarted libvirtd knows nothing of. The
+/// next attach of that volume removes them and succeeds; the guest sees the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_a_killed_libvirtd_left_in_qemu_is_replaced_on_attach() {
+    let name = "orphan";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut console = vm.boot();
+    let image = vm.dir().join("hotplug/left.img");
+    common::sparse_file(&image, 4);
+    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
+        .unwrap()
+        .unwrap();
+    nix::unistd::chown(&image, Some(qemu_uid.uid), Some(qemu_uid.gid)).unwrap();
+    let conn = virt::connect::Connect::open(Some(&vm.libvirt_uri())).unwrap();
+    let dom = conn
+        .lookup_domain_by_name(&format!("default_{name}"))
+        .unwrap();
+    for command in [
+        serde_json::json!({"execute": "blockdev-add", "arguments": {"driver": "file",
+            "node-name": "left-storage", "filename": image, "auto-read-only": true}}),
+        serde_json::json!({"execute": "blockdev-add", "arguments": {"driver": "raw",
+            "node-name": "left-format", "file": "left-storage", "read-only": false}}),
+        serde_json::json!({"execute": "device_add", "arguments": {"driver": "scsi-hd",
+            "bus": "scsi0.0", "drive": "left-format", "id": "ua-left", "scsi-id": 0, "lun": 3}}),
+    ] {
+        let reply = dom.qemu_monitor_command(&command.to_string(), 0).unwrap();
+        assert!(!reply.contains("\"error\""), "{command}: {reply}");
+    }
+    let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: with_claims(guest_spec(name, "", &[]), &[("left", "Left-1")]),
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync")
+        .into_inner();
+    let left = reply.volumes.iter().find(|v| v.name == "left").unwrap();
+    assert_eq!(
+        left.phase,
+        proto::volume_status::Phase::Ready as i32,
+        "{left:?}"
+    );
+    console.line("the guest sees the disk", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS") && l.contains("serial=Left-1")
+    });
+    assert_eq!(
+        live_xml(&vm.libvirt_uri(), &format!("default_{name}"))
+            .matches("ua-left")
+            .count(),
+        1,
+        "libvirt knows the disk once"
+    );
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }

@@ -27,6 +27,8 @@ use events::{EventRegistration, HypervisorEvent};
 /// Attempts at an attach whose block node name a killed libvirtd already used in QEMU (one
 /// index per attach in flight when it died; libvirt runs one at a time).
 const ATTACH_NODE_NAME_RETRIES: u32 = 3;
+/// How long a device a killed libvirtd left in QEMU may take to leave once asked to.
+const ORPHAN_REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 pub use states::power_state_from_raw;
 pub use stats::{DomainStats, TypedValue};
 
@@ -375,6 +377,18 @@ impl Hypervisor {
                     tracing::warn!(domain = name, error = %e, "attach met a block node a killed libvirtd left in QEMU; trying again");
                     attempt += 1;
                 }
+                // Killed after QEMU's device_add, that libvirtd left the device itself in QEMU,
+                // which its successor does not know: its id is this disk's own alias. It is
+                // removed (a SCSI disk leaves at once) and the attach made again.
+                Err(e)
+                    if attempt < ATTACH_NODE_NAME_RETRIES
+                        && orphan_device(&e, disk_xml).is_some() =>
+                {
+                    let id = orphan_device(&e, disk_xml).unwrap_or_default();
+                    tracing::warn!(domain = name, %id, "attach met the device a killed libvirtd left in QEMU; removing it and trying again");
+                    remove_orphan(dom, &id, disk_xml)?;
+                    attempt += 1;
+                }
                 Err(e) => return Err(e),
             }
         })
@@ -650,6 +664,78 @@ impl Connector {
             d.stop();
         }
     }
+}
+
+/// The device id QEMU refused as a duplicate on attaching `disk_xml`, when it is that disk's own
+/// alias (`ua-<volume>`): a device only a killed libvirtd can have left.
+fn orphan_device(e: &virt::error::Error, disk_xml: &str) -> Option<String> {
+    let message = e.message();
+    let id = message
+        .split("Duplicate device ID '")
+        .nth(1)?
+        .split('\'')
+        .next()?;
+    let ours = id.starts_with(crate::domain::USER_ALIAS_PREFIX)
+        && (disk_xml.contains(&format!("<alias name=\"{id}\"/>"))
+            || disk_xml.contains(&format!("<alias name='{id}'/>")));
+    ours.then(|| id.to_string())
+}
+
+/// Removes the device `id` a killed libvirtd left in QEMU, then the block nodes it left on the
+/// disk's image (format nodes first, then the file's), which hold the image's write lock.
+fn remove_orphan(dom: &Domain, id: &str, disk_xml: &str) -> Result<(), virt::error::Error> {
+    let qmp = |command: serde_json::Value| dom.qemu_monitor_command(&command.to_string(), 0);
+    qmp(serde_json::json!({"execute": "device_del", "arguments": {"id": id}}))?;
+    let Some(image) = source_of(disk_xml) else {
+        return Ok(());
+    };
+    let nodes: serde_json::Value = serde_json::from_str(&qmp(
+        serde_json::json!({"execute": "query-named-block-nodes", "arguments": {"flat": true}}),
+    )?)
+    .unwrap_or_default();
+    let on_image: Vec<(String, bool)> = nodes["return"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| n["file"].as_str() == Some(image.as_str()))
+        .filter_map(|n| {
+            let name = n["node-name"].as_str()?.to_string();
+            let protocol = matches!(n["drv"].as_str(), Some("file" | "host_device"));
+            Some((name, protocol))
+        })
+        .collect();
+    // The device leaves QEMU a moment after device_del (its DEVICE_DELETED, which libvirt does
+    // not pass on for a device it does not know), and its nodes stay "in use" until then: each
+    // is asked again until it goes, within a bound. Formats first, over their files.
+    let deadline = std::time::Instant::now() + ORPHAN_REMOVAL_WAIT;
+    for protocol in [false, true] {
+        for (node, _) in on_image.iter().filter(|(_, p)| *p == protocol) {
+            loop {
+                let reply = qmp(
+                    serde_json::json!({"execute": "blockdev-del", "arguments": {"node-name": node}}),
+                )?;
+                if !reply.contains("\"error\"") {
+                    break;
+                }
+                if !reply.contains("in use") || std::time::Instant::now() >= deadline {
+                    tracing::warn!(%node, %reply, "cannot remove a block node a killed libvirtd left in QEMU");
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The image path a disk's XML names (`<source file=...>` or `<source dev=...>`).
+fn source_of(disk_xml: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(disk_xml).ok()?;
+    let source = doc.descendants().find(|n| n.has_tag_name("source"))?;
+    source
+        .attribute("file")
+        .or_else(|| source.attribute("dev"))
+        .map(str::to_string)
 }
 
 /// Whether the libvirt this launcher is built with passes disk images as descriptors
