@@ -114,7 +114,8 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
                             Problem::NotAbsolute { path: p.clone() },
                         );
                     } else if let Err(why) = check_host_path(p, false) {
-                        // QEMU (root) reads the file into guest memory.
+                        // QEMU reads the file into guest memory (libvirt hands it to QEMU's
+                        // user first).
                         e.add(format!("{base}.{field}"), why);
                     }
                 }
