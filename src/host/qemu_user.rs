@@ -115,21 +115,27 @@ impl QemuUser {
         dirs.reverse();
         dirs.into_iter().find_map(|dir| {
             let meta = fs::metadata(dir).ok()?;
-            let mode = meta.mode() & 0o7777;
-            let may_search = if meta.uid() == self.uid {
-                mode & 0o100 != 0
-            } else if groups.contains(&meta.gid()) {
-                mode & 0o010 != 0
-            } else {
-                mode & 0o001 != 0
-            };
-            (!may_search).then(|| Blocked {
+            (!self.permits(&meta, &groups, 0o1)).then(|| Blocked {
                 dir: dir.into(),
-                mode,
+                mode: meta.mode() & 0o7777,
                 owner: meta.uid(),
                 group: meta.gid(),
             })
         })
+    }
+
+    /// Whether the file's mode gives this user all of `wanted` (`0o4` read, `0o2` write, `0o1`
+    /// search or execute), by the class the kernel picks: owner, else group (`groups`, from
+    /// [`Self::groups`]), else others.
+    pub fn permits(&self, meta: &fs::Metadata, groups: &[u32], wanted: u32) -> bool {
+        let shift = if meta.uid() == self.uid {
+            6
+        } else if groups.contains(&meta.gid()) {
+            3
+        } else {
+            0
+        };
+        (meta.mode() >> shift) & wanted == wanted
     }
 
     /// Its primary and supplementary groups (libvirt gives QEMU both).

@@ -409,7 +409,10 @@ impl PrivateDaemon {
     fn kvm_for_qemu(&self) -> Option<KvmNode> {
         let qemu = &self.options.qemu_user;
         let meta = fs::metadata(KVM_DEVICE).ok()?;
-        if qemu.is_root() || !meta.file_type().is_char_device() || qemu_may_open(qemu, &meta) {
+        if qemu.is_root()
+            || !meta.file_type().is_char_device()
+            || qemu.permits(&meta, &qemu.groups(), 0o6)
+        {
             return None;
         }
         let effective = |cap| caps::has_cap(None, caps::CapSet::Effective, cap).unwrap_or(false);
@@ -788,22 +791,6 @@ const LIBRARY_DIRS: [&str; 4] = [
 ];
 
 const KVM_DEVICE: &str = "/dev/kvm";
-
-/// Whether QEMU's user may read and write a device with this owner and mode (its own uid, its
-/// group or one of its supplementary groups, or anyone's).
-fn qemu_may_open(qemu: &crate::host::qemu_user::QemuUser, meta: &fs::Metadata) -> bool {
-    let mode = meta.mode();
-    let in_group = meta.gid() == qemu.gid
-        || CString::new(qemu.name.as_str())
-            .ok()
-            .and_then(|name| {
-                nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(qemu.gid)).ok()
-            })
-            .is_some_and(|groups| groups.iter().any(|g| g.as_raw() == meta.gid()));
-    (meta.uid() == qemu.uid && mode & 0o600 == 0o600)
-        || (in_group && mode & 0o060 == 0o060)
-        || mode & 0o006 == 0o006
-}
 
 /// A node for `/dev/kvm` that QEMU's group may open, made in libvirtd's mount namespace only
 /// (on a tmpfs of its own: the runtime dir may be `nodev`) and bound over `/dev/kvm` there.

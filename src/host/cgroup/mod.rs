@@ -153,6 +153,39 @@ pub struct CgroupRoots {
     pub unified: Option<CgroupMount>,
 }
 
+/// Mounts `mount` (`(fstype, options)`, `None`: mounted there already) at `dir`, made if
+/// missing, and reads back what mountinfo says of the mount at `dir`: its root is what
+/// `/proc/<pid>/cgroup` is relative to (the hierarchy's, or the cgroup namespace's).
+fn mount_at(dir: &Path, mount: Option<(&str, Option<&str>)>) -> Result<CgroupRoots, CgroupError> {
+    std::fs::create_dir_all(dir).map_err(|source| CgroupError::Read {
+        path: dir.into(),
+        source,
+    })?;
+    if let Some((fstype, options)) = mount {
+        nix::mount::mount(
+            Some(fstype),
+            dir,
+            Some(fstype),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            options,
+        )
+        .map_err(|source| CgroupError::Mount {
+            path: dir.into(),
+            source,
+        })?;
+    }
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| CgroupError::Read {
+            path: "/proc/self/mountinfo".into(),
+            source,
+        })?;
+    Ok(text
+        .lines()
+        .rfind(|l| l.split(' ').nth(4).map(unescape).as_deref() == Some(dir))
+        .map(CgroupRoots::from_mountinfo)
+        .unwrap_or_default())
+}
+
 /// Undoes mountinfo's octal escapes (`\040` is a space).
 fn unescape(field: &str) -> PathBuf {
     PathBuf::from(
@@ -218,40 +251,19 @@ impl CgroupRoots {
         if !self.v1_devices.as_ref().is_some_and(|m| m.read_only) {
             return Ok(self);
         }
-        std::fs::create_dir_all(dir).map_err(|source| CgroupError::Read {
-            path: dir.into(),
-            source,
-        })?;
         let mounted = CgroupRoots::detect()?
             .v1_devices
             .filter(|m| m.mount_point == dir && !m.read_only);
-        if mounted.is_none() {
-            nix::mount::mount(
-                Some("cgroup"),
-                dir,
-                Some("cgroup"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-                Some("devices"),
-            )
-            .map_err(|source| CgroupError::Mount {
-                path: dir.into(),
-                source,
-            })?;
-        }
-        // The new mount's root is what `/proc/<pid>/cgroup` is relative to: the hierarchy's root,
-        // or the cgroup namespace's. mountinfo says which.
-        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
-            CgroupError::Read {
-                path: "/proc/self/mountinfo".into(),
-                source,
-            }
-        })?;
-        let ours = text
-            .lines()
-            .rfind(|l| l.split(' ').nth(4).map(unescape).as_deref() == Some(dir))
-            .map(CgroupRoots::from_mountinfo)
-            .and_then(|r| r.v1_devices);
-        self.v1_devices = Some(ours.unwrap_or_else(|| CgroupMount::whole(dir)));
+        let mount = if mounted.is_none() {
+            Some(("cgroup", Some("devices")))
+        } else {
+            None
+        };
+        self.v1_devices = Some(
+            mount_at(dir, mount)?
+                .v1_devices
+                .unwrap_or_else(|| CgroupMount::whole(dir)),
+        );
         Ok(self)
     }
 
@@ -262,33 +274,11 @@ impl CgroupRoots {
         if self.unified.is_some() {
             return Ok(self);
         }
-        std::fs::create_dir_all(dir).map_err(|source| CgroupError::Read {
-            path: dir.into(),
-            source,
-        })?;
-        nix::mount::mount(
-            Some("cgroup2"),
-            dir,
-            Some("cgroup2"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        )
-        .map_err(|source| CgroupError::Mount {
-            path: dir.into(),
-            source,
-        })?;
-        let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|source| {
-            CgroupError::Read {
-                path: "/proc/self/mountinfo".into(),
-                source,
-            }
-        })?;
-        let ours = text
-            .lines()
-            .rfind(|l| l.split(' ').nth(4).map(unescape).as_deref() == Some(dir))
-            .map(CgroupRoots::from_mountinfo)
-            .and_then(|r| r.unified);
-        self.unified = Some(ours.unwrap_or_else(|| CgroupMount::whole(dir)));
+        self.unified = Some(
+            mount_at(dir, Some(("cgroup2", None)))?
+                .unified
+                .unwrap_or_else(|| CgroupMount::whole(dir)),
+        );
         Ok(self)
     }
 
