@@ -26,3 +26,14 @@ pub(crate) fn without_blocking<T: Send + 'static>(
     rx.recv_timeout(std::time::Duration::from_secs(10))
         .unwrap_or_else(|_| panic!("{what} blocked (no answer within 10 s)"))
 }
+
+/// A block device node for `dev` at `path`, mode 0600 (the tests run as root, as the launcher).
+pub(crate) fn block_node(path: &Path, dev: crate::host::DevNumber) {
+    nix::sys::stat::mknod(
+        path,
+        nix::sys::stat::SFlag::S_IFBLK,
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+        nix::sys::stat::makedev(dev.major.into(), dev.minor.into()),
+    )
+    .expect("mknod (the tests run as root)");
+}

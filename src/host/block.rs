@@ -666,13 +666,7 @@ mod tests {
         drop(before);
         // Someone put another device under the volume's name since.
         fs::remove_file(host.path("hotplug/live")).unwrap();
-        nix::sys::stat::mknod(
-            &host.path("hotplug/live"),
-            nix::sys::stat::SFlag::S_IFBLK,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            nix::sys::stat::makedev(LOOP2.major.into(), LOOP2.minor.into()),
-        )
-        .unwrap();
+        crate::testing::block_node(&host.path("hotplug/live"), LOOP2);
         let after = BlockDevices::new(host.roots());
         after.adopt(&["live".to_string()].into());
         assert_eq!(after.nodes(), BTreeMap::new());

@@ -81,13 +81,7 @@ mod tests {
     const ROOT_DISK: DevNumber = DevNumber { major: 8, minor: 0 };
 
     fn node(dir: &Path, name: &str, dev: DevNumber) {
-        nix::sys::stat::mknod(
-            &dir.join(name),
-            nix::sys::stat::SFlag::S_IFBLK,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            nix::sys::stat::makedev(dev.major.into(), dev.minor.into()),
-        )
-        .expect("mknod (the tests run as root, as the launcher)");
+        crate::testing::block_node(&dir.join(name), dev);
     }
 
     #[test]
