@@ -167,6 +167,8 @@ impl Launcher {
             .filter(|v| crate::volumes::is_hotpluggable(v))
             .map(|v| v.name.as_str())
             .collect();
+        // Read once: the devices this launcher holds now.
+        let held = self.block.nodes();
         let mut devices = BTreeMap::new();
         for (volume, source) in &input.block_devices {
             let refuse = |source| LauncherError::BlockDevice {
@@ -193,7 +195,7 @@ impl Launcher {
             };
             if let Ok(dev) = resolved {
                 // A device this launcher already holds for the volume was allowed when attached.
-                if self.block.nodes().get(volume) != Some(&dev) {
+                if held.get(volume) != Some(&dev) {
                     self.options
                         .hotplug
                         .allowed_block_devices
@@ -204,7 +206,7 @@ impl Launcher {
             devices.insert(volume.clone(), resolved);
         }
         // A live block volume the request does not repeat keeps its device.
-        for (name, dev) in self.block.nodes() {
+        for (name, dev) in held {
             if hotpluggable.contains(name.as_str()) && !devices.contains_key(&name) {
                 devices.insert(name, Ok(dev));
             }
