@@ -36,7 +36,7 @@ add() {
   cp "$path" "$root/modules/"
   order+=("$(basename "$path")")
 }
-for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev virtio_net; do add "$m"; done
+for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev virtio_net virtio_mem; do add "$m"; done
 printf '%s\n' "${order[@]}" > "$root/modules.order"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible | gzip -9n) > "$work/initrd.img"
 mkdir -p "$out"

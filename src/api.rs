@@ -153,6 +153,19 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
                     .collect(),
             })
             .collect(),
+        cpu: s.cpu.map(|c| proto::CpuStatus {
+            sockets: c.sockets,
+            cores: c.cores,
+            threads: c.threads,
+            max_sockets: c.max_sockets.unwrap_or_default(),
+            vcpus_online: c.vcpus_online,
+        }),
+        memory: s.memory.map(|m| proto::MemoryStatus {
+            guest_at_boot: m.guest_at_boot,
+            requested: m.requested,
+            current: m.current,
+            max_guest: m.max_guest.unwrap_or_default(),
+        }),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
         phase_reason: s.phase_reason.unwrap_or_default().into(),
@@ -312,6 +325,23 @@ impl proto::launcher_server::Launcher for Service {
                 })
                 .collect(),
             volumes: outcome.volumes.iter().map(volume_to_proto).collect(),
+            resources: outcome
+                .resources
+                .iter()
+                .map(|c| {
+                    // Memory travels in bytes, as everywhere on the wire.
+                    let unit = match c.part {
+                        launcher::ResourcePart::Cpu => 1,
+                        launcher::ResourcePart::Memory => 1024,
+                    };
+                    proto::ResourceChange {
+                        part: c.part.as_str().into(),
+                        from: c.from * unit,
+                        to: c.to * unit,
+                        error: c.error.clone().unwrap_or_default(),
+                    }
+                })
+                .collect(),
         }))
     }
 

@@ -84,12 +84,14 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
     // Destructured without `..`: a field added to the domain model must be classified here as
     // either hot-pluggable or frozen, or this stops compiling.
     let DomainDef {
-        name: _,     // checked by the caller: another name is another instance
-        instance: _, // labels and the like: no effect on the running VM
-        disks: _,    // the one thing Sync changes
+        name: _,          // checked by the caller: another name is another instance
+        instance: _,      // labels and the like: no effect on the running VM
+        disks: _,         // the one thing Sync changes
+        vcpus_enabled: _, // changed live by Sync (`resize`)
         uuid,
         virt_type,
         memory_kib,
+        virtio_mem,
         hugepage_kib,
         topology,
         cpu,
@@ -116,7 +118,10 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         ("metadata.uid / spec.domain.firmware.uuid", *uuid == d.uuid),
         (
             "spec.domain.memory",
-            *memory_kib == d.memory_kib && *hugepage_kib == d.hugepage_kib,
+            // virtio-mem's requested size is changed live; its room is not.
+            *memory_kib == d.memory_kib
+                && *hugepage_kib == d.hugepage_kib
+                && virtio_mem.map(|m| m.size_kib) == d.virtio_mem.map(|m| m.size_kib),
         ),
         ("spec.domain.cpu", *topology == d.topology && *cpu == d.cpu),
         ("spec.domain.ioThreadsPolicy", *iothreads == d.iothreads),

@@ -8,7 +8,9 @@ use vmlauncher::exit::ExitCode;
 use vmlauncher::run;
 
 use super::args::{Output, Target};
-use super::output::{print_interfaces, print_volumes, status_json, volume_json, volume_phase};
+use super::output::{
+    print_interfaces, print_resources, print_volumes, status_json, volume_json, volume_phase,
+};
 use super::spec_edit::SpecValue;
 use super::{outln, write_stdout, Outcome};
 
@@ -211,14 +213,35 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
                 .map(|c| serde_json::json!({"action": action(c), "volume": c.volume, "target": c.target}))
                 .collect();
             let volumes: Vec<_> = response.volumes.iter().map(volume_json).collect();
+            let resources: Vec<_> = response
+                .resources
+                .iter()
+                .map(|c| serde_json::json!({"part": c.part, "from": c.from, "to": c.to, "error": c.error}))
+                .collect();
             outln!(
                 "{}",
-                serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes})
+                serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes, "resources": resources})
             );
         }
         Output::Text => {
-            if response.plan.is_empty() {
+            if response.plan.is_empty() && response.resources.is_empty() {
                 outln!("nothing to change");
+            }
+            for c in &response.resources {
+                let (from, to) = match c.part.as_str() {
+                    "memory" => (format!("{}Mi", c.from >> 20), format!("{}Mi", c.to >> 20)),
+                    _ => (format!("{} vCPUs", c.from), format!("{} vCPUs", c.to)),
+                };
+                let failed = if c.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(": failed: {}", c.error)
+                };
+                outln!(
+                    "{}set {} {from} -> {to}{failed}",
+                    if dry_run { "would " } else { "" },
+                    c.part
+                );
             }
             for c in &response.plan {
                 outln!(
@@ -235,7 +258,8 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
     let failed = response
         .volumes
         .iter()
-        .any(|v| v.phase == proto::volume_status::Phase::Failed as i32);
+        .any(|v| v.phase == proto::volume_status::Phase::Failed as i32)
+        || response.resources.iter().any(|c| !c.error.is_empty());
     Ok(if failed {
         ExitCode::RequestFailed
     } else {
@@ -282,6 +306,7 @@ pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
                     c.message
                 );
             }
+            print_resources(&s);
             print_interfaces(&s.interfaces);
             print_volumes(&s.volumes);
         }

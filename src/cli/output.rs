@@ -69,8 +69,17 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
             serde_json::json!({"name": i.name, "mac": i.mac, "ipAddress": i.ip_address, "ports": ports})
         })
         .collect();
+    let cpu = s.cpu.as_ref().map(|c| {
+        serde_json::json!({"sockets": c.sockets, "cores": c.cores, "threads": c.threads,
+            "maxSockets": c.max_sockets, "vcpusOnline": c.vcpus_online})
+    });
+    let memory = s.memory.as_ref().map(|m| {
+        serde_json::json!({"guestAtBoot": m.guest_at_boot, "requested": m.requested,
+            "current": m.current, "maxGuest": m.max_guest})
+    });
     serde_json::json!({
         "phase": s.phase, "phaseReason": s.phase_reason, "printableStatus": s.printable_status,
+        "cpu": cpu, "memory": memory,
         "powerState": s.power_state, "vmState": s.vm_state, "taskState": s.task_state,
         "taskId": s.task_id, "conditions": conditions, "volumes": volumes,
         "interfaces": interfaces,
@@ -78,6 +87,36 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
         "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
         "finished": s.finished,
     })
+}
+
+/// The vCPUs and memory, one line each: what is asked, what the guest has, and the room.
+pub(crate) fn print_resources(s: &proto::Status) {
+    if let Some(c) = &s.cpu {
+        let max = match c.max_sockets {
+            0 => String::new(),
+            max => format!(", max {max} sockets"),
+        };
+        outln!(
+            "cpu:         {} sockets × {} cores × {} threads, {} vCPUs online{max}",
+            c.sockets,
+            c.cores,
+            c.threads,
+            c.vcpus_online
+        );
+    }
+    if let Some(m) = &s.memory {
+        let mib = |b: u64| format!("{}Mi", b >> 20);
+        let max = match m.max_guest {
+            0 => String::new(),
+            max => format!(", max {}", mib(max)),
+        };
+        outln!(
+            "memory:      asked {}, guest has {} (booted with {}{max})",
+            mib(m.requested),
+            mib(m.current),
+            mib(m.guest_at_boot)
+        );
+    }
 }
 
 /// One line per interface: name, MAC, address (`-` when unknown), published ports.

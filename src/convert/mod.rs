@@ -11,7 +11,7 @@ use crate::domain::{
     target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, CpuTune, DiskDef,
     DiskDevice, DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef,
     HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
-    PortForward, TimerDef, TpmDef, VirtType, WatchdogDef,
+    PortForward, TimerDef, TpmDef, VirtType, VirtioMemDef, WatchdogDef,
 };
 use crate::spec::{
     self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
@@ -159,6 +159,10 @@ pub struct ConvertOptions {
     /// Claim images (a PVC's or DataVolume's `disk.img`, a hot-plugged file) are passed to QEMU
     /// as descriptors the launcher opens (`DiskDef::fd_group`; libvirt 9.0 and later).
     pub claims_by_fd: bool,
+    /// The memory (bytes) the running guest booted with, when converting for a running domain:
+    /// the boot memory cannot change until the next boot, so a changed `guest` becomes
+    /// virtio-mem's requested size. `None` converts for a boot.
+    pub guest_at_boot: Option<u64>,
 }
 
 impl ConvertOptions {
@@ -179,6 +183,7 @@ impl ConvertOptions {
             cpus: Vec::new(),
             block_volumes: BTreeSet::new(),
             claims_by_fd: false,
+            guest_at_boot: None,
         }
     }
 }
@@ -199,20 +204,25 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
     let name = domain_name(vmi);
     let domain = &vmi.spec.domain;
     let devices = &domain.devices;
-    let (topology, cpu) = cpu(vmi);
+    let (topology, vcpus_enabled, cpu) = cpu(vmi);
+    let enabled_vcpus = vcpus_enabled.unwrap_or(topology.vcpus());
     let firmware = domain.firmware.clone().unwrap_or_default();
+    // The largest topology: a CPU hotplug must not change the iothreads.
     let (disks, iothreads) = disks(vmi, opts, topology.vcpus())?;
-    let cputune = cputune(domain, topology.vcpus(), &opts.cpus)?;
+    let cputune = cputune(domain, enabled_vcpus, &opts.cpus)?;
     let uuid = firmware.uuid.clone().or_else(|| {
         vmi.metadata
             .uid
             .clone()
             .filter(|u| spec::looks_like_uuid(u))
     });
+    let (memory_kib, virtio_mem) = memory(vmi, opts.guest_at_boot);
     Ok(DomainDef {
         uuid,
         virt_type: opts.virt_type,
-        memory_kib: vmi.guest_memory().div_ceil(1024),
+        memory_kib,
+        virtio_mem,
+        vcpus_enabled,
         hugepage_kib: domain
             .memory
             .as_ref()
@@ -273,14 +283,54 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
     })
 }
 
-/// The vCPU topology (from the spec's, else from `resources`) and the CPU model.
-fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, CpuDef) {
+/// The boot memory in KiB and, with `maxGuest` above it, the virtio-mem device that holds the
+/// rest: sized `maxGuest − boot`, asked for `guest − boot`. For a running domain the boot memory
+/// is the one it booted with (`guest_at_boot`), else the spec's `guest`.
+fn memory(vmi: &Validated, guest_at_boot: Option<u64>) -> (u64, Option<VirtioMemDef>) {
+    let guest = vmi.guest_memory();
+    let max = vmi
+        .spec
+        .domain
+        .memory
+        .as_ref()
+        .and_then(|m| m.max_guest.as_ref())
+        .and_then(|q| q.to_bytes().ok());
+    let boot = guest_at_boot.unwrap_or(guest);
+    let device = max.filter(|&max| max > boot).map(|max| VirtioMemDef {
+        size_kib: (max - boot) / 1024,
+        requested_kib: guest.saturating_sub(boot) / 1024,
+    });
+    (boot.div_ceil(1024), device)
+}
+
+/// The vCPU topology (from the spec's, else from `resources`), how many of its vCPUs are
+/// enabled when it has room for more (`maxSockets`), and the CPU model.
+fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, Option<u32>, CpuDef) {
     let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
+    let mut enabled = None;
     let topology = if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
-        CpuTopology {
+        let asked = CpuTopology {
             sockets: cpu.sockets.unwrap_or(1),
             cores: cpu.cores.unwrap_or(1),
             threads: cpu.threads.unwrap_or(1),
+        };
+        match cpu.max_sockets {
+            Some(max) => {
+                enabled = Some(asked.vcpus());
+                CpuTopology {
+                    sockets: max.max(asked.sockets),
+                    ..asked
+                }
+            }
+            None => asked,
+        }
+    } else if let Some(max) = cpu.max_sockets {
+        let sockets = spec::resource_cpus(vmi).unwrap_or(1).min(max);
+        enabled = Some(sockets);
+        CpuTopology {
+            sockets: max,
+            cores: 1,
+            threads: 1,
         }
     } else {
         CpuTopology {
@@ -307,7 +357,7 @@ fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, CpuDef) {
             })
             .collect(),
     };
-    (topology, def)
+    (topology, enabled, def)
 }
 
 /// The machine type, with a host alias (`q35`) resolved through the options.

@@ -65,6 +65,8 @@ pub enum LiveXmlError {
         index: usize,
         attribute: &'static str,
     },
+    #[error("live domain XML: {what} is missing or not a number")]
+    BadNumber { what: &'static str },
     #[error("live domain XML: <disk> #{index} has a drive address with a bad {attribute}")]
     BadAddress {
         index: usize,

@@ -6,6 +6,7 @@
 //! exact bytes libvirt gave, so nothing libvirt added (addresses, backing chains) is lost.
 
 mod live;
+mod resources;
 mod write;
 
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ pub use live::{
     canonical_machines, domain_capabilities_machine, live_disks, live_interfaces, LiveDisk,
     LiveInterface, LiveXmlError,
 };
+pub use resources::{live_resources, LiveResources, LiveVirtioMem};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.
@@ -44,10 +46,16 @@ pub struct DomainDef {
     pub name: String,
     pub uuid: Option<String>,
     pub virt_type: VirtType,
+    /// The memory the guest boots with (without what virtio-mem adds).
     pub memory_kib: u64,
+    /// Room for memory hotplug: a virtio-mem device on NUMA node 0.
+    pub virtio_mem: Option<VirtioMemDef>,
     /// Hugepage size backing the guest memory.
     pub hugepage_kib: Option<u64>,
+    /// The vCPU topology; with room for CPU hotplug, the largest one (`maxSockets`).
     pub topology: CpuTopology,
+    /// With room for CPU hotplug: how many of the topology's vCPUs are enabled.
+    pub vcpus_enabled: Option<u32>,
     pub cpu: CpuDef,
     pub iothreads: u32,
     /// Host CPUs the vCPUs and the emulator are pinned to (`<cputune>`).
@@ -73,6 +81,21 @@ pub struct DomainDef {
     pub vnc_socket: Option<PathBuf>,
     pub memballoon: bool,
     pub instance: InstanceMetadata,
+}
+
+/// A virtio-mem device: `size_kib` of hot-pluggable memory, `requested_kib` of it asked to be
+/// plugged (the guest may plug less, and takes its time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VirtioMemDef {
+    pub size_kib: u64,
+    pub requested_kib: u64,
+}
+
+impl VirtioMemDef {
+    /// Its alias, fixed so that the launcher can find it again in the live XML.
+    pub const ALIAS: &'static str = "ua-virtio-mem";
+    /// virtio-mem's block, in KiB (KubeVirt's: 2 MiB, a transparent hugepage).
+    pub const BLOCK_KIB: u64 = crate::spec::HOTPLUG_BLOCK_BYTES / 1024;
 }
 
 /// CPU pinning: vCPU `i` runs on host CPU `vcpu_pins[i]`; QEMU's emulator threads on

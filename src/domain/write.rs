@@ -218,6 +218,14 @@ impl DomainDef {
                     }
                     empty(w, "vmlauncher:instance", &attrs)
                 })?;
+                if let Some(mem) = &self.virtio_mem {
+                    // virtio-mem needs no DIMM slots, but libvirt wants the attribute.
+                    w.create_element("maxMemory")
+                        .with_attributes([("slots", "1"), ("unit", "KiB")])
+                        .write_text_content(BytesText::new(
+                            &(self.memory_kib + mem.size_kib).to_string(),
+                        ))?;
+                }
                 w.create_element("memory")
                     .with_attribute(("unit", "KiB"))
                     .write_text_content(BytesText::new(&self.memory_kib.to_string()))?;
@@ -229,9 +237,16 @@ impl DomainDef {
                         Ok(())
                     })?;
                 }
-                w.create_element("vcpu")
-                    .with_attribute(("placement", "static"))
-                    .write_text_content(BytesText::new(&self.topology.vcpus().to_string()))?;
+                let mut vcpu = w.create_element("vcpu");
+                vcpu = vcpu.with_attribute(("placement", "static"));
+                let enabled = self.vcpus_enabled.map(|n| n.to_string());
+                if let Some(enabled) = &enabled {
+                    vcpu = vcpu.with_attribute(("current", enabled.as_str()));
+                }
+                vcpu.write_text_content(BytesText::new(&self.topology.vcpus().to_string()))?;
+                if let Some(enabled) = self.vcpus_enabled {
+                    self.write_vcpus(w, enabled)?;
+                }
                 if self.iothreads > 0 {
                     text_element(w, "iothreads", &self.iothreads.to_string())?;
                 }
@@ -310,6 +325,45 @@ impl DomainDef {
             )?;
             for (policy, name) in &self.cpu.features {
                 empty(w, "feature", &[("policy", policy), ("name", name)])?;
+            }
+            if self.virtio_mem.is_some() {
+                // libvirt's rule for memory devices: the guest has NUMA node 0, which holds
+                // every vCPU and the boot memory.
+                let cpus = format!("0-{}", self.topology.vcpus() - 1);
+                let memory = self.memory_kib.to_string();
+                w.create_element("numa").write_inner_content(|w| {
+                    empty(
+                        w,
+                        "cell",
+                        &[
+                            ("id", "0"),
+                            ("cpus", cpus.as_str()),
+                            ("memory", memory.as_str()),
+                            ("unit", "KiB"),
+                        ],
+                    )
+                })?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// `<vcpus>`: the first socket's vCPUs always there, the others hot-pluggable (KubeVirt's
+    /// layout), the first `enabled` of them on.
+    fn write_vcpus(&self, w: &mut XmlWriter, enabled: u32) -> io::Result<()> {
+        let fixed = self.topology.cores * self.topology.threads;
+        w.create_element("vcpus").write_inner_content(|w| {
+            for id in 0..self.topology.vcpus() {
+                empty(
+                    w,
+                    "vcpu",
+                    &[
+                        ("id", &id.to_string()),
+                        ("enabled", yes_no(id < enabled)),
+                        ("hotpluggable", yes_no(id >= fixed)),
+                    ],
+                )?;
             }
             Ok(())
         })?;
@@ -485,6 +539,9 @@ impl DomainDef {
                         )
                     })?;
             }
+            if let Some(mem) = &self.virtio_mem {
+                write_virtio_mem(w, mem)?;
+            }
             if let Some(socket) = &self.vnc_socket {
                 let socket = socket.to_string_lossy();
                 w.create_element("graphics")
@@ -529,6 +586,36 @@ impl DomainDef {
             Ok(())
         })?;
         Ok(())
+    }
+}
+
+fn write_virtio_mem(w: &mut XmlWriter, mem: &VirtioMemDef) -> io::Result<()> {
+    let kib = |w: &mut XmlWriter, name: &str, value: u64| -> io::Result<()> {
+        w.create_element(name)
+            .with_attribute(("unit", "KiB"))
+            .write_text_content(BytesText::new(&value.to_string()))?;
+        Ok(())
+    };
+    w.create_element("memory")
+        .with_attribute(("model", "virtio-mem"))
+        .write_inner_content(|w| {
+            w.create_element("target").write_inner_content(|w| {
+                kib(w, "size", mem.size_kib)?;
+                text_element(w, "node", "0")?;
+                kib(w, "block", VirtioMemDef::BLOCK_KIB)?;
+                kib(w, "requested", mem.requested_kib)
+            })?;
+            empty(w, "alias", &[("name", VirtioMemDef::ALIAS)])
+        })?;
+    Ok(())
+}
+
+impl VirtioMemDef {
+    /// The `<memory>` device alone, as sent to libvirt's update call.
+    pub fn to_xml(&self) -> String {
+        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+        write_virtio_mem(&mut w, self).expect("writing to a Vec cannot fail");
+        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
     }
 }
 

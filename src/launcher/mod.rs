@@ -19,6 +19,7 @@ mod in_flight;
 mod io_errors;
 mod known;
 mod reconciler;
+mod resize;
 mod saved;
 mod status;
 mod sync;
@@ -47,6 +48,7 @@ use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState
 use crate::spec::{SpecErrors, Validated};
 
 use reconciler::reconciler;
+pub use resize::ResourcePart;
 use saved::{SavedSyncError, SavedSyncs};
 use status::{placeholder_status, EventLog};
 pub use status::{
@@ -74,7 +76,7 @@ pub enum LauncherError {
     InvalidSpec(#[from] SpecErrors),
     #[error("the spec is for {requested}, this launcher runs {running}")]
     WrongInstance { running: String, requested: String },
-    #[error("cannot change {} while the VM runs; only disks can be hot-plugged", .fields.join(", "))]
+    #[error("cannot change {} while the VM runs; only disks, cpu.sockets and memory.guest can change", .fields.join(", "))]
     FrozenFieldsChanged { fields: Vec<&'static str> },
     #[error(transparent)]
     Plan(#[from] PlanError),
@@ -183,6 +185,8 @@ struct State {
     last_started: Option<Instant>,
     volumes: BTreeMap<String, VolumeStatus>,
     interfaces: Vec<InterfaceStatus>,
+    /// The domain's vCPUs and memory as libvirt last showed them; `None` before the first read.
+    resources: Option<domain::LiveResources>,
     /// The last Sync's failure, shown as condition `Synchronized=false`.
     sync_failure: Option<String>,
     /// The launcher undefined the domain itself (to start it afresh) and has not defined it
@@ -355,6 +359,7 @@ impl Launcher {
             last_started: None,
             volumes: BTreeMap::new(),
             interfaces: Vec::new(),
+            resources: None,
             sync_failure: None,
             io_error: None,
             undefined_by_us: false,

@@ -150,7 +150,11 @@ impl Launcher {
         let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
         let interfaces = interface_statuses(&domain::live_interfaces(&xml)?);
-        self.update(|s| s.interfaces = interfaces);
+        let resources = domain::live_resources(&xml)?;
+        self.update(|s| {
+            s.interfaces = interfaces;
+            s.resources = Some(resources);
+        });
         self.update(|s| {
             let boot: Vec<&str> = s
                 .spec
@@ -270,6 +274,21 @@ impl Launcher {
                     .record(message, Instant::now());
                 // Held back (a storm): reported, with the count, when its interval is over.
                 report.is_some_and(|r| self.report_io_error(r))
+            }
+            HypervisorEvent::MemoryDeviceSizeChange {
+                domain,
+                alias,
+                size_kib,
+            } if ours(&domain) => {
+                self.events.publish(EventKind::Hypervisor {
+                    event: "MemoryDeviceSizeChange".into(),
+                    detail: format!("{alias} {size_kib} KiB"),
+                });
+                // The status shows what the guest has now (libvirt's XML has it already).
+                if let Err(e) = self.refresh_resources() {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot read the resources");
+                }
+                false
             }
             HypervisorEvent::ControlError { domain } if ours(&domain) => {
                 self.events.publish(EventKind::Hypervisor {

@@ -7,9 +7,11 @@ use std::time::Instant;
 use tokio::sync::broadcast;
 
 use super::{Launcher, State};
+use crate::domain::LiveResources;
 use crate::lifecycle::{
     self, Command, Observation, Phase, PowerState, Progress, RunStrategy, VmState,
 };
+use crate::spec::Validated;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum VolumePhase {
@@ -65,6 +67,27 @@ pub struct PublishedPort {
     pub host_port: u16,
 }
 
+/// The vCPUs: the topology the spec asks for, and what the guest has enabled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuStatus {
+    pub sockets: u32,
+    pub cores: u32,
+    pub threads: u32,
+    /// The room for CPU hotplug, when the spec gives one.
+    pub max_sockets: Option<u32>,
+    /// vCPUs the domain has enabled (libvirt's count; the guest onlines them itself).
+    pub vcpus_online: u32,
+}
+
+/// Guest memory in bytes: booted with, asked for, plugged by the guest, and the room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryStatus {
+    pub guest_at_boot: u64,
+    pub requested: u64,
+    pub current: u64,
+    pub max_guest: Option<u64>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskInfo {
     pub id: u64,
@@ -92,6 +115,9 @@ pub struct Status {
     pub conditions: Vec<Condition>,
     pub volumes: Vec<VolumeStatus>,
     pub interfaces: Vec<InterfaceStatus>,
+    /// Once libvirt has shown the domain.
+    pub cpu: Option<CpuStatus>,
+    pub memory: Option<MemoryStatus>,
     pub domain_name: String,
     pub libvirt_uri: String,
     pub run_strategy: RunStrategy,
@@ -124,7 +150,7 @@ impl Status {
     }
 
     /// What the stream reports as a status change: everything but the volumes (they have their
-    /// own events).
+    /// own events) and the interfaces.
     pub(super) fn summary_differs(&self, other: &Status) -> bool {
         (
             self.phase,
@@ -135,6 +161,8 @@ impl Status {
             &self.conditions,
             self.restart_count,
             self.finished,
+            self.cpu,
+            self.memory,
         ) != (
             other.phase,
             other.printable_status,
@@ -144,6 +172,8 @@ impl Status {
             &other.conditions,
             other.restart_count,
             other.finished,
+            other.cpu,
+            other.memory,
         )
     }
 }
@@ -256,6 +286,8 @@ impl Launcher {
             conditions,
             volumes: s.volumes.values().cloned().collect(),
             interfaces: s.interfaces.clone(),
+            cpu: s.resources.as_ref().map(|r| cpu_status(&s.spec, r)),
+            memory: s.resources.as_ref().map(|r| memory_status(&s.spec, r)),
             domain_name: self.domain_name.clone(),
             libvirt_uri: self.connector.uri(),
             run_strategy: self.options.strategy,
@@ -263,6 +295,39 @@ impl Launcher {
             next_restart: s.restart_at,
             finished: s.finished,
         }
+    }
+}
+
+/// The spec's topology (sockets from `resources` when it gives none) with the live count.
+fn cpu_status(spec: &Validated, live: &LiveResources) -> CpuStatus {
+    let cpu = spec.spec.domain.cpu.clone().unwrap_or_default();
+    let topology_given = cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some();
+    let sockets = match cpu.sockets {
+        Some(sockets) => sockets,
+        None if topology_given => 1,
+        None => crate::spec::resource_cpus(spec).unwrap_or(1),
+    };
+    CpuStatus {
+        sockets,
+        cores: cpu.cores.unwrap_or(1),
+        threads: cpu.threads.unwrap_or(1),
+        max_sockets: cpu.max_sockets,
+        vcpus_online: live.vcpus,
+    }
+}
+
+fn memory_status(spec: &Validated, live: &LiveResources) -> MemoryStatus {
+    MemoryStatus {
+        guest_at_boot: live.memory_at_boot_kib * 1024,
+        requested: live.requested_kib() * 1024,
+        current: live.current_kib() * 1024,
+        max_guest: spec
+            .spec
+            .domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.max_guest.as_ref())
+            .and_then(|q| q.to_bytes().ok()),
     }
 }
 
@@ -313,6 +378,8 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
         conditions: Vec::new(),
         volumes: Vec::new(),
         interfaces: Vec::new(),
+        cpu: None,
+        memory: None,
         domain_name: domain_name.into(),
         libvirt_uri: uri.into(),
         run_strategy: strategy,

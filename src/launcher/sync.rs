@@ -17,6 +17,7 @@ use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
 use super::in_flight::in_flight;
+use super::resize::{self, ResourceChange};
 use super::tasks::{prepare_disks, DiskNotReady, Work};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +37,8 @@ pub struct PlannedChange {
 pub struct SyncOutcome {
     pub plan: Vec<PlannedChange>,
     pub volumes: Vec<VolumeStatus>,
+    /// The vCPU and memory changes, planned (dry run) or done, each with its own result.
+    pub resources: Vec<ResourceChange>,
 }
 
 /// The block device behind a hot-plugged volume, as a Sync names it. Its serde form is part of
@@ -136,6 +139,10 @@ impl Launcher {
         let devices = self.resolve_block_devices(&vmi, &input)?;
         let mut opts = self.convert_options();
         opts.block_volumes.extend(devices.keys().cloned());
+        opts.guest_at_boot = self.memory_at_boot();
+        if let Some(boot) = opts.guest_at_boot {
+            resize::check_not_below_boot(&vmi, boot)?;
+        }
         let desired = convert::convert(&vmi, &opts)?;
         if desired.name != self.domain_name {
             return Err(LauncherError::WrongInstance {
@@ -227,7 +234,8 @@ impl Launcher {
     ) -> Result<SyncOutcome, LauncherError> {
         let dry_run = input.dry_run;
         // Before the state lock: `block` is a leaf, never taken under `state`.
-        let opts = self.convert_options();
+        let mut opts = self.convert_options();
+        opts.guest_at_boot = self.memory_at_boot();
         let current = {
             let s = self.state.lock().expect("state lock");
             convert::convert(&s.spec, &opts)?
@@ -239,13 +247,23 @@ impl Launcher {
         let live = self.live_disks().await?;
         let plan = hotplug::plan(&live, desired)?;
         let planned = planned_changes(&plan);
+        // Only a domain with room to resize pays for reading what it has.
+        let (resizes, resources) =
+            if desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some() {
+                let live = self.refresh_resources()?;
+                (resize::plan(&live, desired), live)
+            } else {
+                Default::default()
+            };
         if dry_run {
             return Ok(SyncOutcome {
                 plan: planned,
                 volumes: self.status().volumes,
+                resources: resizes,
             });
         }
         self.accept(input, vmi)?;
+        let resources = self.resize(resizes, &resources).await;
         // A volume the spec no longer names and libvirt does not have (one that was pending or
         // failed) has nothing left to report.
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
@@ -286,6 +304,7 @@ impl Launcher {
         Ok(SyncOutcome {
             plan: planned,
             volumes: self.status().volumes,
+            resources,
         })
     }
 

@@ -33,6 +33,12 @@ pub enum HypervisorEvent {
     DeviceAdded { domain: String, alias: String },
     /// The guest reset itself (or was reset).
     Reboot { domain: String },
+    /// A virtio-mem device's plugged size changed: the guest took (or gave back) memory.
+    MemoryDeviceSizeChange {
+        domain: String,
+        alias: String,
+        size_kib: u64,
+    },
     /// A disk I/O error; `action` is libvirt's (`none`, `pause`, `report`).
     IoError {
         domain: String,
@@ -121,6 +127,14 @@ type BlockJobCallback = unsafe extern "C" fn(
 /// `virConnectDomainEventTrayChangeCallback`: device alias, reason.
 type TrayChangeCallback =
     unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *const c_char, c_int, *mut c_void);
+/// `virConnectDomainEventMemoryDeviceSizeChangeCallback`: device alias, new size in KiB.
+type MemorySizeCallback = unsafe extern "C" fn(
+    sys::virConnectPtr,
+    sys::virDomainPtr,
+    *const c_char,
+    std::os::raw::c_ulonglong,
+    *mut c_void,
+);
 /// `virConnectDomainEventDiskChangeCallback`: old and new source, device alias, reason.
 type DiskChangeCallback = unsafe extern "C" fn(
     sys::virConnectPtr,
@@ -133,8 +147,8 @@ type DiskChangeCallback = unsafe extern "C" fn(
 );
 
 impl EventRegistration {
-    /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added and device-removed
-    /// events of every domain on `conn`, to the connection-close callback, and, only to count
+    /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added, device-removed
+    /// and memory-device-size events of every domain on `conn`, to the connection-close callback, and, only to count
     /// them (see [`delivered`](super::delivered)), to the events that tell of a disk changed by
     /// someone else: a block job's end (a pivot changes a source), a tray moved, a medium
     /// changed.
@@ -153,7 +167,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 9] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 10] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -200,6 +214,12 @@ impl EventRegistration {
                     sys::VIR_DOMAIN_EVENT_ID_DISK_CHANGE as i32,
                     Some(std::mem::transmute::<DiskChangeCallback, GenericCallback>(
                         on_disk_change,
+                    )),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE as i32,
+                    Some(std::mem::transmute::<MemorySizeCallback, GenericCallback>(
+                        on_memory_size_change,
                     )),
                 ),
             ]
@@ -475,6 +495,24 @@ unsafe extern "C" fn on_io_error(
             path: c_string(path),
             action,
             reason: c_string(reason),
+        };
+        send(opaque, event);
+    }
+}
+
+unsafe extern "C" fn on_memory_size_change(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    alias: *const c_char,
+    size: std::os::raw::c_ulonglong,
+    opaque: *mut c_void,
+) {
+    // SAFETY: libvirt passes a valid domain, a NUL-terminated alias and our opaque pointer.
+    unsafe {
+        let event = HypervisorEvent::MemoryDeviceSizeChange {
+            domain: domain_name(dom),
+            alias: c_string(alias),
+            size_kib: size,
         };
         send(opaque, event);
     }

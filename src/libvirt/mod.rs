@@ -411,6 +411,22 @@ impl Hypervisor {
         })
     }
 
+    /// Sets how many vCPUs are enabled, in the running guest and in the persistent definition.
+    /// libvirt plugs or unplugs them one by one; an unplug waits for the guest to let go.
+    pub fn set_vcpus(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
+        let flags = sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG;
+        self.on_domain(name, "set vCPUs", |d| d.set_vcpus_flags(count, flags))
+    }
+
+    /// Changes a device of the running guest and of the persistent definition (virtio-mem's
+    /// requested size: the only change libvirt takes for it).
+    pub fn update_device(&self, name: &str, device_xml: &str) -> Result<(), LibvirtError> {
+        let flags = sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG;
+        self.on_domain(name, "update device", |d| {
+            d.update_device_flags(device_xml, flags)
+        })
+    }
+
     /// Presses the ACPI power button.
     pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "shutdown", |d| {

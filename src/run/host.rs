@@ -302,6 +302,8 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         cpus: crate::host::cpus::own_cpus()
             .inspect_err(|e| tracing::warn!("{e}"))
             .unwrap_or_default(),
+        // Set per conversion by the launcher, for a domain that runs.
+        guest_at_boot: None,
     };
     Prepared {
         connector,

@@ -37,8 +37,8 @@ pub use model::*;
 pub use problem::{FieldError, Problem, SpecErrors};
 pub use quantity::{Quantity, QuantityError};
 pub use validate::{
-    guest_memory, is_known_machine, resource_cpus, validate, MAX_CAPACITY, MAX_DISKS, MAX_VCPUS,
-    MAX_VOLUMES,
+    guest_memory, is_known_machine, resource_cpus, validate, HOTPLUG_BLOCK_BYTES, MAX_CAPACITY,
+    MAX_DISKS, MAX_VCPUS, MAX_VOLUMES,
 };
 
 #[cfg(test)]

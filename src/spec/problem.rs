@@ -112,6 +112,21 @@ pub enum Problem {
     NoGuestMemory,
     #[error("guest memory ({guest} bytes) is not a multiple of the page size {page_size}")]
     NotPageAligned { guest: u64, page_size: String },
+    /// `guest` (or `sockets`) above its hotplug maximum.
+    #[error("{value} is more than {max_field} ({max})")]
+    AboveMaximum {
+        value: String,
+        max_field: &'static str,
+        max: String,
+    },
+    #[error("{bytes} bytes is not a multiple of {alignment} (virtio-mem's block)")]
+    NotBlockAligned { bytes: u64, alignment: &'static str },
+    /// KubeVirt's floor for memory hotplug: the guest kernel needs room for its own structures.
+    #[error("{bytes} bytes at boot is below 1Gi, the least memory hotplug works with")]
+    BelowHotplugMinimum { bytes: u64 },
+    /// Less guest memory than the running guest booted with.
+    #[error("{bytes} bytes is less than the {boot} bytes the guest booted with (a restart can lower it)")]
+    BelowBootMemory { bytes: u64, boot: u64 },
     #[error("{page_size:?} is not 2Mi or 1Gi")]
     PageSize { page_size: String },
     #[error("{model:?} is not a CPU model name (host-model, host-passthrough or a libvirt model)")]

@@ -6,7 +6,7 @@
 
 use super::model::{
     CdromTarget, CloudInitNoCloud, ContainerDisk, Cpu, Devices, Disk, DiskTarget, DomainSpec, Efi,
-    Features, Firmware, Interface, LunTarget, Memory, ObjectMeta, PodNetwork, Resources, VmiSpec,
+    Features, Firmware, Interface, LunTarget, ObjectMeta, PodNetwork, Resources, VmiSpec,
 };
 use super::parse::VirtualMachineSpec;
 use super::problem::Problems;
@@ -104,14 +104,10 @@ unsupported_fields! {
         chassis: "SMBIOS chassis",
         launch_security: "confidential computing",
     }
-    Memory {
-        max_guest: "memory hotplug",
-    }
     Resources {
         overcommit_guest_overhead: "pod memory accounting",
     }
     Cpu {
-        max_sockets: "CPU hotplug",
         numa: "guest NUMA mapping",
         realtime: "realtime scheduling",
     }

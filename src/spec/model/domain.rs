@@ -36,7 +36,9 @@ pub struct Cpu {
     pub model: Option<String>,
     #[serde(default)]
     pub features: Vec<CpuFeature>,
-    pub max_sockets: Option<Unsupported>,
+    /// Room for CPU hotplug: the domain is defined with `maxSockets × cores × threads` vCPUs,
+    /// `sockets × cores × threads` of them enabled; a Sync changes `sockets` within it.
+    pub max_sockets: Option<u32>,
     /// Pin each vCPU to a CPU of the launcher's own CPU set (KubeVirt: of the pod's cpuset).
     pub dedicated_cpu_placement: Option<bool>,
     /// With `dedicatedCpuPlacement`: pin QEMU's emulator threads to one more CPU.
@@ -58,7 +60,9 @@ pub struct CpuFeature {
 pub struct Memory {
     pub guest: Option<Quantity>,
     pub hugepages: Option<Hugepages>,
-    pub max_guest: Option<Unsupported>,
+    /// Room for memory hotplug: a virtio-mem device holds `maxGuest` minus the memory the guest
+    /// booted with; a Sync changes `guest` within it.
+    pub max_guest: Option<Quantity>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

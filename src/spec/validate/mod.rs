@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 pub use bounds::{MAX_CAPACITY, MAX_DISKS, MAX_VCPUS, MAX_VOLUMES};
 pub use firmware::is_known_machine;
-pub use resources::{guest_memory, resource_cpus};
+pub use resources::{guest_memory, resource_cpus, HOTPLUG_BLOCK_BYTES};
 
 use super::checks::check_dns1123_label;
 use super::model::VirtualMachineInstance;
@@ -88,6 +88,7 @@ pub(super) fn check(vmi: &VirtualMachineInstance) -> Result<Facts, SpecErrors> {
     let domain = &spec.domain;
     unsupported::check(e, "spec.domain", domain);
     let memory_bytes = resources::validate_memory(vmi, e);
+    resources::validate_max_guest(vmi, memory_bytes, e);
     resources::validate_cpu(domain, e);
     firmware::validate_machine_and_firmware(domain, e);
     firmware::validate_features_and_clock(domain, e);

@@ -28,7 +28,6 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
         }
     };
     if let Some(memory) = &domain.memory {
-        unsupported::check(e, "spec.domain.memory", memory);
         if let Some(hp) = &memory.hugepages {
             let path = "spec.domain.memory.hugepages.pageSize";
             match hp.page_size.to_bytes() {
@@ -80,6 +79,96 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
     guest
 }
 
+/// virtio-mem's block size, and the alignment of hot-pluggable memory (KubeVirt's too).
+pub const HOTPLUG_BLOCK_BYTES: u64 = 2 << 20;
+/// The least boot memory that memory hotplug is offered with (KubeVirt's rule).
+pub const HOTPLUG_MIN_GUEST_BYTES: u64 = 1 << 30;
+/// The most guest memory the launcher defines: QEMU's x86 limit.
+pub const MAX_GUEST_BYTES: u64 = 16 << 40;
+
+/// `memory.maxGuest`, KubeVirt's rules: `guest` given explicitly and at most `maxGuest`, both
+/// aligned to virtio-mem's 2 MiB block, `guest` at least 1Gi; not with hugepages.
+pub(super) fn validate_max_guest(
+    vmi: &VirtualMachineInstance,
+    guest: Option<u64>,
+    e: &mut Problems,
+) {
+    let Some(memory) = &vmi.spec.domain.memory else {
+        return;
+    };
+    let Some(max) = &memory.max_guest else {
+        return;
+    };
+    let path = "spec.domain.memory.maxGuest";
+    let max_bytes = match max.to_bytes() {
+        Ok(b) if b > MAX_GUEST_BYTES => {
+            e.add(
+                path,
+                Problem::TooLarge {
+                    value: max.0.clone(),
+                    max: "16Ti",
+                },
+            );
+            return;
+        }
+        Ok(b) => b,
+        Err(why) => {
+            e.add(path, why);
+            return;
+        }
+    };
+    if max_bytes % HOTPLUG_BLOCK_BYTES != 0 {
+        e.add(
+            path,
+            Problem::NotBlockAligned {
+                bytes: max_bytes,
+                alignment: "2Mi",
+            },
+        );
+    }
+    if memory.hugepages.is_some() {
+        e.add(
+            path,
+            Problem::Unsupported {
+                why: "memory hotplug with hugepages",
+            },
+        );
+    }
+    let guest_path = "spec.domain.memory.guest";
+    let Some(guest_quantity) = &memory.guest else {
+        e.add(
+            guest_path,
+            Problem::Needs {
+                what: "an explicit memory.guest with maxGuest",
+            },
+        );
+        return;
+    };
+    let Some(guest) = guest else { return };
+    if guest > max_bytes {
+        e.add(
+            guest_path,
+            Problem::AboveMaximum {
+                value: guest_quantity.0.clone(),
+                max_field: "maxGuest",
+                max: max.0.clone(),
+            },
+        );
+    }
+    if guest % HOTPLUG_BLOCK_BYTES != 0 {
+        e.add(
+            guest_path,
+            Problem::NotBlockAligned {
+                bytes: guest,
+                alignment: "2Mi",
+            },
+        );
+    }
+    if guest < HOTPLUG_MIN_GUEST_BYTES {
+        e.add(guest_path, Problem::BelowHotplugMinimum { bytes: guest });
+    }
+}
+
 pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
     let Some(cpu) = &domain.cpu else { return };
     for (field, value) in [
@@ -94,8 +183,36 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
             );
         }
     }
-    if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
-        let one = |n: Option<u32>| n.unwrap_or(1);
+    let one = |n: Option<u32>| n.unwrap_or(1);
+    if let Some(max) = cpu.max_sockets {
+        if max == 0 {
+            e.add("spec.domain.cpu.maxSockets", Problem::AtLeast { min: 1 });
+        } else if one(cpu.sockets) > max {
+            e.add(
+                "spec.domain.cpu.sockets",
+                Problem::AboveMaximum {
+                    value: one(cpu.sockets).to_string(),
+                    max_field: "maxSockets",
+                    max: max.to_string(),
+                },
+            );
+        }
+        if cpu.dedicated_cpu_placement == Some(true) {
+            e.add(
+                "spec.domain.cpu.maxSockets",
+                Problem::Unsupported {
+                    why: "CPU hotplug with dedicatedCpuPlacement",
+                },
+            );
+        }
+        // The domain is defined for the largest topology.
+        bounds::check_topology(
+            max.max(one(cpu.sockets)),
+            one(cpu.cores),
+            one(cpu.threads),
+            e,
+        );
+    } else if cpu.sockets.is_some() || cpu.cores.is_some() || cpu.threads.is_some() {
         bounds::check_topology(one(cpu.sockets), one(cpu.cores), one(cpu.threads), e);
     }
     if let Some(model) = &cpu.model {

@@ -1,0 +1,243 @@
+//! The CPU and memory a live domain has, read back from libvirt's XML: what a Sync that resizes
+//! the guest compares against, and what the status reports.
+
+use super::live::LiveXmlError;
+use super::VirtioMemDef;
+
+/// vCPUs and memory as libvirt runs them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LiveResources {
+    /// vCPUs enabled now (`<vcpu current=…>`, else all of them).
+    pub vcpus: u32,
+    /// vCPUs the domain has room for.
+    pub max_vcpus: u32,
+    /// The memory it booted with, without virtio-mem's (its NUMA cells', else `<memory>`).
+    pub memory_at_boot_kib: u64,
+    pub virtio_mem: Option<LiveVirtioMem>,
+}
+
+/// vmlauncher's virtio-mem device (`VirtioMemDef::ALIAS`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LiveVirtioMem {
+    pub size_kib: u64,
+    pub requested_kib: u64,
+    /// What the guest has plugged; libvirt updates it on QEMU's size-change event.
+    pub current_kib: u64,
+    /// The element exactly as libvirt wrote it, and where its `<requested>` is in it: libvirt
+    /// finds the device to update by its address, which only the live XML has.
+    pub xml: String,
+    pub requested_range: std::ops::Range<usize>,
+}
+
+impl LiveVirtioMem {
+    /// The device as libvirt has it, asking for `kib`: what libvirt's update call takes.
+    pub fn asking(&self, kib: u64) -> String {
+        format!(
+            "{}<requested unit='KiB'>{kib}</requested>{}",
+            &self.xml[..self.requested_range.start],
+            &self.xml[self.requested_range.end..]
+        )
+    }
+}
+
+impl LiveResources {
+    /// Guest memory asked for: the boot memory and what virtio-mem was asked to add.
+    pub fn requested_kib(&self) -> u64 {
+        self.memory_at_boot_kib + self.virtio_mem.as_ref().map_or(0, |m| m.requested_kib)
+    }
+
+    /// Guest memory it has: the boot memory and what the guest plugged.
+    pub fn current_kib(&self) -> u64 {
+        self.memory_at_boot_kib + self.virtio_mem.as_ref().map_or(0, |m| m.current_kib)
+    }
+}
+
+/// Reads `<vcpu>`, the NUMA cells, `<memory>` and the virtio-mem device of a live domain XML.
+pub fn live_resources(xml: &str) -> Result<LiveResources, LiveXmlError> {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    let root = doc.root_element();
+    let number = |node: roxmltree::Node, what: &'static str| -> Result<u64, LiveXmlError> {
+        node.text()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .ok_or(LiveXmlError::BadNumber { what })
+    };
+    let vcpu = root
+        .children()
+        .find(|n| n.has_tag_name("vcpu"))
+        .ok_or(LiveXmlError::BadNumber { what: "<vcpu>" })?;
+    let max_vcpus = number(vcpu, "<vcpu>")? as u32;
+    let vcpus = match vcpu.attribute("current") {
+        Some(current) => current
+            .parse::<u32>()
+            .map_err(|_| LiveXmlError::BadNumber {
+                what: "<vcpu current>",
+            })?,
+        None => max_vcpus,
+    };
+    let cells: Vec<u64> = root
+        .descendants()
+        .filter(|n| n.has_tag_name("cell") && n.parent().is_some_and(|p| p.has_tag_name("numa")))
+        .map(|cell| {
+            let value = cell.attribute("memory").and_then(|m| m.parse::<u64>().ok());
+            let unit = cell.attribute("unit").unwrap_or("KiB");
+            value
+                .and_then(|v| kib(v, unit))
+                .ok_or(LiveXmlError::BadNumber {
+                    what: "<numa><cell memory>",
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let memory_at_boot_kib = if cells.is_empty() {
+        let memory = root
+            .children()
+            .find(|n| n.has_tag_name("memory"))
+            .ok_or(LiveXmlError::BadNumber { what: "<memory>" })?;
+        sized(memory, "<memory>")?
+    } else {
+        cells.iter().sum()
+    };
+    let virtio_mem = root
+        .children()
+        .filter(|n| n.has_tag_name("devices"))
+        .flat_map(|d| d.children())
+        .find(|n| {
+            n.has_tag_name("memory")
+                && n.attribute("model") == Some("virtio-mem")
+                && n.children().any(|a| {
+                    a.has_tag_name("alias") && a.attribute("name") == Some(VirtioMemDef::ALIAS)
+                })
+        })
+        .map(|device| -> Result<LiveVirtioMem, LiveXmlError> {
+            let target = device.children().find(|n| n.has_tag_name("target")).ok_or(
+                LiveXmlError::BadNumber {
+                    what: "virtio-mem <target>",
+                },
+            )?;
+            let field = |name: &str, what: &'static str| match target
+                .children()
+                .find(|n| n.has_tag_name(name))
+            {
+                Some(node) => sized(node, what),
+                None => Ok(0),
+            };
+            let requested = target
+                .children()
+                .find(|n| n.has_tag_name("requested"))
+                .ok_or(LiveXmlError::BadNumber {
+                    what: "virtio-mem <requested>",
+                })?;
+            let start = device.range().start;
+            Ok(LiveVirtioMem {
+                size_kib: field("size", "virtio-mem <size>")?,
+                requested_kib: sized(requested, "virtio-mem <requested>")?,
+                current_kib: field("current", "virtio-mem <current>")?,
+                xml: xml[device.range()].to_string(),
+                requested_range: requested.range().start - start..requested.range().end - start,
+            })
+        })
+        .transpose()?;
+    Ok(LiveResources {
+        vcpus,
+        max_vcpus,
+        memory_at_boot_kib,
+        virtio_mem,
+    })
+}
+
+/// An element's number in KiB, by its `unit` (libvirt writes KiB; the others are its spellings).
+fn sized(node: roxmltree::Node, what: &'static str) -> Result<u64, LiveXmlError> {
+    let value = node.text().and_then(|t| t.trim().parse::<u64>().ok());
+    let unit = node.attribute("unit").unwrap_or("KiB");
+    value
+        .and_then(|v| kib(v, unit))
+        .ok_or(LiveXmlError::BadNumber { what })
+}
+
+fn kib(value: u64, unit: &str) -> Option<u64> {
+    match unit {
+        "b" | "bytes" => Some(value / 1024),
+        "k" | "KiB" => Some(value),
+        "M" | "MiB" => value.checked_mul(1024),
+        "G" | "GiB" => value.checked_mul(1024 * 1024),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// As libvirt 9.0 shows a domain booted with 1 GiB, room for 1 GiB more and 4 vCPUs,
+    /// after a Sync asked for 2 vCPUs and 512 MiB (the guest has plugged 256 MiB so far).
+    const RESIZED: &str = r#"<domain type='qemu' id='3'>
+  <name>default_vm</name>
+  <maxMemory slots='1' unit='KiB'>2097152</maxMemory>
+  <memory unit='KiB'>2097152</memory>
+  <currentMemory unit='KiB'>1310720</currentMemory>
+  <vcpu placement='static' current='2'>4</vcpu>
+  <cpu mode='custom' match='exact' check='full'>
+    <topology sockets='4' dies='1' cores='1' threads='1'/>
+    <numa>
+      <cell id='0' cpus='0-3' memory='1048576' unit='KiB'/>
+    </numa>
+  </cpu>
+  <devices>
+    <memory model='virtio-mem'>
+      <target>
+        <size unit='KiB'>1048576</size>
+        <node>0</node>
+        <block unit='KiB'>2048</block>
+        <requested unit='KiB'>524288</requested>
+        <current unit='KiB'>262144</current>
+      </target>
+      <alias name='ua-virtio-mem'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x05' function='0x0'/>
+    </memory>
+  </devices>
+</domain>"#;
+
+    #[test]
+    fn a_resized_domain_reads_as_booted_asked_and_plugged() {
+        let r = live_resources(RESIZED).unwrap();
+        assert_eq!(r.vcpus, 2);
+        assert_eq!(r.max_vcpus, 4);
+        assert_eq!(r.memory_at_boot_kib, 1048576);
+        let mem = r.virtio_mem.clone().unwrap();
+        assert_eq!(
+            (mem.size_kib, mem.requested_kib, mem.current_kib),
+            (1048576, 524288, 262144)
+        );
+        assert_eq!(r.requested_kib(), 1572864);
+        assert_eq!(r.current_kib(), 1310720);
+        // The update names the device as libvirt does (its address), asking for the new size.
+        let update = mem.asking(1048576);
+        assert!(
+            update.starts_with("<memory model='virtio-mem'>"),
+            "{update}"
+        );
+        assert!(update.ends_with("</memory>"), "{update}");
+        assert!(
+            update.contains("<requested unit='KiB'>1048576</requested>"),
+            "{update}"
+        );
+        assert!(!update.contains("524288"), "{update}");
+        assert!(update.contains("<address type='pci' domain='0x0000' bus='0x00' slot='0x05'"));
+    }
+
+    #[test]
+    fn a_domain_without_room_has_its_memory_and_every_vcpu() {
+        let xml = "<domain><memory unit='MiB'>512</memory><vcpu>2</vcpu><devices/></domain>";
+        let r = live_resources(xml).unwrap();
+        assert_eq!((r.vcpus, r.max_vcpus, r.memory_at_boot_kib), (2, 2, 524288));
+        assert_eq!(r.virtio_mem, None);
+    }
+
+    #[test]
+    fn a_number_that_is_not_one_is_an_error_not_a_zero() {
+        let xml = "<domain><memory unit='KiB'>lots</memory><vcpu>2</vcpu></domain>";
+        assert!(matches!(
+            live_resources(xml),
+            Err(LiveXmlError::BadNumber { what: "<memory>" })
+        ));
+    }
+}
