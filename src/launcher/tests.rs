@@ -35,10 +35,7 @@ impl Drop for TestLauncher {
 /// `name` must be unique in the test binary (the test driver's domains are process-wide).
 pub(super) async fn test_launcher(name: &str) -> TestLauncher {
     let dir = tempfile::tempdir().unwrap();
-    let spec = format!(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: {name}}}\n\
-         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n    devices: {{}}\n"
-    );
+    let spec = crate::testing::minimal_vmi(name, "    devices: {}", "");
     let vmi = crate::spec::parse(&spec).unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     let connector = Arc::new(Connector::new(
