@@ -20,7 +20,7 @@
 //!
 //! | module | owns | must not |
 //! |---|---|---|
-//! | [`spec`] | KubeVirt's VMI subset: the document read bounded (`document`: size, aliases, depth, duplicate keys), serde types by area (`model/`), `parse`, `quantity`, `checks`, validation by area (`validate/`) into [`spec::Validated`] with typed [`spec::Problem`]s, the table of KubeVirt fields not implemented, with why (`unsupported`) | do I/O, know libvirt |
+//! | [`spec`] | KubeVirt's VMI subset: the document read bounded (`document`: size, aliases, depth, duplicate keys), serde types by area (`model/`), `parse`, `quantity`, `checks`, validation by area (`validate/`) into [`spec::Validated`] with typed [`spec::Problem`]s (`problem`), the table of KubeVirt fields not implemented, with why (`unsupported`) | do I/O, know libvirt |
 //! | `volumes` | where each volume source lives on the host (pure) | touch the host |
 //! | [`convert`] | `Validated` → [`domain::DomainDef`], deterministic (tests in `convert/tests.rs`) | do I/O |
 //! | [`domain`] | the domain XML model (`mod.rs`), its writer (`write`, quick-xml), the live-XML reader (`live`, roxmltree) | call libvirt |
@@ -30,7 +30,7 @@
 //! | [`lifecycle`] | the state model's pure rules: phase, pause reason (`mod.rs`); commands, admit, settle, final stop (`tasks`); reconcile, run strategies, reboot window, back-off (`strategy`) | do I/O |
 //! | `launcher` | the core that executes them: the `Launcher` and start (`mod.rs`), status and events (`status`), tasks (`tasks`), reconciler and reconnect (`reconciler`), Sync (`sync`) and its attaches a few at a time (`in_flight`), the last accepted Sync on disk (`saved`), what it knows without asking libvirt (`known`), I/O errors at a bounded rate (`io_errors`); unit tests against libvirt's `test:///default` (`tests.rs`) | implement a parser of its own |
 //! | [`api`] | the gRPC server (+ health; reflection built on its first call, `api/reflection.rs`) and client connection; maps errors to gRPC codes | hold state |
-//! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol over the launcher: its flags (`flags`), entrypoint (`entry`), cmd server (`server`), what each call does (`front`), the VMI as sent (`vmi`), notify client (`notify`), the `api.Domain` JSON (`domain_json`), guest-agent answers (`guest_agent`) | hold VM state of its own |
+//! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol over the launcher: its flags (`flags`), entrypoint (`entry`), cmd server (`server`), what each call does (`front`), the VMI as sent (`vmi`), notify client (`notify`), the `api.Domain` JSON and its stats (`domain_json/`), guest-agent answers (`guest_agent`) | hold VM state of its own |
 //! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
 //! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`) | — |
