@@ -8,7 +8,7 @@
 #   /var/cache/vmlauncher/images so that the next run (and the next CI run on this machine) loads
 #   it in seconds. Nothing depends on the cache being there.
 # - The binary is built on the host (the same debug build the tests use, or
-#   VMLAUNCHER_PROFILE=release) and copied in; see the README for the Rust build stage a
+#   VMLAUNCHER_PROFILE=release) and copied in; see docs/pod.md ("The image") for the Rust build stage a
 #   registry-connected build would use instead.
 # - QEMU's capability cache is warmed at build time; with /dev/kvm present the build sees it, so
 #   the cache is valid for pods that get /dev/kvm.

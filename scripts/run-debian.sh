@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-debian-image.sh
 cargo build --locked
-# root's own dir, not /tmp where anyone could plant it first (review H2)
+# root's own dir, not /tmp where anyone could plant it first
 rt=${VMLAUNCHER_RUNTIME_DIR:-/run/vmlauncher-debian}
 image=${VMLAUNCHER_DEBIAN_DIR:-/var/cache/vmlauncher/debian}/disk.img
 mkdir -p "$rt/container-disks"

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --locked
-# root's own dir, not /tmp where anyone could plant it first (review H2)
+# root's own dir, not /tmp where anyone could plant it first
 rt=${VMLAUNCHER_RUNTIME_DIR:-/run/vmlauncher-example}
 echo "runtime dir: $rt   (in another terminal: target/debug/vmlauncher status --socket $rt/launcher.sock)"
 exec target/debug/vmlauncher run examples/testguest-vmi.yaml --runtime-dir "$rt" --emulation tcg --console "$@"

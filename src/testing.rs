@@ -4,6 +4,16 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempDir;
 
+/// The smallest valid instance, named `name` (64 MiB of memory, nothing else), with `domain`
+/// lines (indented 4) under `spec.domain` and `spec` lines (indented 2) under `spec`. The one
+/// minimal-spec builder of the unit tests: a field every instance comes to need is added here once.
+pub(crate) fn minimal_vmi(name: &str, domain: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: {name}}}\n\
+         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n{domain}\n{spec}\n"
+    )
+}
+
 /// A fresh temporary directory and the path of `name` in it, not created. The directory is
 /// removed when the `TempDir` drops: bind it (`_dir`, not `_`) for as long as the test needs it.
 pub(crate) fn temp_path(name: impl AsRef<Path>) -> (TempDir, PathBuf) {

@@ -127,8 +127,9 @@ fn run_refused(rt: &Path, extra: &[&str]) -> String {
     stderr
 }
 
-/// Review H2: a runtime dir that is not the launcher's own (here a symlink to a directory) is
-/// refused before anything is started, as input, naming the option; the target is untouched.
+/// A runtime dir that is not the launcher's own (here a symlink to a directory, which whoever
+/// planted it could point anywhere) is refused before anything is started, as input, naming
+/// the option; the target is untouched.
 #[test]
 fn run_refuses_a_runtime_dir_that_is_a_symlink() {
     let dir = tempfile::tempdir().unwrap();
@@ -142,7 +143,7 @@ fn run_refuses_a_runtime_dir_that_is_a_symlink() {
     assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
 }
 
-/// Review M11: `--socket` naming a file that is not a socket (here a regular file) is refused
+/// `--socket` naming a file that is not a socket (here a regular file) is refused
 /// before anything starts, as input naming the option, and the file is left as it was.
 #[test]
 fn run_refuses_a_socket_path_that_is_a_regular_file() {
@@ -383,7 +384,7 @@ spec:
     }
 }
 
-/// Review, panic inventory: a --hotplug-dir (or --runtime-dir) that is not UTF-8 ends up in
+/// A --hotplug-dir (or --runtime-dir) that is not UTF-8 ends up in
 /// libvirt's XML and in the hotplug records as text; it is refused up front, naming the option.
 #[test]
 fn run_refuses_a_directory_that_is_not_utf8() {

@@ -629,7 +629,7 @@ async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
     drop(owned);
 }
 
-/// Review M11: a second `run` on the runtime dir of a running launcher is refused (exit 2, naming
+/// A second `run` on the runtime dir of a running launcher is refused (exit 2, naming
 /// the option and the launcher that holds it) and changes nothing; it used to adopt the first
 /// launcher's VM and shut it down when it was itself stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

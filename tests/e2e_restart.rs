@@ -1,13 +1,14 @@
 //! Nothing the owner asked for is lost when the launcher dies, and nothing hot-plugged stands in
 //! the way of the guest, end to end in a real TCG guest that prints its disks' serials:
 //! - a launcher killed (SIGKILL) and started again on the same runtime dir keeps every volume
-//!   hot-plugged before, and its next `addvolume` adds exactly one disk (review M10);
+//!   hot-plugged before, and its next `addvolume` adds exactly one disk
+//!   (the last Sync, saved, is its spec);
 //! - a launcher killed in the middle of a Sync is started again and converges to that Sync,
 //!   unplugging nothing the owner still wants;
-//! - a Pending hot-plugged volume does not keep the VM from restarting (review M9), and is
+//! - a Pending hot-plugged volume does not keep the VM from restarting, and is
 //!   attached once its file appears;
 //! - SIGTERM and Kill stop a Sync in flight at its next volume, and the guest still gets its
-//!   ACPI power button (review M12).
+//!   ACPI power button (a grace period is not spent on hotplug).
 
 mod common;
 

@@ -51,7 +51,8 @@ pub(crate) fn add_volume(spec: &mut SpecValue, name: &str, serial: &str) -> Resu
     if volumes.iter().any(named(name)) {
         return Err(format!("the spec already has a volume {name:?}"));
     }
-    // Built as values, never as YAML text: a name or serial is data, whatever it holds (L12).
+    // Built as values, never as YAML text: a name or serial is data, whatever it holds (as text,
+    // a crafted name could inject YAML of its own).
     let map = |entries: Vec<(&str, SpecValue)>| {
         SpecValue::Mapping(
             entries

@@ -188,10 +188,7 @@ fn machine_aliases_resolve_through_the_options_only() {
 
 /// A minimal instance with `domain` lines (indented 4) under `spec.domain`.
 fn with_domain(domain: &str) -> Validated {
-    vmi(&format!(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: vm}}\n\
-         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n{domain}\n"
-    ))
+    vmi(&crate::testing::minimal_vmi("vm", domain, ""))
 }
 
 #[test]

@@ -566,7 +566,7 @@ mod tests {
         devices.forget("never-plugged").unwrap();
     }
 
-    /// Review L3: a detach of `vol` times out, the volume is plugged again (the node found
+    /// A detach of `vol` times out, the volume is plugged again (the node found
     /// there is taken as it is), then the old disk's late removal comes: it must not unlink the
     /// new node nor revoke its rule.
     #[test]
@@ -604,7 +604,7 @@ mod tests {
         assert!(devices.nodes().is_empty());
     }
 
-    /// Review L11: without what block hotplug needs, a block volume is refused with the missing
+    /// Without what block hotplug needs, a block volume is refused with the missing
     /// capability named, before a node is made or a rule written.
     #[test]
     fn a_missing_capability_refuses_the_volume_and_makes_nothing() {
@@ -701,8 +701,9 @@ mod tests {
             .all(|(_, devices)| devices.is_empty()));
     }
 
-    /// Review M1: records written by someone else name a node outside the hotplug dir and a
-    /// cgroup QEMU is not in; the launcher unlinks neither and writes no rule there.
+    /// The records file is not trusted: records written by someone else name a node outside
+    /// the hotplug dir and a cgroup QEMU is not in; the launcher unlinks neither and writes no
+    /// rule there.
     #[test]
     fn hostile_records_are_not_obeyed() {
         let host = Host::new();
@@ -743,7 +744,7 @@ mod tests {
         assert!(devices.nodes().is_empty());
     }
 
-    /// Review M1 / KubeVirt #10689: with the records lost, a restarted launcher still knows the
+    /// KubeVirt #10689: with the records lost, a restarted launcher still knows the
     /// live volume's node and keeps its device allowed; the bad file is kept aside.
     #[test]
     fn corrupt_records_are_rebuilt_from_the_live_volumes_nodes() {

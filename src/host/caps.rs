@@ -238,7 +238,8 @@ mod tests {
         assert_eq!(missing[0].why, "CAP_MKNOD is not in the effective set");
     }
 
-    /// Review L11: CAP_BPF without CAP_SYS_ADMIN was taken as enough for cgroup v2.
+    /// CAP_BPF without CAP_SYS_ADMIN is not enough for cgroup v2: the program attached before
+    /// cannot be opened to detach it (it was once taken as enough).
     #[test]
     fn cap_bpf_alone_is_not_enough_for_cgroup_v2() {
         let v2 = CgroupRoots {

@@ -306,8 +306,12 @@ mod tests {
         let runtime = tmp.path().join("rt");
         fs::create_dir_all(&runtime).unwrap();
         let inside = runtime.join("x.img").display().to_string();
-        let text = format!(
-            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: a}}\nspec:\n  domain:\n    memory: {{guest: 64Mi}}\n    firmware: {{kernelBoot: {{container: {{kernelPath: /k, initrdPath: {inside}}}}}}}\n    devices: {{disks: [{{name: d}}]}}\n  volumes:\n  - {{name: d, hostDisk: {{path: {inside}, type: Disk}}}}\n"
+        let text = crate::testing::minimal_vmi(
+            "a",
+            &format!(
+                "    firmware: {{kernelBoot: {{container: {{kernelPath: /k, initrdPath: {inside}}}}}}}\n    devices: {{disks: [{{name: d}}]}}"
+            ),
+            &format!("  volumes:\n  - {{name: d, hostDisk: {{path: {inside}, type: Disk}}}}"),
         );
         let vmi = crate::spec::parse(&text).unwrap();
         let errors = policy(&[&runtime], &[]).check(&vmi).unwrap_err();

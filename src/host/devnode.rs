@@ -430,7 +430,7 @@ mod tests {
     const LOOP0: DevNumber = DevNumber { major: 7, minor: 0 };
     const ROOT: NodeOwner = NodeOwner { uid: 0, gid: 0 };
 
-    /// Review L2: a node that was there before is not the launcher's to remove when the plug
+    /// A node that was there before is not the launcher's to remove when the plug
     /// it was taken for is undone.
     #[test]
     fn an_undone_plug_leaves_a_node_it_found() {

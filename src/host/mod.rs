@@ -442,8 +442,8 @@ fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Resul
         let at = refcount_block as usize + cluster * 2;
         image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
     }
-    // Written aside under a fresh random name (O_EXCL: never through a planted symlink, review
-    // H2) and renamed: a half-written image is never used.
+    // Written aside under a fresh random name (O_EXCL: never through a symlink someone planted)
+    // and renamed: a half-written image is never used.
     crate::durable::write_atomically(path, &image).map_err(create)
 }
 
@@ -671,8 +671,9 @@ mod tests {
         assert_eq!(found, BTreeSet::from(["host".to_string()]));
     }
 
-    /// Review H1: a qcow2 header that points at a host file is refused in a container disk's
-    /// image, and is just data in a claim's (the guest wrote it; the overlay reads it as raw).
+    /// A qcow2 header that points at a host file (which QEMU would open for the guest) is
+    /// refused in a container disk's image, and is just data in a claim's (the guest wrote it;
+    /// the overlay reads it as raw).
     #[test]
     fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
         // What the launcher writes on top of a backing is exactly such an image.

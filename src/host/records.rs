@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(dropped.len(), 5, "{dropped:#?}");
     }
 
-    /// Review, panic inventory: a path that is not UTF-8 cannot be written as JSON; that was an
+    /// A path that is not UTF-8 cannot be written as JSON; that was an
     /// `expect` under the block-devices lock (a panic poisoning it). It is an error now.
     #[test]
     fn a_path_that_is_not_utf8_is_an_error_not_a_panic() {

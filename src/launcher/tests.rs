@@ -35,10 +35,7 @@ impl Drop for TestLauncher {
 /// `name` must be unique in the test binary (the test driver's domains are process-wide).
 pub(super) async fn test_launcher(name: &str) -> TestLauncher {
     let dir = tempfile::tempdir().unwrap();
-    let spec = format!(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: {name}}}\n\
-         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n    devices: {{}}\n"
-    );
+    let spec = crate::testing::minimal_vmi(name, "    devices: {}", "");
     let vmi = crate::spec::parse(&spec).unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
     let connector = Arc::new(Connector::new(
@@ -105,8 +102,8 @@ impl Work for Panics {
     }
 }
 
-/// Review, panic inventory: a panic inside a task (as in a gRPC handler's detached call) left
-/// `State.task` set for good, a phantom task in status.
+/// A panic inside a task (as in a gRPC handler's detached call) must not leave `State.task` set
+/// for good, a phantom task in status: it once did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_panics_ends_as_failed() {
     let t = test_launcher("task-panics").await;
@@ -135,9 +132,10 @@ async fn a_task_that_panics_ends_as_failed() {
     assert_eq!(t.launcher.status().task, None);
 }
 
-/// Review L4: a guest storming I/O errors (`errorPolicy: report`) made a log line, an event on
-/// the stream and a state read for each one. Sent on the channel libvirt's callbacks use: the
-/// first is reported at once, the rest together, by the latest and their count.
+/// A guest storming I/O errors (`errorPolicy: report`) once made a log line, an event on the
+/// stream and a state read for each one, thousands a second. Sent on the channel libvirt's
+/// callbacks use: the first is reported at once, the rest together, by the latest and their
+/// count.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_io_error_storm_is_reported_at_a_bounded_rate() {
     const STORM: u64 = 10_000;
@@ -201,7 +199,7 @@ async fn next(stream: &mut broadcast::Receiver<LauncherEvent>) -> LauncherEvent 
         .unwrap()
 }
 
-/// Review L3: a device-removed event that comes after its detach stopped waiting was finished at
+/// A device-removed event that comes after its detach stopped waiting was once finished at
 /// once, beside a Sync in flight that might plug the same name again: it unlinked the new node
 /// and revoked its rule. It now waits for the task slot, and releases only the node its detach
 /// was about.

@@ -267,30 +267,22 @@ fn unsupported_fields_are_named_and_typos_are_unknown() {
 
 #[test]
 fn device_rules() {
-    let text = r#"
-apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata: {name: vm}
-spec:
-  domain:
-    memory: {guest: 64Mi}
-    devices:
+    let domain = r#"    devices:
       disks:
       - {name: a, cdrom: {bus: virtio}, bootOrder: 1}
       - {name: b, lun: {}, serial: X}
       - {name: c, bootOrder: 1, io: native, cache: writeback}
       - {name: d, disk: {bus: sata}, serial: "123456789012345678901"}
       interfaces:
-      - {name: default, masquerade: {}, macAddress: "01:00:00:00:00:01", model: virtio-net}
-  networks:
+      - {name: default, masquerade: {}, macAddress: "01:00:00:00:00:01", model: virtio-net}"#;
+    let spec = r#"  networks:
   - {name: default, pod: {}}
   volumes:
   - {name: a, cloudInitNoCloud: {userDataBase64: "!!"}}
   - {name: b, emptyDisk: {capacity: 1Gi}}
   - {name: c, hostDisk: {path: /c, type: Disk}}
-  - {name: d, hostDisk: {path: /d, type: Disk}}
-"#;
-    let errors = errors_of(text);
+  - {name: d, hostDisk: {path: /d, type: Disk}}"#;
+    let errors = errors_of(&crate::testing::minimal_vmi("vm", domain, spec));
     let expect = [
         "spec.domain.devices.disks[0].cdrom.bus: bus \"virtio\" is not valid for a cdrom",
         "spec.domain.devices.disks[1].serial: a lun shows the device's own serial",
@@ -389,18 +381,13 @@ spec:
 
 #[test]
 fn an_unsupported_binding_is_named_and_counts_as_a_binding() {
-    let text = "apiVersion: kubevirt.io/v1
-kind: VirtualMachineInstance
-metadata: {name: vm}
-spec:
-  domain:
-    memory: {guest: 64Mi}
-    devices:
-      interfaces: [{name: default, masquerade: {}, slirp: {}}]
-  networks: [{name: default, pod: {}}]
-";
+    let text = crate::testing::minimal_vmi(
+        "vm",
+        "    devices:\n      interfaces: [{name: default, masquerade: {}, slirp: {}}]",
+        "  networks: [{name: default, pod: {}}]",
+    );
     assert_eq!(
-        errors_of(text),
+        errors_of(&text),
         vec![
             "spec.domain.devices.interfaces[0].slirp: unsupported (the slirp binding was removed from KubeVirt)",
             "spec.domain.devices.interfaces[0]: only one binding may be set",

@@ -210,7 +210,7 @@ impl Drop for ScratchV2 {
     }
 }
 
-/// Review L11: with CAP_BPF but not CAP_SYS_ADMIN the program attached before cannot be
+/// With CAP_BPF but not CAP_SYS_ADMIN the program attached before cannot be
 /// opened, so it was never detached: the new one was added beside it (ANDed, the old one
 /// denies the new disk), one more on every change up to the kernel's 64. Now nothing is
 /// attached and the error says why. On the real kernel, in a thread without CAP_SYS_ADMIN.

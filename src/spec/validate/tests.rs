@@ -7,13 +7,10 @@ use crate::spec::problem::Problem;
 use crate::spec::quantity::QuantityError;
 use crate::spec::{parse, FieldError, Validated};
 
-/// A valid instance with `domain` lines (indented 4) under `spec.domain` and `spec` lines
-/// (indented 2) under `spec`.
+/// A valid instance named `vm` with `domain` lines (indented 4) under `spec.domain` and `spec`
+/// lines (indented 2) under `spec`.
 fn vmi(domain: &str, spec: &str) -> String {
-    format!(
-        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {{name: vm}}\n\
-         spec:\n  domain:\n    memory: {{guest: 64Mi}}\n{domain}\n{spec}\n"
-    )
+    crate::testing::minimal_vmi("vm", domain, spec)
 }
 
 fn problems(text: &str) -> Vec<FieldError> {

@@ -117,7 +117,7 @@ case("control-hostdisk-path.yaml", sub("path: /tmp/d.img", "path: \"/tmp/d\\n.im
 case("control-kernel-path.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: \"/k\\x1b[2J\", initrdPath: /i}}}"), "spec.domain.firmware.kernelBoot.container.kernelPath: control character U+001B")
 case("control-vendorid.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    features: {hyperv: {vendorid: {vendorid: \"ab\\x02\"}}}"), "spec.domain.features.hyperv.vendorid.vendorid: control character U+0002")
 case("control-label-value.yaml", sub("  name: bad", "  name: bad\n  labels: {app: \"a\\x00b\"}"), "metadata.labels.app: control character U+0000")
-# --- host paths the launcher (root) would open or create (review L9) ---
+# --- host paths the launcher (root) would open or create: a spec must not name them ---
 case("hostpath-etc.yaml", sub("path: /tmp/d.img", "path: /etc/cron.d/x"), "spec.volumes[0].hostDisk.path: \"/etc/cron.d/x\" is under /etc")
 case("hostpath-dotdot.yaml", sub("path: /tmp/d.img", "path: /tmp/../etc/passwd"), "spec.volumes[0].hostDisk.path: \"/tmp/../etc/passwd\" has a \"..\" component")
 case("hostpath-initrd-shadow.yaml", sub("    cpu: {cores: 1}", "    cpu: {cores: 1}\n    firmware: {kernelBoot: {container: {kernelPath: /k, initrdPath: /etc/shadow}}}"), "spec.domain.firmware.kernelBoot.container.initrdPath: \"/etc/shadow\" is under /etc")

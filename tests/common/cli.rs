@@ -1,0 +1,37 @@
+//! The `vmlauncher` binary as a client runs it.
+
+use std::path::Path;
+use std::process::Command;
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_vmlauncher")
+}
+
+/// `vmlauncher status --output json` through `socket`, as a client sees it.
+pub fn cli_status(socket: &Path) -> serde_json::Value {
+    let out = cli_ok(socket, &["status", "--output", "json"]);
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `vmlauncher ARGS --socket SOCKET`, which must succeed: its output.
+pub fn cli_ok(socket: &Path, args: &[&str]) -> std::process::Output {
+    let out = Command::new(bin())
+        .args(args)
+        .arg("--socket")
+        .arg(socket)
+        .output()
+        .unwrap();
+    succeeded(out, format_args!("vmlauncher {args:?}"))
+}
+
+/// The output `out` of the command `what`, which must have succeeded; else a panic that shows
+/// what it printed (a tool like `virt-xml-validate` gives its verdict on stdout).
+pub fn succeeded(out: std::process::Output, what: impl std::fmt::Display) -> std::process::Output {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

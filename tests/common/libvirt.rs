@@ -1,0 +1,66 @@
+//! libvirt on the test's side: a private libvirtd of its own, the live XML, and libvirt as the
+//! judge of a domain XML.
+
+use std::path::Path;
+
+use super::succeeded;
+
+/// The live XML of `domain`, straight from libvirt at `uri`.
+pub fn live_xml(uri: &str, domain: &str) -> String {
+    let conn = virt::connect::Connect::open(Some(uri)).expect("connect to the private libvirtd");
+    let dom = conn.lookup_domain_by_name(domain).expect("domain exists");
+    dom.xml_desc(0).expect("live XML")
+}
+
+/// A private libvirtd of the test's own under `dir/libvirt`, leaving QEMU's cgroups alone.
+pub fn private_libvirtd(dir: &Path) -> vmlauncher::libvirt::daemon::PrivateDaemon {
+    use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+    PrivateDaemon::start(
+        &dir.join("libvirt"),
+        DaemonOptions {
+            pod_cgroups: true,
+            ..Default::default()
+        },
+    )
+    .expect("a private libvirtd")
+}
+
+/// libvirt as the judge of an XML: `virt-xml-validate`, then `defineXML` (and undefine) on a
+/// private libvirtd of its own.
+pub struct LibvirtJudge {
+    state: tempfile::TempDir,
+    _daemon: vmlauncher::libvirt::daemon::PrivateDaemon,
+    pub hv: vmlauncher::libvirt::Hypervisor,
+}
+
+impl LibvirtJudge {
+    pub fn start() -> LibvirtJudge {
+        let state = tempfile::tempdir().unwrap();
+        let daemon = private_libvirtd(state.path());
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let hv = vmlauncher::libvirt::Hypervisor::open(daemon.uri(), tx).expect("connect to it");
+        LibvirtJudge {
+            state,
+            _daemon: daemon,
+            hv,
+        }
+    }
+
+    /// Panics, naming `what`, if libvirt rejects the domain XML.
+    pub fn accept(&self, what: &str, name: &str, xml: &str) {
+        let file = self.state.path().join("domain.xml");
+        std::fs::write(&file, xml).unwrap();
+        let out = std::process::Command::new("virt-xml-validate")
+            .arg(&file)
+            .arg("domain")
+            .output()
+            .unwrap();
+        succeeded(out, format_args!("{what}: virt-xml-validate"));
+        self.hv.define_and_undefine(name, xml).unwrap_or_else(|e| {
+            panic!(
+                "{what}: libvirt refused it: {}\n{xml}",
+                vmlauncher::error_chain(&e)
+            )
+        });
+    }
+}
