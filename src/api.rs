@@ -73,6 +73,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         | LauncherError::Refused(_)
         | LauncherError::Terminating { .. } => Code::FailedPrecondition,
         LauncherError::Preempted | LauncherError::SyncInterrupted => Code::Aborted,
+        LauncherError::InterfaceStuck { .. } => Code::DeadlineExceeded,
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,
         LauncherError::Plan(_) => Code::FailedPrecondition,
         LauncherError::HostDisk { .. }
@@ -325,6 +326,15 @@ impl proto::launcher_server::Launcher for Service {
                 })
                 .collect(),
             volumes: outcome.volumes.iter().map(volume_to_proto).collect(),
+            interfaces: outcome
+                .interfaces
+                .iter()
+                .map(|c| proto::InterfaceChange {
+                    name: c.name.clone(),
+                    action: c.action.as_str().into(),
+                    error: c.error.clone().unwrap_or_default(),
+                })
+                .collect(),
             resources: outcome
                 .resources
                 .iter()

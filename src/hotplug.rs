@@ -109,6 +109,7 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         watchdog,
         rng,
         scsi_controller,
+        spare_pcie_ports,
         console_log,
         vnc_socket,
         memballoon,
@@ -143,11 +144,13 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         ("spec.domain.clock", *clock == d.clock),
         (
             "spec.domain.devices.interfaces",
-            *interfaces == d.interfaces,
+            // Interfaces come and go, and links go up and down (`launcher::nics`).
+            !crate::launcher::frozen_interfaces_changed(interfaces, &d.interfaces),
         ),
         (
             "spec.domain.devices (inputs, watchdog, rng, autoattach*)",
             *inputs == d.inputs
+                && *spare_pcie_ports == d.spare_pcie_ports
                 && *watchdog == d.watchdog
                 && *rng == d.rng
                 && *scsi_controller == d.scsi_controller

@@ -30,8 +30,8 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ),
     ("vmi-masquerade.yaml", &[]),
     ("vmi-migratable.yaml", &[]),
-    ("vmi-multus-multiple-net.yaml", &["spec.networks[1].multus"]),
-    ("vmi-multus-ptp.yaml", &["spec.networks[0].multus"]),
+    ("vmi-multus-multiple-net.yaml", &[]),
+    ("vmi-multus-ptp.yaml", &[]),
     ("vmi-nocloud.yaml", &[]),
     ("vmi-preset-small.yaml", &["kind"]),
     ("vmi-pvc.yaml", &[]),
@@ -40,10 +40,7 @@ const EXPECTED: &[(&str, &[&str])] = &[
     ("vmi-secureboot.yaml", &[]),
     (
         "vmi-sriov.yaml",
-        &[
-            "spec.networks[1].multus",
-            "spec.domain.devices.interfaces[1].sriov",
-        ],
+        &["spec.domain.devices.interfaces[1].sriov"],
     ),
     ("vmi-usb.yaml", &["spec.domain.devices.hostDevices"]),
     ("vmi-windows.yaml", &[]),

@@ -213,6 +213,11 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
                 .map(|c| serde_json::json!({"action": action(c), "volume": c.volume, "target": c.target}))
                 .collect();
             let volumes: Vec<_> = response.volumes.iter().map(volume_json).collect();
+            let interfaces: Vec<_> = response
+                .interfaces
+                .iter()
+                .map(|c| serde_json::json!({"name": c.name, "action": c.action, "error": c.error}))
+                .collect();
             let resources: Vec<_> = response
                 .resources
                 .iter()
@@ -220,12 +225,28 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
                 .collect();
             outln!(
                 "{}",
-                serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes, "resources": resources})
+                serde_json::json!({"dryRun": dry_run, "plan": plan, "volumes": volumes, "resources": resources, "interfaces": interfaces})
             );
         }
         Output::Text => {
-            if response.plan.is_empty() && response.resources.is_empty() {
+            if response.plan.is_empty()
+                && response.resources.is_empty()
+                && response.interfaces.is_empty()
+            {
                 outln!("nothing to change");
+            }
+            for c in &response.interfaces {
+                let failed = if c.error.is_empty() {
+                    String::new()
+                } else {
+                    format!(": failed: {}", c.error)
+                };
+                outln!(
+                    "{}{} interface {}{failed}",
+                    if dry_run { "would " } else { "" },
+                    c.action,
+                    c.name
+                );
             }
             for c in &response.resources {
                 let (from, to) = match c.part.as_str() {
@@ -259,7 +280,8 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
         .volumes
         .iter()
         .any(|v| v.phase == proto::volume_status::Phase::Failed as i32)
-        || response.resources.iter().any(|c| !c.error.is_empty());
+        || response.resources.iter().any(|c| !c.error.is_empty())
+        || response.interfaces.iter().any(|c| !c.error.is_empty());
     Ok(if failed {
         ExitCode::RequestFailed
     } else {

@@ -217,6 +217,12 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
             .filter(|u| spec::looks_like_uuid(u))
     });
     let (memory_kib, virtio_mem) = memory(vmi, opts.guest_at_boot);
+    let machine = machine(domain, opts);
+    let spare_pcie_ports = if is_q35(&machine) {
+        SPARE_PCIE_PORTS
+    } else {
+        0
+    };
     Ok(DomainDef {
         uuid,
         virt_type: opts.virt_type,
@@ -239,7 +245,7 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
             .map(|t| TpmDef {
                 persistent: t.persistent == Some(true),
             }),
-        machine: machine(domain, opts),
+        machine,
         firmware: firmware_def(&firmware, opts, &name),
         sysinfo_serial: firmware.serial.clone(),
         kernel_boot: kernel_boot(&firmware),
@@ -267,6 +273,7 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
         rng: devices.rng.is_some(),
         // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
         scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
+        spare_pcie_ports,
         console_log: devices.serial_console().then(|| opts.console_log.clone()),
         vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
         memballoon: devices.mem_balloon(),
@@ -358,6 +365,14 @@ fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, Option<u32>, CpuDef) {
             .collect(),
     };
     (topology, enabled, def)
+}
+
+/// Room on a q35 machine for interfaces (and memory devices) plugged into the running guest.
+const SPARE_PCIE_PORTS: u32 = 4;
+
+/// A q35 machine (`q35`, `pc-q35-7.2`): PCIe, whose slots need root ports to be hot-pluggable.
+fn is_q35(machine: &str) -> bool {
+    machine == "q35" || machine.starts_with("pc-q35")
 }
 
 /// The machine type, with a host alias (`q35`) resolved through the options.
@@ -638,6 +653,8 @@ fn interfaces(
         .interfaces
         .iter()
         .enumerate()
+        // Unplugged, but still listed: the others keep their index (a pod's tap names).
+        .filter(|(_, i)| i.state.as_deref() != Some("absent"))
         .map(|(index, i)| {
             let backend = backend(mode, index, i.bridge.is_some());
             // A pod's tap is reached at the pod's address: nothing to publish there.
@@ -664,6 +681,7 @@ fn interfaces(
                 mac: i.mac_address.clone(),
                 boot_order: i.boot_order,
                 port_forwards,
+                link_down: i.state.as_deref() == Some("down"),
             }
         })
         .collect();
@@ -675,6 +693,7 @@ fn interfaces(
             mac: None,
             boot_order: None,
             port_forwards: Vec::new(),
+            link_down: false,
         });
     }
     interfaces

@@ -151,9 +151,31 @@ pub struct LiveInterface {
     pub kind: String,
     pub mac: Option<String>,
     pub port_forwards: Vec<PortForward>,
+    /// `<link state='down'/>`: the guest sees no carrier.
+    pub link_down: bool,
+    /// The element exactly as libvirt wrote it (a detach or an update sends it back: libvirt
+    /// finds the interface by the MAC address it may have chosen), and where its `<link>` is.
+    pub xml: String,
+    link_range: Option<std::ops::Range<usize>>,
 }
 
 impl LiveInterface {
+    /// The interface as libvirt has it, with its link up or down: what libvirt's update takes.
+    pub fn with_link(&self, down: bool) -> String {
+        let link = format!("<link state='{}'/>", if down { "down" } else { "up" });
+        match &self.link_range {
+            Some(range) => format!(
+                "{}{link}{}",
+                &self.xml[..range.start],
+                &self.xml[range.end..]
+            ),
+            None => {
+                let end = self.xml.rfind("</interface>").unwrap_or(self.xml.len());
+                format!("{}{link}{}", &self.xml[..end], &self.xml[end..])
+            }
+        }
+    }
+
     /// The spec interface this one was made from, if it carries vmlauncher's user alias.
     pub fn name(&self) -> Option<&str> {
         self.alias.as_deref()?.strip_prefix(USER_ALIAS_PREFIX)
@@ -196,7 +218,12 @@ pub fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
                 })
             })
             .collect::<Result<Vec<_>, LiveXmlError>>()?;
+        let link = child(iface, "link");
+        let start = iface.range().start;
         Ok(LiveInterface {
+            link_down: link.is_some_and(|l| l.attribute("state") == Some("down")),
+            link_range: link.map(|l| l.range().start - start..l.range().end - start),
+            xml: iface.document().input_text()[iface.range()].to_string(),
             alias: child(iface, "alias")
                 .and_then(|a| a.attribute("name"))
                 .map(str::to_string),

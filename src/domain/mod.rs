@@ -15,7 +15,7 @@ pub use live::{
     canonical_machines, domain_capabilities_machine, live_disks, live_interfaces, LiveDisk,
     LiveInterface, LiveXmlError,
 };
-pub use resources::{live_resources, LiveResources, LiveVirtioMem};
+pub use resources::{live_resources, with_spare_root_ports, LiveResources, LiveVirtioMem};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.
@@ -75,6 +75,11 @@ pub struct DomainDef {
     pub rng: bool,
     /// The virtio-scsi controller that hot-plugged disks go to.
     pub scsi_controller: bool,
+    /// Empty PCIe root ports for devices plugged later (a q35 machine's PCIe slots are not
+    /// hot-pluggable otherwise; libvirt leaves one spare). Not in [`DomainDef::to_xml`]:
+    /// libvirt would put the boot devices on them. They are added to the definition libvirt
+    /// made, after its own ([`with_spare_root_ports`]), as KubeVirt does.
+    pub spare_pcie_ports: u32,
     /// Where QEMU writes the guest's serial console; `None` without a serial console.
     pub console_log: Option<PathBuf>,
     /// The unix socket of the VNC display; `None` without graphics.
@@ -351,6 +356,8 @@ pub struct InterfaceDef {
     pub boot_order: Option<u32>,
     /// Guest ports published on the host (user-mode interfaces only).
     pub port_forwards: Vec<PortForward>,
+    /// The link is down (`state: down`): the guest sees no carrier.
+    pub link_down: bool,
 }
 
 /// A guest port published on the host: libvirt's `<portForward proto address><range start to/>`.

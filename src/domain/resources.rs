@@ -144,6 +144,32 @@ pub fn live_resources(xml: &str) -> Result<LiveResources, LiveXmlError> {
     })
 }
 
+/// A domain definition (libvirt's, with the addresses it chose) with `count` empty PCIe root
+/// ports added after its PCI controllers: room for interfaces and other PCI devices plugged
+/// later, which libvirt's own placement would have filled with the boot devices.
+pub fn with_spare_root_ports(xml: &str, count: u32) -> Result<String, LiveXmlError> {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    let devices = doc
+        .root_element()
+        .children()
+        .find(|n| n.has_tag_name("devices"))
+        .ok_or(LiveXmlError::BadNumber { what: "<devices>" })?;
+    let last_index = devices
+        .children()
+        .filter(|n| n.has_tag_name("controller") && n.attribute("type") == Some("pci"))
+        .filter_map(|n| n.attribute("index")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    // A root port takes a slot of bus 0, which has 32.
+    let ports: String = (last_index + 1..=(last_index + count).min(MAX_PCI_BUS_INDEX))
+        .map(|index| format!("<controller type='pci' index='{index}' model='pcie-root-port'/>"))
+        .collect();
+    let end = devices.range().end - "</devices>".len();
+    Ok(format!("{}{ports}{}", &xml[..end], &xml[end..]))
+}
+
+const MAX_PCI_BUS_INDEX: u32 = 31;
+
 /// An element's number in KiB, by its `unit` (libvirt writes KiB; the others are its spellings).
 fn sized(node: roxmltree::Node, what: &'static str) -> Result<u64, LiveXmlError> {
     let value = node.text().and_then(|t| t.trim().parse::<u64>().ok());
@@ -230,6 +256,19 @@ mod tests {
         let r = live_resources(xml).unwrap();
         assert_eq!((r.vcpus, r.max_vcpus, r.memory_at_boot_kib), (2, 2, 524288));
         assert_eq!(r.virtio_mem, None);
+    }
+
+    #[test]
+    fn spare_root_ports_come_after_libvirts_own() {
+        let xml = "<domain><devices><controller type='pci' index='0' model='pcie-root'/>\
+            <controller type='pci' index='3' model='pcie-root-port'/>\
+            <controller type='usb' index='0'/></devices></domain>";
+        let spared = with_spare_root_ports(xml, 2).unwrap();
+        assert!(
+            spared.ends_with("<controller type='usb' index='0'/><controller type='pci' index='4' model='pcie-root-port'/><controller type='pci' index='5' model='pcie-root-port'/></devices></domain>"),
+            "{spared}"
+        );
+        assert_eq!(with_spare_root_ports(xml, 0).unwrap(), xml);
     }
 
     #[test]

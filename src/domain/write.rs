@@ -167,6 +167,9 @@ fn write_interface(w: &mut XmlWriter, iface: &InterfaceDef) -> io::Result<()> {
                 empty(w, "target", &[("dev", dev), ("managed", "no")])?;
             }
             empty(w, "model", &[("type", &iface.model)])?;
+            if iface.link_down {
+                empty(w, "link", &[("state", "down")])?;
+            }
             if let Some(order) = iface.boot_order {
                 empty(w, "boot", &[("order", &order.to_string())])?;
             }
@@ -608,6 +611,19 @@ fn write_virtio_mem(w: &mut XmlWriter, mem: &VirtioMemDef) -> io::Result<()> {
             empty(w, "alias", &[("name", VirtioMemDef::ALIAS)])
         })?;
     Ok(())
+}
+
+impl InterfaceDef {
+    /// The `<interface>` element alone, as sent to libvirt's attach call.
+    pub fn to_xml(&self) -> String {
+        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+        write_interface(&mut w, self).expect("writing to a Vec cannot fail");
+        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
+    }
+
+    pub fn alias(&self) -> String {
+        format!("{USER_ALIAS_PREFIX}{}", self.name)
+    }
 }
 
 impl VirtioMemDef {

@@ -18,6 +18,7 @@
 mod in_flight;
 mod io_errors;
 mod known;
+mod nics;
 mod reconciler;
 mod resize;
 mod saved;
@@ -47,6 +48,7 @@ use crate::libvirt::{ConnectError, Connector, DomainStats, Hypervisor, LibvirtEr
 use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
 use crate::spec::{SpecErrors, Validated};
 
+pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
 pub use resize::ResourcePart;
 use saved::{SavedSyncError, SavedSyncs};
@@ -102,6 +104,10 @@ pub enum LauncherError {
     Terminating { command: &'static str },
     #[error("the graceful stop gave way to a Kill")]
     Preempted,
+    #[error(
+        "interface {alias} is still in the guest after {waited:?}: the guest has not let it go"
+    )]
+    InterfaceStuck { alias: String, waited: Duration },
     #[error("the Sync stopped part-way: the VM is being stopped (SIGTERM or Kill); the volumes not reached keep their status")]
     SyncInterrupted,
     #[error(transparent)]

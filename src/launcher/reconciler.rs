@@ -620,7 +620,7 @@ fn is_device_event(event: &HypervisorEvent) -> bool {
 
 /// What status shows of each live interface: its spec name (libvirt's alias when it has none),
 /// MAC and published ports.
-fn interface_statuses(live: &[domain::LiveInterface]) -> Vec<InterfaceStatus> {
+pub(super) fn interface_statuses(live: &[domain::LiveInterface]) -> Vec<InterfaceStatus> {
     live.iter()
         .map(|i| InterfaceStatus {
             name: i

@@ -17,6 +17,7 @@ use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
 use super::in_flight::in_flight;
+use super::nics::{self, NicChange};
 use super::resize::{self, ResourceChange};
 use super::tasks::{prepare_disks, DiskNotReady, Work};
 
@@ -39,6 +40,8 @@ pub struct SyncOutcome {
     pub volumes: Vec<VolumeStatus>,
     /// The vCPU and memory changes, planned (dry run) or done, each with its own result.
     pub resources: Vec<ResourceChange>,
+    /// The network interface changes, likewise.
+    pub interfaces: Vec<NicChange>,
 }
 
 /// The block device behind a hot-plugged volume, as a Sync names it. Its serde form is part of
@@ -255,15 +258,35 @@ impl Launcher {
             } else {
                 Default::default()
             };
+        // Only a Sync whose interfaces differ from the last one's, or from what libvirt was
+        // last seen to have, pays for reading them.
+        let shown: Vec<String> = self
+            .status()
+            .interfaces
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
+        let (nic_plan, live_nics) =
+            if current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied()) {
+                let live = self.refresh_interfaces()?;
+                (nics::plan(&live, &desired.interfaces), live)
+            } else {
+                Default::default()
+            };
         if dry_run {
             return Ok(SyncOutcome {
                 plan: planned,
                 volumes: self.status().volumes,
                 resources: resizes,
+                interfaces: nic_plan,
             });
         }
         self.accept(input, vmi)?;
         let resources = self.resize(resizes, &resources).await;
+        let interfaces = self
+            .change_interfaces(nic_plan, &live_nics, &desired.interfaces)
+            .await;
         // A volume the spec no longer names and libvirt does not have (one that was pending or
         // failed) has nothing left to report.
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
@@ -305,6 +328,7 @@ impl Launcher {
             plan: planned,
             volumes: self.status().volumes,
             resources,
+            interfaces,
         })
     }
 

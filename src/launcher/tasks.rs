@@ -314,7 +314,7 @@ impl Launcher {
             .map_err(|(volume, source)| DiskNotReady { volume, source })?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
-        self.call(move |hv| hv.define_and_start(&n, &xml, &fds))?;
+        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
         self.update(|s| {
             s.undefined_by_us = false;
             s.finished = false;

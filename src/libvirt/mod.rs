@@ -267,17 +267,35 @@ impl Hypervisor {
     /// keeps its state and reason after it stops, so the launcher can read how it ended).
     /// `fds`: the images the XML names by `fdgroup`, opened by the launcher, given to libvirt
     /// for this start.
+    /// With `spare_pcie_ports`, the definition is made twice: once for libvirt to place the
+    /// devices, then again with that many empty root ports after its own (`DomainDef`).
     pub fn define_and_start(
         &self,
         name: &str,
         xml: &str,
+        spare_pcie_ports: u32,
         fds: &[(String, std::fs::File)],
     ) -> Result<(), LibvirtError> {
         self.forget_domain();
-        let dom = self
+        let mut dom = self
             .conn
             .define_domain_xml(xml)
             .map_err(Self::call_err("define", name))?;
+        if spare_pcie_ports > 0 {
+            let placed = dom
+                .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
+                .map_err(Self::call_err("get inactive XML", name))?;
+            let spared = crate::domain::with_spare_root_ports(&placed, spare_pcie_ports).map_err(
+                |source| LibvirtError::LiveXml {
+                    domain: name.into(),
+                    source,
+                },
+            )?;
+            dom = self
+                .conn
+                .define_domain_xml(&spared)
+                .map_err(Self::call_err("define", name))?;
+        }
         if let Err(e) = associate_fds(&dom, fds) {
             let _ = dom.undefine();
             return Err(Self::call_err("associate a disk's descriptor", name)(e));
@@ -286,7 +304,7 @@ impl Hypervisor {
             let _ = dom.undefine();
             return Err(Self::call_err("start", name)(e));
         }
-        if let Err(e) = publish_ports(&dom, name) {
+        if let Err(e) = publish_ports(&dom, name, None) {
             let _ = dom.destroy();
             let _ = dom.undefine();
             return Err(e);
@@ -411,6 +429,22 @@ impl Hypervisor {
         })
     }
 
+    /// Plugs a network interface into the running guest and its persistent definition, then
+    /// publishes its ports (a user-mode one's), as a start does.
+    pub fn attach_interface(
+        &self,
+        name: &str,
+        interface_xml: &str,
+        alias: &str,
+    ) -> Result<(), LibvirtError> {
+        let flags = sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG;
+        self.on_domain(name, "attach interface", |d| {
+            d.attach_device_flags(interface_xml, flags)
+        })?;
+        let dom = self.domain(name)?;
+        publish_ports(&dom, name, Some(alias))
+    }
+
     /// Sets how many vCPUs are enabled, in the running guest and in the persistent definition.
     /// libvirt plugs or unplugs them one by one; an unplug waits for the guest to let go.
     pub fn set_vcpus(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
@@ -523,7 +557,8 @@ impl Hypervisor {
 /// for the passt backend, which it does not accept yet. The rules live in QEMU's user-mode
 /// stack, so they last as long as QEMU does: through guest reboots, libvirtd restarts and a
 /// launcher adopting the domain. libvirt marks the domain tainted (`custom-monitor`) for it.
-fn publish_ports(dom: &Domain, name: &str) -> Result<(), LibvirtError> {
+/// With `only`, the ports of the interface of that alias alone (one just plugged).
+fn publish_ports(dom: &Domain, name: &str, only: Option<&str>) -> Result<(), LibvirtError> {
     let xml = dom
         .xml_desc(0)
         .map_err(Hypervisor::call_err("get XML", name))?;
@@ -532,7 +567,10 @@ fn publish_ports(dom: &Domain, name: &str) -> Result<(), LibvirtError> {
             domain: name.into(),
             source,
         })?;
-    for iface in interfaces.iter().filter(|i| i.kind == "user") {
+    let wanted = |i: &&crate::domain::LiveInterface| {
+        i.kind == "user" && only.is_none_or(|alias| i.alias.as_deref() == Some(alias))
+    };
+    for iface in interfaces.iter().filter(wanted) {
         let Some(netdev) = iface.netdev_id() else {
             continue;
         };

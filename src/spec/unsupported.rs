@@ -153,7 +153,6 @@ unsupported_fields! {
         pci_address: "fixed PCI addresses",
         dhcp_options: "custom DHCP options",
         tag: "device tags need the guest agent",
-        state: "interface hot-unplug",
         acpi_index: "ACPI indexes",
     }
     Bindings<'_> {

@@ -184,7 +184,8 @@ pub struct Interface {
     pub pci_address: Option<Unsupported>,
     pub dhcp_options: Option<Unsupported>,
     pub tag: Option<Unsupported>,
-    pub state: Option<Unsupported>,
+    /// `up` (default), `down` (the link is down), or `absent` (unplugged: a Sync detaches it).
+    pub state: Option<String>,
     pub acpi_index: Option<Unsupported>,
 }
 
@@ -227,7 +228,18 @@ pub struct IgnoredEmpty {}
 pub struct Network {
     pub name: String,
     pub pod: Option<PodNetwork>,
-    pub multus: Option<Unsupported>,
+    pub multus: Option<MultusNetwork>,
+}
+
+/// A secondary network. In a pod its interface (bridge binding) is the tap device the node's
+/// network plugin made for it, as KubeVirt's; a local run has no Multus, so there it is a
+/// user-mode network of its own.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MultusNetwork {
+    pub network_name: String,
+    /// Multus as the pod's default network.
+    pub default: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]

@@ -39,12 +39,19 @@ pub(super) fn validate_networks(
                 pod_networks += 1;
                 unsupported::check(e, &format!("{path}.pod"), pod);
             }
-            (None, Some(_)) => e.add(
-                format!("{path}.multus"),
-                Problem::Unsupported {
-                    why: "secondary networks need Multus in a cluster; only the pod network is available",
-                },
-            ),
+            (None, Some(multus)) => {
+                if multus.network_name.is_empty() {
+                    e.add(format!("{path}.multus.networkName"), Problem::Required);
+                }
+                if multus.default == Some(true) {
+                    e.add(
+                        format!("{path}.multus.default"),
+                        Problem::Unsupported {
+                            why: "Multus as the default network; the pod network is",
+                        },
+                    );
+                }
+            }
             (Some(_), Some(_)) => e.add(
                 path,
                 Problem::OnlyOneOf {
@@ -108,6 +115,9 @@ pub(super) fn validate_networks(
                 .is_some_and(|n| n.pod.is_none())
         {
             e.add(format!("{path}.masquerade"), Problem::MasqueradeNotPod);
+        }
+        if let Some(state) = &iface.state {
+            e.one_of(format!("{path}.state"), state, &["up", "down", "absent"]);
         }
         unsupported::check(e, &path, iface);
         validate_ports(iface, &path, e);

@@ -438,10 +438,34 @@ fn an_interface_needs_a_network_and_one_binding() {
 }
 
 #[test]
+fn a_multus_interface_is_not_masquerade_and_a_state_is_up_down_or_absent() {
+    let text = vmi(
+        "    devices: {interfaces: [{name: default, masquerade: {}, state: gone}, {name: m, masquerade: {}}, {name: b, bridge: {}, state: absent}]}",
+        "  networks: [{name: default, pod: {}}, {name: m, multus: {networkName: x}}, {name: b, multus: {networkName: y}}]",
+    );
+    assert_eq!(
+        problems(&text),
+        vec![
+            FieldError::new(
+                "spec.domain.devices.interfaces[0].state",
+                Problem::NotOneOf {
+                    value: "gone".into(),
+                    allowed: &["up", "down", "absent"]
+                }
+            ),
+            FieldError::new(
+                "spec.domain.devices.interfaces[1].masquerade",
+                Problem::MasqueradeNotPod
+            ),
+        ]
+    );
+}
+
+#[test]
 fn networks_need_a_pod_source_and_an_interface() {
     let text = vmi(
         "",
-        "  networks: [{name: default, pod: {}}, {name: second, pod: {}}, {name: empty}, {name: m, multus: {networkName: x}}]",
+        "  networks: [{name: default, pod: {}}, {name: second, pod: {}}, {name: empty}, {name: m, multus: {networkName: \"\", default: true}}]",
     );
     assert_eq!(
         problems(&text),
@@ -454,10 +478,11 @@ fn networks_need_a_pod_source_and_an_interface() {
                     supported: "pod"
                 }
             ),
+            FieldError::new("spec.networks[3].multus.networkName", Problem::Required),
             FieldError::new(
-                "spec.networks[3].multus",
+                "spec.networks[3].multus.default",
                 Problem::Unsupported {
-                    why: "secondary networks need Multus in a cluster; only the pod network is available"
+                    why: "Multus as the default network; the pod network is"
                 }
             ),
             FieldError::new("spec.networks", Problem::SecondPodNetwork),
