@@ -302,7 +302,8 @@ fn memory(vmi: &Validated, guest_at_boot: Option<u64>) -> (u64, Option<VirtioMem
         .as_ref()
         .and_then(|m| m.max_guest.as_ref())
         .and_then(|q| q.to_bytes().ok());
-    let boot = guest_at_boot.unwrap_or(guest);
+    // Without room, `guest` is the boot memory itself: a change of it is one a restart makes.
+    let boot = guest_at_boot.filter(|_| max.is_some()).unwrap_or(guest);
     let device = max.filter(|&max| max > boot).map(|max| VirtioMemDef {
         size_kib: (max - boot) / 1024,
         requested_kib: guest.saturating_sub(boot) / 1024,

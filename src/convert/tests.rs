@@ -495,3 +495,32 @@ fn a_disabled_tpm_is_no_tpm_and_persistent_keeps_state() {
     let def = convert(&vmi(&kept), &o).unwrap();
     assert!(def.to_xml().contains("persistent_state=\"yes\""));
 }
+
+#[test]
+fn a_running_guest_keeps_its_boot_memory_and_virtio_mem_takes_the_change() {
+    let with_room = |guest: &str| {
+        vmi(&SPEC.replace(
+            "memory: {guest: 128Mi}",
+            &format!("memory: {{guest: {guest}, maxGuest: 2Gi}}"),
+        ))
+    };
+    let mut running = opts();
+    running.guest_at_boot = Some(1 << 30);
+    let def = convert(&with_room("1536Mi"), &running).unwrap();
+    assert_eq!(def.memory_kib, 1 << 20);
+    assert_eq!(
+        def.virtio_mem,
+        Some(VirtioMemDef {
+            size_kib: 1 << 20,
+            requested_kib: 512 << 10
+        })
+    );
+    // A boot starts from what is asked.
+    let def = convert(&with_room("1536Mi"), &opts()).unwrap();
+    assert_eq!(def.memory_kib, 1536 << 10);
+    assert_eq!(def.virtio_mem.map(|m| m.size_kib), Some(512 << 10));
+    // Without room, `guest` is the boot memory, running or not: a change shows as one.
+    let def = convert(&vmi(SPEC), &running).unwrap();
+    assert_eq!(def.memory_kib, 128 << 10);
+    assert_eq!(def.virtio_mem, None);
+}

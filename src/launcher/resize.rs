@@ -63,8 +63,15 @@ pub(super) fn plan(live: &LiveResources, desired: &DomainDef) -> Vec<ResourceCha
 /// A Sync may not ask for less memory than the running guest booted with: virtio-mem only
 /// holds what was added since.
 pub(super) fn check_not_below_boot(vmi: &Validated, boot_bytes: u64) -> Result<(), SpecErrors> {
+    let room = vmi
+        .spec
+        .domain
+        .memory
+        .as_ref()
+        .is_some_and(|m| m.max_guest.is_some());
     let guest = vmi.guest_memory();
-    if guest < boot_bytes {
+    // Without room, any change of `guest` is one of the boot memory: refused as frozen.
+    if room && guest < boot_bytes {
         return Err(SpecErrors(vec![FieldError::new(
             "spec.domain.memory.guest",
             Problem::BelowBootMemory {
