@@ -216,3 +216,56 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(Duration::from_secs(120)).code(), Some(0));
 }
+
+/// `virsh vcpupin --live`: each row after the dashes, as (vCPU, CPUs).
+fn live_pins(vm: &Launched, domain: &str) -> Vec<(String, String)> {
+    let out = Command::new("virsh")
+        .args(["-c", &vm.libvirt_uri(), "vcpupin", domain, "--live"])
+        .output()
+        .unwrap();
+    let out = common::succeeded(out, "virsh vcpupin");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .skip_while(|l| !l.starts_with("---"))
+        .skip(1)
+        .filter_map(|l| {
+            // ` 0      0`, or `0: 0` in other virsh versions.
+            let mut words = l
+                .split(|c: char| c.is_whitespace() || c == ':')
+                .filter(|w| !w.is_empty());
+            Some((words.next()?.to_string(), words.next()?.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_hot_added_dedicated_vcpu_is_pinned_as_the_others_are() {
+    let cpus = vmlauncher::host::cpus::own_cpus().unwrap();
+    assert!(
+        cpus.len() >= 2,
+        "this test needs two CPUs in its affinity, it has {cpus:?}"
+    );
+    let spec = |sockets: u32| {
+        guest_spec("e2e-resize-pinned", "", &[]).replace(
+            "    devices:\n",
+            &format!("    cpu:\n      sockets: {sockets}\n      maxSockets: 2\n      dedicatedCpuPlacement: true\n    devices:\n"),
+        )
+    };
+    let mut vm = Launched::start(&spec(1), &[]);
+    let mut console = vm.boot();
+    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
+    let domain = "default_e2e-resize-pinned";
+    let file = vm.scratch().join("sync.yaml");
+    std::fs::write(&file, spec(2)).unwrap();
+    cli_ok(&vm.socket(), &["sync", file.to_str().unwrap()]);
+    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    assert_eq!(
+        live_pins(&vm, domain),
+        vec![
+            ("0".to_string(), cpus[0].to_string()),
+            ("1".to_string(), cpus[1].to_string())
+        ]
+    );
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(Duration::from_secs(120)).code(), Some(0));
+}

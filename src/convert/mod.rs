@@ -205,11 +205,12 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
     let domain = &vmi.spec.domain;
     let devices = &domain.devices;
     let (topology, vcpus_enabled, cpu) = cpu(vmi);
-    let enabled_vcpus = vcpus_enabled.unwrap_or(topology.vcpus());
     let firmware = domain.firmware.clone().unwrap_or_default();
     // The largest topology: a CPU hotplug must not change the iothreads.
     let (disks, iothreads) = disks(vmi, opts, topology.vcpus())?;
-    let cputune = cputune(domain, enabled_vcpus, &opts.cpus)?;
+    // Every vCPU the topology has room for is pinned: one plugged later runs where the
+    // definition says, as the others do (libvirt applies its pin when it comes).
+    let cputune = cputune(domain, topology.vcpus(), &opts.cpus)?;
     let uuid = firmware.uuid.clone().or_else(|| {
         vmi.metadata
             .uid

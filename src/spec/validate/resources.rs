@@ -197,14 +197,6 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
                 },
             );
         }
-        if cpu.dedicated_cpu_placement == Some(true) {
-            e.add(
-                "spec.domain.cpu.maxSockets",
-                Problem::Unsupported {
-                    why: "CPU hotplug with dedicatedCpuPlacement",
-                },
-            );
-        }
         // The domain is defined for the largest topology.
         bounds::check_topology(
             max.max(one(cpu.sockets)),
