@@ -179,8 +179,8 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     assert_eq!(status["cpu"]["vcpusOnline"], 4, "{status}");
     assert_eq!(status["memory"]["requested"], 2048 * MIB, "{status}");
 
-    // Memory down again, live. (vCPUs go down with the cold boot below: a TCG guest takes
-    // longer to let a vCPU go than the 5 s libvirt 9.0 waits, after which libvirt loses track.)
+    // Memory down again, live. (vCPUs go down with the cold boot below: QEMU 7.2 never reports
+    // a vCPU it unplugged, so libvirt 9.0 times out and keeps it; docs/DESIGN.md §4.)
     let reply = sync(&vm, &spec(4, "1Gi"));
     assert_eq!(
         resources(&reply),

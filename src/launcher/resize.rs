@@ -110,8 +110,8 @@ impl Launcher {
         let mut done = Vec::with_capacity(changes.len());
         for change in changes {
             let result = match change.part {
-                // An unplug waits for the guest to let each vCPU go; libvirt 9.0 waits 5 s,
-                // then reports a timeout and loses track of a vCPU the guest lets go later.
+                // An unplug fails here: QEMU 7.2 never reports the vCPU deleted (only its
+                // lapic), so libvirt 9.0 times out; its error is the result (DESIGN §4).
                 ResourcePart::Cpu => {
                     let count = change.to as u32;
                     self.call(|hv| hv.set_vcpus(name, count))
