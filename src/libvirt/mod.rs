@@ -8,6 +8,8 @@ pub mod capcache;
 pub mod daemon;
 pub mod delivered;
 pub mod events;
+mod orphans;
+mod ports;
 pub mod process;
 mod states;
 pub mod stats;
@@ -23,12 +25,12 @@ use virt::sys;
 
 use crate::lifecycle::PowerState;
 use events::{EventRegistration, HypervisorEvent};
+use orphans::{orphan_device, remove_orphan};
+use ports::publish_ports;
 
 /// Attempts at an attach whose block node name a killed libvirtd already used in QEMU (one
 /// index per attach in flight when it died; libvirt runs one at a time).
 const ATTACH_NODE_NAME_RETRIES: u32 = 3;
-/// How long a device a killed libvirtd left in QEMU may take to leave once asked to.
-const ORPHAN_REMOVAL_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 pub use states::power_state_from_raw;
 pub use stats::{DomainStats, TypedValue};
 
@@ -552,50 +554,6 @@ impl Hypervisor {
     }
 }
 
-/// Publishes the ports the domain's user-mode interfaces list (`<portForward>`) with QEMU's
-/// `hostfwd_add`, right after QEMU started: libvirt 9.0 keeps the element but applies it only
-/// for the passt backend, which it does not accept yet. The rules live in QEMU's user-mode
-/// stack, so they last as long as QEMU does: through guest reboots, libvirtd restarts and a
-/// launcher adopting the domain. libvirt marks the domain tainted (`custom-monitor`) for it.
-/// With `only`, the ports of the interface of that alias alone (one just plugged).
-fn publish_ports(dom: &Domain, name: &str, only: Option<&str>) -> Result<(), LibvirtError> {
-    let xml = dom
-        .xml_desc(0)
-        .map_err(Hypervisor::call_err("get XML", name))?;
-    let interfaces =
-        crate::domain::live_interfaces(&xml).map_err(|source| LibvirtError::LiveXml {
-            domain: name.into(),
-            source,
-        })?;
-    let wanted = |i: &&crate::domain::LiveInterface| {
-        i.kind == "user" && only.is_none_or(|alias| i.alias.as_deref() == Some(alias))
-    };
-    for iface in interfaces.iter().filter(wanted) {
-        let Some(netdev) = iface.netdev_id() else {
-            continue;
-        };
-        for fwd in &iface.port_forwards {
-            let rule = fwd.hostfwd_rule();
-            let reply = dom
-                .qemu_monitor_command(
-                    &format!("hostfwd_add {netdev} {rule}"),
-                    sys::VIR_DOMAIN_QEMU_MONITOR_COMMAND_HMP,
-                )
-                .map_err(Hypervisor::call_err("hostfwd_add", name))?;
-            // HMP answers nothing on success and a sentence on failure (a port in use, say).
-            let reply = reply.trim();
-            if !reply.is_empty() {
-                return Err(LibvirtError::Publish {
-                    domain: name.into(),
-                    rule,
-                    message: reply.to_string(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The hypervisor's version at `uri` (QEMU's: `7.2.0`), on a connection of its own that follows
 /// no events: for a question asked before the launcher has its connection.
 pub fn hypervisor_version(uri: &str) -> Result<String, LibvirtError> {
@@ -718,78 +676,6 @@ impl Connector {
             d.stop();
         }
     }
-}
-
-/// The device id QEMU refused as a duplicate on attaching `disk_xml`, when it is that disk's own
-/// alias (`ua-<volume>`): a device only a killed libvirtd can have left.
-fn orphan_device(e: &virt::error::Error, disk_xml: &str) -> Option<String> {
-    let message = e.message();
-    let id = message
-        .split("Duplicate device ID '")
-        .nth(1)?
-        .split('\'')
-        .next()?;
-    let ours = id.starts_with(crate::domain::USER_ALIAS_PREFIX)
-        && (disk_xml.contains(&format!("<alias name=\"{id}\"/>"))
-            || disk_xml.contains(&format!("<alias name='{id}'/>")));
-    ours.then(|| id.to_string())
-}
-
-/// Removes the device `id` a killed libvirtd left in QEMU, then the block nodes it left on the
-/// disk's image (format nodes first, then the file's), which hold the image's write lock.
-fn remove_orphan(dom: &Domain, id: &str, disk_xml: &str) -> Result<(), virt::error::Error> {
-    let qmp = |command: serde_json::Value| dom.qemu_monitor_command(&command.to_string(), 0);
-    qmp(serde_json::json!({"execute": "device_del", "arguments": {"id": id}}))?;
-    let Some(image) = source_of(disk_xml) else {
-        return Ok(());
-    };
-    let nodes: serde_json::Value = serde_json::from_str(&qmp(
-        serde_json::json!({"execute": "query-named-block-nodes", "arguments": {"flat": true}}),
-    )?)
-    .unwrap_or_default();
-    let on_image: Vec<(String, bool)> = nodes["return"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| n["file"].as_str() == Some(image.as_str()))
-        .filter_map(|n| {
-            let name = n["node-name"].as_str()?.to_string();
-            let protocol = matches!(n["drv"].as_str(), Some("file" | "host_device"));
-            Some((name, protocol))
-        })
-        .collect();
-    // The device leaves QEMU a moment after device_del (its DEVICE_DELETED, which libvirt does
-    // not pass on for a device it does not know), and its nodes stay "in use" until then: each
-    // is asked again until it goes, within a bound. Formats first, over their files.
-    let deadline = std::time::Instant::now() + ORPHAN_REMOVAL_WAIT;
-    for protocol in [false, true] {
-        for (node, _) in on_image.iter().filter(|(_, p)| *p == protocol) {
-            loop {
-                let reply = qmp(
-                    serde_json::json!({"execute": "blockdev-del", "arguments": {"node-name": node}}),
-                )?;
-                if !reply.contains("\"error\"") {
-                    break;
-                }
-                if !reply.contains("in use") || std::time::Instant::now() >= deadline {
-                    tracing::warn!(%node, %reply, "cannot remove a block node a killed libvirtd left in QEMU");
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The image path a disk's XML names (`<source file=...>` or `<source dev=...>`).
-fn source_of(disk_xml: &str) -> Option<String> {
-    let doc = roxmltree::Document::parse(disk_xml).ok()?;
-    let source = doc.descendants().find(|n| n.has_tag_name("source"))?;
-    source
-        .attribute("file")
-        .or_else(|| source.attribute("dev"))
-        .map(str::to_string)
 }
 
 /// Whether the libvirt this launcher is built with passes disk images as descriptors
