@@ -11,10 +11,9 @@
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::Command;
 use std::time::Instant;
 
-use common::{cli_ok, cli_status, guest_spec, Launched, GUEST_DEADLINE};
+use common::{cli_status, guest_spec, Launched, GUEST_DEADLINE};
 use vmlauncher::console::ConsoleLog;
 
 const NAME: &str = "e2e-nics";
@@ -44,13 +43,7 @@ const DEFAULT_NET: &str = "\n  - {name: default, pod: {}}";
 const SECOND_NET: &str = "\n  - {name: second, multus: {networkName: second-net}}";
 
 fn sync(vm: &Launched, text: &str) -> serde_json::Value {
-    let file = vm.scratch().join("sync.yaml");
-    std::fs::write(&file, text).unwrap();
-    let out = cli_ok(
-        &vm.socket(),
-        &["sync", file.to_str().unwrap(), "--output", "json"],
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::cli_sync(&vm.socket(), vm.scratch(), text)
 }
 
 fn changes(reply: &serde_json::Value) -> Vec<(String, String, String)> {
@@ -141,16 +134,9 @@ fn interfaces_come_go_and_change_link_in_the_running_guest() {
     assert_eq!(changes(&sync(&vm, &with("up"))), vec![]);
 
     // What an interface is cannot change while the VM runs.
-    let file = vm.scratch().join("refused.yaml");
     let other_model = spec(port, &default_nic(port, "e1000"), DEFAULT_NET);
-    std::fs::write(&file, other_model).unwrap();
-    let out = Command::new(common::bin())
-        .args(["sync", file.to_str().unwrap(), "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
+    let (code, stderr) = common::cli_sync_refused(&vm.socket(), vm.scratch(), &other_model);
+    assert_eq!(code, Some(6), "{stderr}");
     assert!(
         stderr.contains("spec.domain.devices.interfaces"),
         "{stderr}"

@@ -38,26 +38,13 @@ fn spec(sockets: u32, guest: &str) -> String {
 }
 
 fn sync(vm: &Launched, text: &str) -> serde_json::Value {
-    let file = vm.scratch().join("sync.yaml");
-    std::fs::write(&file, text).unwrap();
-    let out = cli_ok(
-        &vm.socket(),
-        &["sync", file.to_str().unwrap(), "--output", "json"],
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    common::cli_sync(&vm.socket(), vm.scratch(), text)
 }
 
 /// A refused Sync: exit 2 and the field named on stderr.
 fn refused(vm: &Launched, text: &str, field: &str) {
-    let file = vm.scratch().join("refused.yaml");
-    std::fs::write(&file, text).unwrap();
-    let out = Command::new(common::bin())
-        .args(["sync", file.to_str().unwrap(), "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{field}: {stderr}");
+    let (code, stderr) = common::cli_sync_refused(&vm.socket(), vm.scratch(), text);
+    assert_eq!(code, Some(2), "{field}: {stderr}");
     assert!(stderr.contains(field), "{field} not named: {stderr}");
 }
 
@@ -192,14 +179,9 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     });
 
     // A cold boot boots with what was asked last: 2 sockets, 1536Mi from the start.
-    // The live vCPU unplug may time out (above); the spec is the one kept all the same.
-    let file = vm.scratch().join("last.yaml");
-    std::fs::write(&file, spec(2, "1536Mi")).unwrap();
-    Command::new(common::bin())
-        .args(["sync", file.to_str().unwrap(), "--socket"])
-        .arg(vm.socket())
-        .output()
-        .unwrap();
+    // The live vCPU unplug fails (above); the spec is the one kept all the same.
+    let (code, stderr) = common::cli_sync_refused(&vm.socket(), vm.scratch(), &spec(2, "1536Mi"));
+    assert!(code.is_some(), "{stderr}");
     cli_ok(&vm.socket(), &["stop"]);
     let mut console = ConsoleLog::from_end(&vm.dir().join("console.log")).unwrap();
     cli_ok(&vm.socket(), &["start"]);

@@ -235,17 +235,20 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
             {
                 outln!("nothing to change");
             }
-            for c in &response.interfaces {
-                let failed = if c.error.is_empty() {
+            let would = if dry_run { "would " } else { "" };
+            let failed = |error: &str| {
+                if error.is_empty() {
                     String::new()
                 } else {
-                    format!(": failed: {}", c.error)
-                };
+                    format!(": failed: {error}")
+                }
+            };
+            for c in &response.interfaces {
                 outln!(
-                    "{}{} interface {}{failed}",
-                    if dry_run { "would " } else { "" },
+                    "{would}{} interface {}{}",
                     c.action,
-                    c.name
+                    c.name,
+                    failed(&c.error)
                 );
             }
             for c in &response.resources {
@@ -253,16 +256,7 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
                     "memory" => (format!("{}Mi", c.from >> 20), format!("{}Mi", c.to >> 20)),
                     _ => (format!("{} vCPUs", c.from), format!("{} vCPUs", c.to)),
                 };
-                let failed = if c.error.is_empty() {
-                    String::new()
-                } else {
-                    format!(": failed: {}", c.error)
-                };
-                outln!(
-                    "{}set {} {from} -> {to}{failed}",
-                    if dry_run { "would " } else { "" },
-                    c.part
-                );
+                outln!("{would}set {} {from} -> {to}{}", c.part, failed(&c.error));
             }
             for c in &response.plan {
                 outln!(

@@ -35,3 +35,31 @@ pub fn succeeded(out: std::process::Output, what: impl std::fmt::Display) -> std
     );
     out
 }
+
+/// `vmlauncher sync` of the spec `text` (written to `dir/sync.yaml`) through `socket`, which must
+/// succeed: its JSON reply.
+pub fn cli_sync(socket: &Path, dir: &Path, text: &str) -> serde_json::Value {
+    let file = dir.join("sync.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = cli_ok(
+        socket,
+        &["sync", file.to_str().unwrap(), "--output", "json"],
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `vmlauncher sync` of the spec `text` (written to `dir/refused.yaml`) through `socket`,
+/// whatever it answers: its exit code and stderr.
+pub fn cli_sync_refused(socket: &Path, dir: &Path, text: &str) -> (Option<i32>, String) {
+    let file = dir.join("refused.yaml");
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(bin())
+        .args(["sync", file.to_str().unwrap(), "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
