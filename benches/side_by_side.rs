@@ -55,6 +55,7 @@ use tonic_health::pb::HealthCheckRequest;
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::{live_disks, live_resources, target_name, LiveVirtioMem};
+use vmlauncher::host::qemu_user::QemuUser;
 use vmlauncher::libvirt::events::{ensure_event_loop, EventRegistration, HypervisorEvent};
 
 /// Alternating cycles for each one-disk row. With 30, the medians of either side moved by
@@ -708,10 +709,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let work = tempfile::Builder::new()
-        .prefix("vml-bench-")
-        .tempdir()
-        .unwrap();
+    // Disk images live here, not under the launcher's runtime dir (its own state, refused as a
+    // hostDisk path); QEMU's user passes through it.
+    let work = common::disk_dir("vml-bench-");
     let base = guest_spec(NAME, "", &[]);
     let mut rows = Vec::new();
 
@@ -740,6 +740,11 @@ fn main() {
     );
     let raw_dir = work.path().join("raw-start");
     std::fs::create_dir_all(raw_dir.join("private")).unwrap();
+    // QEMU runs as an unprivileged user: the copy's private dir (its VNC socket) is shared with
+    // it as the launcher shares its own.
+    if let Some(qemu) = QemuUser::resolve(None).unwrap() {
+        qemu.share_dir(&raw_dir.join("private")).unwrap();
+    }
     let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..COLD_STARTS.max(WARM_STARTS) {
@@ -768,8 +773,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: one disk, {ONE_DISK_CYCLES} alternating cycles");
-    let launcher_image = vm.dir().join("launcher-one.img");
-    let raw_image = vm.dir().join("raw-one.img");
+    let launcher_image = work.path().join("launcher-one.img");
+    let raw_image = work.path().join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
     common::sparse_file(&raw_image, 8);
     let (mut launcher, mut raw_side, mut noop, mut round_trip) = (
@@ -830,8 +835,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
-    let launcher_images = sparse_files(vm.dir(), "launcher-many", MANY_DISKS);
-    let raw_images = sparse_files(vm.dir(), "raw-many", MANY_DISKS);
+    let launcher_images = sparse_files(work.path(), "launcher-many", MANY_DISKS);
+    let raw_images = sparse_files(work.path(), "raw-many", MANY_DISKS);
     let (mut launcher, mut raw_side) = (DiskSamples::default(), DiskSamples::default());
     for round in 0..MANY_ROUNDS {
         for launcher_turn in [round % 2 == 0, round % 2 == 1] {
