@@ -17,11 +17,23 @@
 //!   64 serials; and the 64 detaches;
 //! - memory with 16 disks attached: RSS, RssAnon and PSS of the launcher and of every other
 //!   non-QEMU process of the VM (its descendants and the daemons whose pid files it keeps).
+//! - on a second VM with room to resize (1 GiB, 512 MiB more through virtio-mem, 17 sockets),
+//!   booted once the first is gone: a vCPU added (one socket more each time: Sync reply /
+//!   `setVcpusFlags`, and until the guest has it online); 512 MiB added (Sync reply /
+//!   `updateDeviceFlags`, and until the guest's MemTotal has it) and given back (the reply).
 //!
 //! The raw side's disks carry no `ua-` alias: the launcher plans only disks with its own alias
 //! (`ua-<volume>`), keeps the units and targets of other disks free of its own, and ignores their
 //! DEVICE_REMOVED events; a raw disk is detached before the launcher's next Sync all the same, and
 //! both sides use the same unit, so each starts from the same domain.
+//!
+//! The resize rows act on one domain too: the launcher reads the vCPUs and the virtio-mem device
+//! from libvirt before each resize, so what the raw side did is where its next Sync starts. The
+//! raw side reads the live virtio-mem element (libvirt finds the device by its address) before
+//! each call, outside the timing. Each change is waited out, untimed, before the next: the guest
+//! reporting it, and for memory libvirt's `<current>` (QEMU's size-change event, at most one a
+//! second) reaching what was asked. vCPUs are only added: a TCG guest takes longer to let one go
+//! than the 5 s libvirt 9.0 waits.
 //!
 //! It prints a markdown table and, with `--json FILE`, writes the same numbers as JSON. Numbers
 //! are printed, never asserted. Outside `cargo bench` (e.g. `cargo test --all-targets`) it does
@@ -42,7 +54,8 @@ use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
-use vmlauncher::domain::{live_disks, target_name};
+use vmlauncher::domain::{live_disks, live_resources, target_name, LiveVirtioMem};
+use vmlauncher::host::qemu_user::QemuUser;
 use vmlauncher::libvirt::events::{ensure_event_loop, EventRegistration, HypervisorEvent};
 
 /// Alternating cycles for each one-disk row. With 30, the medians of either side moved by
@@ -62,6 +75,16 @@ const NAME: &str = "bench";
 /// The guest rescans its disks every 0.2 s; 64 disks under TCG on a loaded host take longer.
 const GUEST_DEADLINE: Duration = Duration::from_secs(180);
 const REMOVAL_DEADLINE: Duration = Duration::from_secs(60);
+/// vCPUs added per side, one socket each time, on a VM booted with one socket and room for
+/// all of them: n of the CPU rows.
+const CPU_ADDS: u32 = 8;
+/// Per side: 512 MiB added, then given back, each until the guest reports it.
+const MEMORY_CYCLES: usize = 8;
+/// The resize VM's memory at boot and what a memory cycle adds (KubeVirt's virtio-mem needs at
+/// least 1 GiB at boot).
+const BOOT_MIB: u64 = 1024;
+const ADD_MIB: u64 = 512;
+const RESIZE_NAME: &str = "bench-resize";
 
 /// One row of the table: the launcher's samples and, where libvirt has the same operation, raw
 /// libvirt's.
@@ -128,6 +151,31 @@ impl Row {
             "raw": self.raw.as_deref().map(side),
             "ratio": self.ratio().map(|r| (r * 1000.0).round() / 1000.0),
         })
+    }
+}
+
+/// One operation's samples on either side, for the rows that alternate single calls.
+#[derive(Default)]
+struct Sides {
+    launcher: Vec<Duration>,
+    raw: Vec<Duration>,
+}
+
+impl Sides {
+    fn push(&mut self, launcher_turn: bool, took: Duration) {
+        if launcher_turn {
+            self.launcher.push(took);
+        } else {
+            self.raw.push(took);
+        }
+    }
+
+    fn row(self, what: &'static str) -> Row {
+        Row {
+            what,
+            launcher: self.launcher,
+            raw: Some(self.raw),
+        }
     }
 }
 
@@ -249,6 +297,9 @@ fn raw_disk_xml(path: &Path, serial: &str, unit: u32) -> String {
     )
 }
 
+/// Live and persistent: what the launcher asks of both resize calls.
+const RESIZE_FLAGS: u32 = virt::sys::VIR_DOMAIN_AFFECT_LIVE | virt::sys::VIR_DOMAIN_AFFECT_CONFIG;
+
 /// libvirt used directly, as a program without the launcher would: one connection to the
 /// launcher's private libvirtd, the domain's device calls, and its DEVICE_REMOVED events
 /// (through vmlauncher's event module: the `virt` crate has no event registration).
@@ -320,6 +371,42 @@ impl Raw {
         self.domain
             .detach_device_flags(xml, virt::sys::VIR_DOMAIN_AFFECT_LIVE)
             .unwrap_or_else(|e| panic!("detachDeviceFlags: {e}\n{xml}"));
+    }
+
+    /// `setVcpusFlags`, live and persistent, as the launcher calls it.
+    fn set_vcpus(&self, count: u32) {
+        self.domain
+            .set_vcpus_flags(count, RESIZE_FLAGS)
+            .unwrap_or_else(|e| panic!("setVcpusFlags({count}): {e}"));
+    }
+
+    /// `updateDeviceFlags`, live and persistent, as the launcher calls it.
+    fn update_device(&self, xml: &str) {
+        self.domain
+            .update_device_flags(xml, RESIZE_FLAGS)
+            .unwrap_or_else(|e| panic!("updateDeviceFlags: {e}\n{xml}"));
+    }
+
+    /// The live virtio-mem device (read outside any timing).
+    fn virtio_mem(&self) -> LiveVirtioMem {
+        let xml = self.domain.xml_desc(0).unwrap();
+        live_resources(&xml)
+            .unwrap()
+            .virtio_mem
+            .expect("a virtio-mem device")
+    }
+
+    /// Waits until the guest has plugged `kib` through virtio-mem, as libvirt has it (from
+    /// QEMU's size-change event).
+    fn wait_plugged(&self, kib: u64) {
+        let deadline = Instant::now() + GUEST_DEADLINE;
+        while self.virtio_mem().current_kib != kib {
+            assert!(
+                Instant::now() < deadline,
+                "virtio-mem not at {kib} KiB within {GUEST_DEADLINE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// The alias libvirt gave each disk, by serial (read outside any timing).
@@ -486,6 +573,124 @@ fn shell(command: &str) -> String {
         .unwrap_or_default()
 }
 
+/// The test guest with room for `1 + 2 × CPU_ADDS` sockets and `ADD_MIB` more memory, asking
+/// for `sockets` and `guest_mib`. Hot-added memory is onlined movable, so that the guest can
+/// give it back.
+fn resize_spec(sockets: u32, guest_mib: u64) -> String {
+    let spec = guest_spec(RESIZE_NAME, "memhp_default_state=online_movable", &[])
+        .replace(
+            "      guest: 256Mi\n",
+            &format!(
+                "      guest: {guest_mib}Mi\n      maxGuest: {}Mi\n",
+                BOOT_MIB + ADD_MIB
+            ),
+        )
+        .replace(
+            "    devices:\n",
+            &format!(
+                "    cpu:\n      sockets: {sockets}\n      maxSockets: {}\n    devices:\n",
+                1 + 2 * CPU_ADDS
+            ),
+        );
+    assert!(spec.contains("maxGuest") && spec.contains("maxSockets"));
+    spec
+}
+
+/// A Sync to `spec` that panics unless it did exactly one resize of `part`, without error.
+fn sync_resize(rt: &Runtime, client: &mut Client, spec: &str, part: &str) {
+    let reply = sync(rt, client, spec);
+    assert!(
+        matches!(&reply.resources[..], [c] if c.part == part && c.error.is_empty()),
+        "expected one {part} change: {:?}",
+        reply.resources
+    );
+}
+
+/// The guest's next `what` report (`VMLTEST-CPUS`, `VMLTEST-MEMORY`) that says `value`.
+fn guest_says(console: &mut ConsoleLog, what: &str, value: u64) {
+    let line = format!("{what} {value}");
+    console.line(&line, GUEST_DEADLINE, |l| l.trim() == line);
+}
+
+/// The rows of the resize VM: vCPUs added, then memory added and given back, each side in turn
+/// (the side that goes first swaps every pair or cycle).
+fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
+    let mut vm = Launched::start(
+        &resize_spec(1, BOOT_MIB),
+        &["--qemu-cache-dir", caps.to_str().unwrap()],
+    );
+    let mut console = vm.boot();
+    guest_says(&mut console, "VMLTEST-CPUS", 1);
+    let booted_kb: u64 = console.line("the guest's memory", GUEST_DEADLINE, |l| {
+        l.starts_with("VMLTEST-MEMORY ")
+    })["VMLTEST-MEMORY ".len()..]
+        .trim()
+        .parse()
+        .unwrap();
+    let mut client = Client::new(rt.block_on(api::channel(&vm.socket())).unwrap());
+    let raw = Raw::open(&vm.libvirt_uri(), &format!("default_{RESIZE_NAME}"));
+
+    eprintln!("side_by_side: {CPU_ADDS} vCPUs added per side, alternating");
+    let (mut cpu, mut cpu_seen) = (Sides::default(), Sides::default());
+    let mut vcpus = 1;
+    for pair in 0..CPU_ADDS {
+        for launcher_turn in [pair % 2 == 0, pair % 2 == 1] {
+            vcpus += 1;
+            let t = Instant::now();
+            if launcher_turn {
+                sync_resize(rt, &mut client, &resize_spec(vcpus, BOOT_MIB), "cpu");
+            } else {
+                raw.set_vcpus(vcpus);
+            }
+            cpu.push(launcher_turn, t.elapsed());
+            guest_says(&mut console, "VMLTEST-CPUS", vcpus.into());
+            cpu_seen.push(launcher_turn, t.elapsed());
+        }
+    }
+
+    eprintln!("side_by_side: {MEMORY_CYCLES} memory cycles per side, alternating");
+    let (mut added, mut added_seen, mut given_back) =
+        (Sides::default(), Sides::default(), Sides::default());
+    for cycle in 0..MEMORY_CYCLES {
+        for launcher_turn in [cycle % 2 == 0, cycle % 2 == 1] {
+            for add in [true, false] {
+                let (guest_mib, virtio_kib) = if add {
+                    (BOOT_MIB + ADD_MIB, ADD_MIB * 1024)
+                } else {
+                    (BOOT_MIB, 0)
+                };
+                let device = (!launcher_turn).then(|| raw.virtio_mem());
+                let t = Instant::now();
+                match &device {
+                    None => sync_resize(rt, &mut client, &resize_spec(vcpus, guest_mib), "memory"),
+                    Some(device) => raw.update_device(&device.asking(virtio_kib)),
+                }
+                let took = t.elapsed();
+                guest_says(&mut console, "VMLTEST-MEMORY", booted_kb + virtio_kib);
+                if add {
+                    added.push(launcher_turn, took);
+                    added_seen.push(launcher_turn, t.elapsed());
+                } else {
+                    given_back.push(launcher_turn, took);
+                }
+                raw.wait_plugged(virtio_kib);
+            }
+        }
+    }
+
+    drop(raw);
+    drop(client);
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    vm.wait_exit(Duration::from_secs(120));
+    vec![
+        cpu.row("add 1 vCPU (a socket): Sync reply / `setVcpusFlags`"),
+        cpu_seen.row("add 1 vCPU until the guest has it online"),
+        added.row("add 512 MiB (virtio-mem): Sync reply / `updateDeviceFlags`"),
+        added_seen.row("add 512 MiB until the guest's MemTotal has it"),
+        given_back.row("give back 512 MiB: Sync reply / `updateDeviceFlags`"),
+    ]
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if !args.iter().any(|a| a == "--bench") {
@@ -504,10 +709,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let work = tempfile::Builder::new()
-        .prefix("vml-bench-")
-        .tempdir()
-        .unwrap();
+    // Disk images live here, not under the launcher's runtime dir (its own state, refused as a
+    // hostDisk path); QEMU's user passes through it.
+    let work = common::disk_dir("vml-bench-");
     let base = guest_spec(NAME, "", &[]);
     let mut rows = Vec::new();
 
@@ -536,6 +740,11 @@ fn main() {
     );
     let raw_dir = work.path().join("raw-start");
     std::fs::create_dir_all(raw_dir.join("private")).unwrap();
+    // QEMU runs as an unprivileged user: the copy's private dir (its VNC socket) is shared with
+    // it as the launcher shares its own.
+    if let Some(qemu) = QemuUser::resolve(None).unwrap() {
+        qemu.share_dir(&raw_dir.join("private")).unwrap();
+    }
     let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..COLD_STARTS.max(WARM_STARTS) {
@@ -564,8 +773,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: one disk, {ONE_DISK_CYCLES} alternating cycles");
-    let launcher_image = vm.dir().join("launcher-one.img");
-    let raw_image = vm.dir().join("raw-one.img");
+    let launcher_image = work.path().join("launcher-one.img");
+    let raw_image = work.path().join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
     common::sparse_file(&raw_image, 8);
     let (mut launcher, mut raw_side, mut noop, mut round_trip) = (
@@ -626,8 +835,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
-    let launcher_images = sparse_files(vm.dir(), "launcher-many", MANY_DISKS);
-    let raw_images = sparse_files(vm.dir(), "raw-many", MANY_DISKS);
+    let launcher_images = sparse_files(work.path(), "launcher-many", MANY_DISKS);
+    let raw_images = sparse_files(work.path(), "raw-many", MANY_DISKS);
     let (mut launcher, mut raw_side) = (DiskSamples::default(), DiskSamples::default());
     for round in 0..MANY_ROUNDS {
         for launcher_turn in [round % 2 == 0, round % 2 == 1] {
@@ -675,6 +884,9 @@ fn main() {
     drop(client);
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     vm.wait_exit(Duration::from_secs(120));
+
+    // One TCG guest at a time: the resize VM boots once the first is gone.
+    rows.extend(resize_rows(&rt, &warm_caps));
 
     let date = shell("date -u '+%Y-%m-%d %H:%M UTC'");
     let host = format!(
