@@ -6,6 +6,7 @@
 //! - a second interface (a Multus network, bridge binding: a user-mode network of its own on a
 //!   local run) appears in the guest with its MAC, goes down and up with `state`, and leaves
 //!   with `state: absent`;
+//! - a launcher killed with SIGKILL and started again adopts both and has nothing to redo;
 //! - changing what an interface is (its model) is refused and changes nothing.
 
 mod common;
@@ -131,6 +132,21 @@ fn interfaces_come_go_and_change_link_in_the_running_guest() {
         l.contains(&format!(":{SECOND_MAC}:up"))
     });
     // The same again changes nothing.
+    assert_eq!(changes(&sync(&vm, &with("up"))), vec![]);
+
+    // SIGKILL and a new launcher (given the spec it booted with): it adopts both interfaces,
+    // restores the last Sync, and has nothing to change for it.
+    vm.kill9();
+    let mut vm = vm.successor(&spec(port, " []", " []"), &[]);
+    vm.wait_stdout("phase Running", GUEST_DEADLINE);
+    let status = cli_status(&vm.socket());
+    let names: Vec<_> = status["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, vec!["default", "second"], "{status}");
     assert_eq!(changes(&sync(&vm, &with("up"))), vec![]);
 
     // What an interface is cannot change while the VM runs.
