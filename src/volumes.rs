@@ -118,15 +118,15 @@ pub struct ResolvedVolume {
 }
 
 impl ResolvedVolume {
-    /// An overlay's backing image when its format is known without reading it (a claim's: raw),
-    /// with whether it is a block device: written as an explicit `<backingStore>`, so that
-    /// libvirt takes the chain from the XML and never from the image.
-    pub fn raw_backing(&self) -> Option<(&Path, bool)> {
+    /// An overlay's backing image, with whether it is a block device and whose it is: written
+    /// as an explicit `<backingStore>`, so that libvirt takes the chain from the XML and never
+    /// from the image, and never relabels it through its path.
+    pub fn backing(&self) -> Option<(&Path, bool, Backing)> {
         match &self.preparation {
-            Preparation::Overlay {
-                backing,
-                trust: Backing::Claim { block },
-            } => Some((backing, *block)),
+            Preparation::Overlay { backing, trust } => {
+                let block = matches!(trust, Backing::Claim { block: true });
+                Some((backing, block, *trust))
+            }
             _ => None,
         }
     }

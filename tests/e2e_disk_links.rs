@@ -205,3 +205,65 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
+
+/// An overlay's backing (a container disk's `disk_N.img`, an ephemeral volume's claim) lies
+/// where a tenant or an image author writes: libvirt is given the chain with the backing not to
+/// be relabelled (its chown as root would follow a link put there after the launcher's check),
+/// and the launcher gives the file to QEMU's user through the descriptor it checked.
+#[test]
+fn overlay_backings_are_given_by_the_launcher_and_never_relabelled_by_libvirt() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = "backing-given";
+    let make_image = |path: &std::path::Path| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        common::sparse_file(path, 4);
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    };
+    let spec = guest_spec(name, "", &[])
+        .replace(
+            "      disks: []\n",
+            "      disks:\n      - {name: image, disk: {bus: scsi}, serial: Image-1}\n      - {name: scratch, disk: {bus: scsi}, serial: Scratch-1}\n",
+        )
+        .replace(
+            "  volumes: []\n",
+            "  volumes:\n  - {name: image, containerDisk: {image: example/disk}}\n  - {name: scratch, ephemeral: {persistentVolumeClaim: {claimName: scratch}}}\n",
+        );
+    let mut vm = Launched::start_owned(|dir| {
+        make_image(&dir.join("container-disks/disk_0.img"));
+        make_image(&dir.join("vmi-disks/scratch/disk.img"));
+    })
+    .run(&spec, &[]);
+    let mut console = vm.boot();
+    console.line("the guest sees both disks", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS")
+            && l.contains("serial=Image-1")
+            && l.contains("serial=Scratch-1")
+    });
+    let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
+    let doc = roxmltree::Document::parse(&live).unwrap();
+    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    for backing in ["container-disks/disk_0.img", "vmi-disks/scratch/disk.img"] {
+        let path = vm.dir().join(backing);
+        let source = doc
+            .descendants()
+            .find(|n| {
+                n.has_tag_name("source")
+                    && n.parent().is_some_and(|p| p.has_tag_name("backingStore"))
+                    && n.attribute("file") == path.to_str()
+            })
+            .unwrap_or_else(|| panic!("no backingStore for {backing} in {live}"));
+        let seclabel = source
+            .children()
+            .find(|n| n.has_tag_name("seclabel"))
+            .unwrap_or_else(|| panic!("{backing}: no seclabel in {live}"));
+        assert_eq!(seclabel.attribute("relabel"), Some("no"), "{backing}");
+        assert_eq!(owner_and_mode(&path), (qemu_uid, 0o600), "{backing}");
+    }
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}

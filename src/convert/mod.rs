@@ -8,8 +8,8 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use crate::domain::{
-    target_name, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, CpuTune, DiskDef,
-    DiskDevice, DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef,
+    target_name, BackingDef, Bus, ClockDef, ClockOffset, CpuDef, CpuMode, CpuTopology, CpuTune,
+    DiskDef, DiskDevice, DiskSource, DomainDef, DriveAddress, EfiDef, FeaturesDef, FirmwareDef,
     HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
     PortForward, TimerDef, TpmDef, VirtType, VirtioMemDef, WatchdogDef,
 };
@@ -569,12 +569,16 @@ fn disks(
             && resolved.preparation == crate::volumes::Preparation::Claim
             && !resolved.block;
         let hotpluggable = crate::volumes::is_hotpluggable(volume);
-        let raw_backing = resolved.raw_backing().map(|(path, block)| {
-            if block {
+        let backing = resolved.backing().map(|(path, block, trust)| BackingDef {
+            source: if block {
                 DiskSource::Block(path.into())
             } else {
                 DiskSource::File(path.into())
-            }
+            },
+            format: match trust {
+                crate::volumes::Backing::Claim { .. } => Some("raw"),
+                crate::volumes::Backing::ContainerDisk => None,
+            },
         });
         disks.push(DiskDef {
             volume: disk.name.clone(),
@@ -589,7 +593,7 @@ fn disks(
                 DiskSource::File(resolved.path)
             },
             format: resolved.format.as_str(),
-            raw_backing,
+            backing,
             bus,
             target,
             serial: disk.serial.clone(),

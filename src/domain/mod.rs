@@ -88,6 +88,18 @@ pub struct DomainDef {
     pub instance: InstanceMetadata,
 }
 
+/// An overlay's backing, which lies where a tenant or an image author writes. libvirt is told
+/// the chain (it reads none from the images) and not to relabel the backing: its chown would
+/// follow a link put there after the launcher's check. The launcher gives the file to QEMU's
+/// user through the descriptor it checked (`host::open_for_qemu`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackingDef {
+    pub source: DiskSource,
+    /// `raw` or `qcow2`. A container disk's is read from its header before the start
+    /// (`host::open_for_qemu`): `None` until then, and libvirt reads the chain itself.
+    pub format: Option<&'static str>,
+}
+
 /// A virtio-mem device: `size_kib` of hot-pluggable memory, `requested_kib` of it asked to be
 /// plugged (the guest may plug less, and takes its time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -310,9 +322,8 @@ pub struct DiskDef {
     pub source: DiskSource,
     /// `raw` or `qcow2`; raw when empty.
     pub format: &'static str,
-    /// A raw image under `source` (an overlay's backing) that ends the chain: libvirt is told the
-    /// chain instead of reading it from the images.
-    pub raw_backing: Option<DiskSource>,
+    /// The image under `source` (an overlay's backing) that ends the chain.
+    pub backing: Option<BackingDef>,
     pub bus: Bus,
     /// Guest target name (`sda`, `vdb`).
     pub target: String,

@@ -103,14 +103,22 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
             } else {
                 empty(w, "source", &source_attrs)?;
             }
-            if let Some(backing) = &disk.raw_backing {
+            if let Some((backing, format)) = disk
+                .backing
+                .as_ref()
+                .and_then(|b| Some((&b.source, b.format?)))
+            {
                 let (backing_type, attr) = source_kind(backing);
                 let path = backing.path().to_string_lossy();
                 w.create_element("backingStore")
                     .with_attribute(("type", backing_type))
                     .write_inner_content(|w| {
-                        empty(w, "format", &[("type", "raw")])?;
-                        empty(w, "source", &[(attr, path.as_ref())])?;
+                        empty(w, "format", &[("type", format)])?;
+                        w.create_element("source")
+                            .with_attribute((attr, path.as_ref()))
+                            .write_inner_content(|w| {
+                                empty(w, "seclabel", &[("model", "dac"), ("relabel", "no")])
+                            })?;
                         empty(w, "backingStore", &[])
                     })?;
             }

@@ -214,36 +214,53 @@ fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
 
 /// Hands QEMU the images of `disks` that lie where others write, each opened as itself
 /// (`open_image`; read-only for a read-only disk), so that what was checked is what QEMU gets:
-/// returns the descriptors of those passed by `fdgroup`; gives those marked `given_to_qemu` to
-/// QEMU's user (`owner`) through the descriptor (`fchown`, no path followed).
+/// returns the descriptors of those passed by `fdgroup`; gives those marked `given_to_qemu`, and
+/// every overlay's backing, to QEMU's user (`owner`) through the descriptor (`fchown`, no path
+/// followed), and reads a container disk's backing format from the file it opened.
 pub fn open_for_qemu(
-    disks: &[crate::domain::DiskDef],
+    disks: &mut [crate::domain::DiskDef],
     owner: devnode::NodeOwner,
 ) -> Result<Vec<(String, fs::File)>, (String, HostError)> {
     let mut fds = Vec::new();
-    for disk in disks
-        .iter()
-        .filter(|d| d.fd_group.is_some() || d.given_to_qemu)
-    {
+    for disk in disks.iter_mut() {
         let failed = |e| (disk.volume.clone(), e);
-        let path = disk.source.path();
-        let file = open_image(path, !disk.readonly).map_err(failed)?;
-        match &disk.fd_group {
-            Some(group) => fds.push((group.clone(), file)),
-            None => nix::unistd::fchown(
-                &file,
-                Some(nix::unistd::Uid::from_raw(owner.uid)),
-                Some(nix::unistd::Gid::from_raw(owner.gid)),
-            )
-            .map_err(|e| {
-                failed(HostError::Inspect {
-                    path: path.into(),
-                    source: e.into(),
-                })
-            })?,
+        if disk.fd_group.is_some() || disk.given_to_qemu {
+            let path = disk.source.path();
+            let file = open_image(path, !disk.readonly).map_err(failed)?;
+            match &disk.fd_group {
+                Some(group) => fds.push((group.clone(), file)),
+                None => give_to(&file, path, owner).map_err(failed)?,
+            }
+        }
+        if let Some(backing) = &mut disk.backing {
+            let path = backing.source.path();
+            let mut file = open_image(path, false).map_err(|e| (disk.volume.clone(), e))?;
+            if backing.format.is_none() {
+                let (format, _) = image_format(&mut file, path, Backing::ContainerDisk)
+                    .map_err(|e| (disk.volume.clone(), e))?;
+                backing.format = Some(format);
+            }
+            give_to(&file, path, owner).map_err(|e| (disk.volume.clone(), e))?;
         }
     }
     Ok(fds)
+}
+
+/// Gives the open `file` to QEMU's user. A read-only filesystem (a container disk's image
+/// may be on one) keeps its owner, as libvirt's own relabelling does: QEMU reads it as its
+/// mode allows.
+fn give_to(file: &fs::File, path: &Path, owner: devnode::NodeOwner) -> Result<(), HostError> {
+    match nix::unistd::fchown(
+        file,
+        Some(nix::unistd::Uid::from_raw(owner.uid)),
+        Some(nix::unistd::Gid::from_raw(owner.gid)),
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EROFS) => Ok(()),
+        Err(e) => Err(HostError::Inspect {
+            path: path.into(),
+            source: e.into(),
+        }),
+    }
 }
 
 /// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
@@ -341,15 +358,24 @@ const CLUSTER: u64 = 1 << CLUSTER_BITS;
 /// The format and virtual size of an overlay's backing image, as `trust` allows knowing them: a
 /// claim is raw, always; a container disk's header is read, and refused when it points anywhere.
 fn backing_info(path: &Path, trust: Backing) -> Result<(&'static str, u64), HostError> {
+    image_format(&mut open_image(path, false)?, path, trust)
+}
+
+/// [`backing_info`] of an image already opened (as itself: `open_image`).
+fn image_format(
+    file: &mut fs::File,
+    path: &Path,
+    trust: Backing,
+) -> Result<(&'static str, u64), HostError> {
     use std::io::{Read, Seek, SeekFrom};
     let inspect = |source| HostError::Inspect {
         path: path.into(),
         source,
     };
-    let mut file = open_image(path, false)?;
+    file.seek(SeekFrom::Start(0)).map_err(inspect)?;
     if trust == Backing::ContainerDisk {
         let mut header = Vec::with_capacity(image_check::HEADER_BYTES);
-        (&mut file)
+        (&mut *file)
             .take(image_check::HEADER_BYTES as u64)
             .read_to_end(&mut header)
             .map_err(inspect)?;

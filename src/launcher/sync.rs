@@ -428,14 +428,15 @@ impl Launcher {
     fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let owner = self.options.hotplug.node_owner;
-        let fds = match crate::host::open_for_qemu(std::slice::from_ref(disk), owner) {
+        let mut prepared = disk.clone();
+        let fds = match crate::host::open_for_qemu(std::slice::from_mut(&mut prepared), owner) {
             Ok(fds) => fds,
             Err((_, e)) => {
                 self.set_volume(disk, VolumePhase::Failed, e.reason(), e.to_string());
                 return false;
             }
         };
-        let xml = disk.to_xml();
+        let xml = prepared.to_xml();
         self.forget_live_disks();
         let mut attempts = 1;
         let attached = loop {

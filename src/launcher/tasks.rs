@@ -307,11 +307,18 @@ impl Launcher {
                 Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
             }
         }
-        let (disks, owner) = (def.disks.clone(), self.options.hotplug.node_owner);
-        let fds = tokio::task::spawn_blocking(move || host::open_for_qemu(&disks, owner))
-            .await
-            .map_err(LauncherError::Join)?
-            .map_err(|(volume, source)| DiskNotReady { volume, source })?;
+        let (mut disks, owner) = (
+            std::mem::take(&mut def.disks),
+            self.options.hotplug.node_owner,
+        );
+        let (disks, fds) = tokio::task::spawn_blocking(move || {
+            let fds = host::open_for_qemu(&mut disks, owner);
+            (disks, fds)
+        })
+        .await
+        .map_err(LauncherError::Join)?;
+        def.disks = disks;
+        let fds = fds.map_err(|(volume, source)| DiskNotReady { volume, source })?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
         self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
