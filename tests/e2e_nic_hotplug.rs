@@ -66,6 +66,16 @@ fn done(name: &str, action: &str) -> (String, String, String) {
     (name.to_string(), action.to_string(), String::new())
 }
 
+/// The interfaces a status shows, by name.
+fn interface_names(status: &serde_json::Value) -> Vec<String> {
+    status["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn nics_line(console: &mut ConsoleLog, what: &str, wanted: impl Fn(&str) -> bool) -> String {
     console
         .wait_for(what, Instant::now() + GUEST_DEADLINE, |l| {
@@ -140,12 +150,7 @@ fn interfaces_come_go_and_change_link_in_the_running_guest() {
     let mut vm = vm.successor(&spec(port, " []", " []"), &[]);
     vm.wait_stdout("phase Running", GUEST_DEADLINE);
     let status = cli_status(&vm.socket());
-    let names: Vec<_> = status["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = interface_names(&status);
     assert_eq!(names, vec!["default", "second"], "{status}");
     assert_eq!(changes(&sync(&vm, &with("up"))), vec![]);
 
@@ -167,12 +172,7 @@ fn interfaces_come_go_and_change_link_in_the_running_guest() {
         !l.contains(SECOND_MAC)
     });
     let status = cli_status(&vm.socket());
-    let names: Vec<_> = status["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["name"].as_str().unwrap().to_string())
-        .collect();
+    let names = interface_names(&status);
     assert_eq!(names, vec!["default"], "{status}");
     let page = common::net::http_get(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), "/")
         .expect("the published port still answers");
