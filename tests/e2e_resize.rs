@@ -61,21 +61,13 @@ fn guest_reports(console: &mut ConsoleLog, what: &str, wanted: impl Fn(u64) -> b
     line[prefix.len()..].trim().parse().unwrap()
 }
 
-/// Polls the status until `done` holds for it (the guest plugs memory at its own pace).
+/// Waits for a status `done` accepts (the guest plugs memory at its own pace).
 fn status_until(
     socket: &Path,
     what: &str,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + GUEST_DEADLINE;
-    loop {
-        let status = cli_status(socket);
-        if done(&status) {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "{what}: last status {status}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    common::cli_wait_status(socket, what, GUEST_DEADLINE, done)
 }
 
 fn resources(reply: &serde_json::Value) -> Vec<(String, u64, u64, String)> {

@@ -63,3 +63,50 @@ pub fn cli_sync_refused(socket: &Path, dir: &Path, text: &str) -> (Option<i32>, 
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Follows `vmlauncher events --output json` through `socket` until a status (the first event
+/// is the whole current one, so nothing before the call is missed) that `done` accepts: that
+/// status, as `status --output json` shows it. Panics naming `what` after `within`.
+pub fn cli_wait_status(
+    socket: &Path,
+    what: &str,
+    within: std::time::Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    use std::io::BufRead;
+    let deadline = std::time::Instant::now() + within;
+    let mut follower = Command::new(bin())
+        .args(["events", "--output", "json", "--socket"])
+        .arg(socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = follower.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut last = serde_json::Value::Null;
+    let found = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            break None;
+        };
+        let event: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let status = match event["type"].as_str() {
+            Some(kind @ ("resync" | "status")) => event[kind].clone(),
+            _ => continue,
+        };
+        if done(&status) {
+            break Some(status);
+        }
+        last = status;
+    };
+    let _ = follower.kill();
+    let _ = follower.wait();
+    found.unwrap_or_else(|| panic!("{what}: not within {within:?}; last status {last}"))
+}
