@@ -4,7 +4,9 @@
 //! domain has is read from libvirt's live XML, not remembered.
 
 use super::{libvirt_message, Launcher, LauncherError, DETACH_TIMEOUT};
-use crate::domain::{self, InterfaceDef, LiveInterface};
+#[cfg(test)]
+use crate::domain;
+use crate::domain::{InterfaceDef, LiveInterface};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NicAction {
@@ -67,7 +69,7 @@ pub(super) fn plan(live: &[LiveInterface], desired: &[InterfaceDef]) -> Vec<NicC
 }
 
 /// The interfaces a Sync may add, drop or relink; any other change to one that stays (its
-/// model, MAC, binding, ports) needs a restart. Names of those that changed.
+/// model, MAC, binding, ports) needs a restart: true when `desired` makes one.
 pub fn frozen_interfaces_changed(current: &[InterfaceDef], desired: &[InterfaceDef]) -> bool {
     current.iter().any(|c| {
         desired.iter().any(|d| {
@@ -81,18 +83,9 @@ pub fn frozen_interfaces_changed(current: &[InterfaceDef], desired: &[InterfaceD
 }
 
 impl Launcher {
-    /// The live interfaces, read from libvirt; the status shows them.
-    pub(super) fn refresh_interfaces(&self) -> Result<Vec<LiveInterface>, LauncherError> {
-        let n = self.domain_name.clone();
-        let xml = self.call(move |hv| hv.live_xml(&n))?;
-        let live = domain::live_interfaces(&xml)?;
-        let statuses = super::reconciler::interface_statuses(&live);
-        self.update(|s| s.interfaces = statuses);
-        Ok(live)
-    }
-
     /// Applies each planned change; one failing does not stop the next. An unplug waits for
-    /// the guest to let the device go (DEVICE_REMOVED), up to `DETACH_TIMEOUT`.
+    /// the guest to let the device go (DEVICE_REMOVED), up to `DETACH_TIMEOUT`. The caller
+    /// shows the outcome (`refresh_live`).
     pub(super) async fn change_interfaces(
         &self,
         changes: Vec<NicChange>,
@@ -121,11 +114,6 @@ impl Launcher {
                 tracing::warn!(interface = %change.name, action = change.action.as_str(), %error, "interface change failed");
             }
             done.push(NicChange { error, ..change });
-        }
-        if !done.is_empty() {
-            if let Err(e) = self.refresh_interfaces() {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot read the interfaces");
-            }
         }
         done
     }

@@ -149,12 +149,7 @@ impl Launcher {
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
-        let interfaces = interface_statuses(&domain::live_interfaces(&xml)?);
-        let resources = domain::live_resources(&xml)?;
-        self.update(|s| {
-            s.interfaces = interfaces;
-            s.resources = Some(resources);
-        });
+        self.show_live(&xml)?;
         self.update(|s| {
             let boot: Vec<&str> = s
                 .spec
@@ -285,7 +280,7 @@ impl Launcher {
                     detail: format!("{alias} {size_kib} KiB"),
                 });
                 // The status shows what the guest has now (libvirt's XML has it already).
-                if let Err(e) = self.refresh_resources() {
+                if let Err(e) = self.refresh_live() {
                     tracing::debug!(error = %crate::error_chain(&e), "cannot read the resources");
                 }
                 false

@@ -84,13 +84,28 @@ pub(super) fn check_not_below_boot(vmi: &Validated, boot_bytes: u64) -> Result<(
 }
 
 impl Launcher {
-    /// Reads the domain's vCPUs and memory from libvirt and shows them in the status.
-    pub(super) fn refresh_resources(&self) -> Result<LiveResources, LauncherError> {
+    /// Reads the live XML once and shows its vCPUs, memory and interfaces in the status.
+    pub(super) fn refresh_live(
+        &self,
+    ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
-        let resources = domain::live_resources(&xml)?;
-        self.update(|s| s.resources = Some(resources.clone()));
-        Ok(resources)
+        self.show_live(&xml)
+    }
+
+    /// Shows the vCPUs, memory and interfaces of the live XML `xml` in the status.
+    pub(super) fn show_live(
+        &self,
+        xml: &str,
+    ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
+        let resources = domain::live_resources(xml)?;
+        let interfaces = domain::live_interfaces(xml)?;
+        let statuses = super::reconciler::interface_statuses(&interfaces);
+        self.update(|s| {
+            s.resources = Some(resources.clone());
+            s.interfaces = statuses;
+        });
+        Ok((resources, interfaces))
     }
 
     /// The memory (bytes) the running domain booted with, as last read.
@@ -99,8 +114,8 @@ impl Launcher {
         s.resources.as_ref().map(|r| r.memory_at_boot_kib * 1024)
     }
 
-    /// Applies each planned resize; one failing does not stop the next. The status shows the
-    /// outcome as libvirt has it afterwards.
+    /// Applies each planned resize; one failing does not stop the next. The caller shows the
+    /// outcome as libvirt has it afterwards (`refresh_live`).
     pub(super) async fn resize(
         &self,
         changes: Vec<ResourceChange>,
@@ -129,11 +144,6 @@ impl Launcher {
                 tracing::warn!(part = change.part.as_str(), %error, "resize failed");
             }
             done.push(ResourceChange { error, ..change });
-        }
-        if !done.is_empty() {
-            if let Err(e) = self.refresh_resources() {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
-            }
         }
         done
     }

@@ -250,16 +250,10 @@ impl Launcher {
         let live = self.live_disks().await?;
         let plan = hotplug::plan(&live, desired)?;
         let planned = planned_changes(&plan);
-        // Only a domain with room to resize pays for reading what it has.
-        let (resizes, resources) =
-            if desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some() {
-                let live = self.refresh_resources()?;
-                (resize::plan(&live, desired), live)
-            } else {
-                Default::default()
-            };
-        // Only a Sync whose interfaces differ from the last one's, or from what libvirt was
-        // last seen to have, pays for reading them.
+        // Only a domain with room to resize, or a Sync whose interfaces differ from the last
+        // one's or from what libvirt was last seen to have, pays for reading the live XML
+        // (once, for both).
+        let resizable = desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some();
         let shown: Vec<String> = self
             .status()
             .interfaces
@@ -267,13 +261,23 @@ impl Launcher {
             .map(|i| i.name)
             .collect();
         let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
-        let (nic_plan, live_nics) =
-            if current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied()) {
-                let live = self.refresh_interfaces()?;
-                (nics::plan(&live, &desired.interfaces), live)
-            } else {
-                Default::default()
-            };
+        let relink =
+            current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied());
+        let (resources, live_nics) = if resizable || relink {
+            self.refresh_live()?
+        } else {
+            Default::default()
+        };
+        let resizes = if resizable {
+            resize::plan(&resources, desired)
+        } else {
+            Vec::new()
+        };
+        let nic_plan = if relink {
+            nics::plan(&live_nics, &desired.interfaces)
+        } else {
+            Vec::new()
+        };
         if dry_run {
             return Ok(SyncOutcome {
                 plan: planned,
@@ -287,6 +291,12 @@ impl Launcher {
         let interfaces = self
             .change_interfaces(nic_plan, &live_nics, &desired.interfaces)
             .await;
+        // One read shows what both parts did.
+        if !resources.is_empty() || !interfaces.is_empty() {
+            if let Err(e) = self.refresh_live() {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
+            }
+        }
         // A volume the spec no longer names and libvirt does not have (one that was pending or
         // failed) has nothing left to report.
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
