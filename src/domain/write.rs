@@ -621,25 +621,21 @@ fn write_virtio_mem(w: &mut XmlWriter, mem: &VirtioMemDef) -> io::Result<()> {
     Ok(())
 }
 
+/// One device element alone, as `write` makes it: what libvirt's attach call takes.
+fn element_xml(write: impl FnOnce(&mut XmlWriter) -> io::Result<()>) -> String {
+    let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
+    write(&mut w).expect("writing to a Vec cannot fail");
+    String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
+}
+
 impl InterfaceDef {
     /// The `<interface>` element alone, as sent to libvirt's attach call.
     pub fn to_xml(&self) -> String {
-        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-        write_interface(&mut w, self).expect("writing to a Vec cannot fail");
-        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
+        element_xml(|w| write_interface(w, self))
     }
 
     pub fn alias(&self) -> String {
         format!("{USER_ALIAS_PREFIX}{}", self.name)
-    }
-}
-
-impl VirtioMemDef {
-    /// The `<memory>` device alone, as sent to libvirt's update call.
-    pub fn to_xml(&self) -> String {
-        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-        write_virtio_mem(&mut w, self).expect("writing to a Vec cannot fail");
-        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
     }
 }
 
@@ -650,9 +646,7 @@ impl DiskDef {
 
     /// The `<disk>` element alone, as sent to libvirt's attach call.
     pub fn to_xml(&self) -> String {
-        let mut w = Writer::new_with_indent(Vec::new(), b' ', 2);
-        write_disk(&mut w, self).expect("writing to a Vec cannot fail");
-        String::from_utf8(w.into_inner()).expect("quick-xml writes UTF-8")
+        element_xml(|w| write_disk(w, self))
     }
 }
 

@@ -116,7 +116,7 @@ impl Launcher {
 
     /// Applies each planned resize; one failing does not stop the next. The caller shows the
     /// outcome as libvirt has it afterwards (`refresh_live`).
-    pub(super) async fn resize(
+    pub(super) fn resize(
         &self,
         changes: Vec<ResourceChange>,
         live: &LiveResources,

@@ -287,7 +287,7 @@ impl Launcher {
             });
         }
         self.accept(input, vmi)?;
-        let resources = self.resize(resizes, &resources).await;
+        let resources = self.resize(resizes, &resources);
         let interfaces = self
             .change_interfaces(nic_plan, &live_nics, &desired.interfaces)
             .await;
