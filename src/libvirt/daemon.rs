@@ -318,6 +318,40 @@ impl PrivateDaemon {
         self.dir.join(format!("{name}.log"))
     }
 
+    /// This daemon's host UUID: made once, random, kept in the runtime dir so that a restarted
+    /// daemon is the same host.
+    fn host_uuid(&self) -> Result<String, DaemonError> {
+        let path = self.dir.join("host-uuid");
+        let error = |source| DaemonError::Prepare {
+            path: path.clone(),
+            source,
+        };
+        if let Ok(text) = fs::read_to_string(&path) {
+            if is_uuid(text.trim()) {
+                return Ok(text.trim().to_owned());
+            }
+        }
+        let mut bytes = [0u8; 16];
+        fs::File::open("/dev/urandom")
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+            .map_err(error)?;
+        // Version 4, variant 1 (RFC 4122): libvirt accepts any well-formed UUID, but not all zeros
+        // or all ones.
+        bytes[6] = (bytes[6] & 0x0f) | 0x40;
+        bytes[8] = (bytes[8] & 0x3f) | 0x80;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let uuid = format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        );
+        crate::durable::write_atomically(&path, uuid.as_bytes()).map_err(error)?;
+        Ok(uuid)
+    }
+
     /// Directories and configuration files, rewritten at every start.
     fn prepare(&self) -> Result<(), DaemonError> {
         let prepare = |path: &Path, source| DaemonError::Prepare {
@@ -366,7 +400,10 @@ impl PrivateDaemon {
             fs::create_dir_all(host).map_err(|e| prepare(Path::new(host), e))?;
         }
         let files = [
-            (self.dir.join("libvirtd.conf"), libvirtd_conf(&self.dir)),
+            (
+                self.dir.join("libvirtd.conf"),
+                libvirtd_conf(&self.dir, &self.host_uuid()?),
+            ),
             (
                 self.dir.join("etc/qemu.conf"),
                 qemu_conf_text(&self.options),
@@ -617,6 +654,14 @@ impl Drop for PrivateDaemon {
 }
 
 /// A set holding only the lowest CPU this process may run on.
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
     let allowed = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok()?;
     let first = (0..nix::sched::CpuSet::count()).find(|&c| allowed.is_set(c).unwrap_or(false))?;
@@ -639,9 +684,12 @@ fn log_tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
-fn libvirtd_conf(dir: &Path) -> String {
+fn libvirtd_conf(dir: &Path, host_uuid: &str) -> String {
     format!(
         r#"# Written by vmlauncher for its private libvirtd; rewritten at every start.
+# Its own: libvirt refuses to migrate to a daemon that reports the source's host UUID, and every
+# private libvirtd on a machine would otherwise report the machine's.
+host_uuid = "{host_uuid}"
 unix_sock_dir = "{sock}"
 unix_sock_group = "root"
 unix_sock_ro_perms = "0700"
