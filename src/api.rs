@@ -23,7 +23,10 @@ use crate::launcher::{
 };
 use crate::lifecycle::Command;
 
+mod migration;
 mod reflection;
+
+pub use migration::{Front, Offer};
 
 /// The generated protobuf and gRPC types.
 #[allow(missing_debug_implementations, clippy::all)]
@@ -70,6 +73,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         | LauncherError::BlockDevice { .. }
         | LauncherError::NotAHotplugVolume { .. } => Code::InvalidArgument,
         LauncherError::FrozenFieldsChanged { .. }
+        | LauncherError::NoMigration
         | LauncherError::Refused(_)
         | LauncherError::Terminating { .. } => Code::FailedPrecondition,
         LauncherError::Preempted | LauncherError::SyncInterrupted => Code::Aborted,
@@ -83,6 +87,8 @@ fn to_status(e: LauncherError) -> tonic::Status {
         | LauncherError::LiveXml(_)
         | LauncherError::Join(_)
         | LauncherError::SaveSync(_) => Code::Internal,
+        LauncherError::MigrationTarget(_) => Code::Aborted,
+        LauncherError::MigrationAborted { .. } => Code::Cancelled,
     };
     tonic::Status::new(code, crate::error_chain(&e))
 }
@@ -177,6 +183,7 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
             .map(|t| t.saturating_duration_since(now).as_millis() as u64)
             .unwrap_or_default(),
         finished: s.finished,
+        migration: s.migration.as_ref().map(migration::status_to_proto),
     }
 }
 
@@ -267,7 +274,7 @@ pub fn block_devices_to_proto(
 
 #[derive(Debug)]
 struct Service {
-    launcher: Arc<Launcher>,
+    front: Arc<Front>,
 }
 
 impl Service {
@@ -276,11 +283,12 @@ impl Service {
         command: Command,
         grace: Option<Duration>,
     ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
-        let launcher = self.launcher.clone();
-        let task_id = detached(async move { launcher.command(command, grace).await }).await?;
+        let launcher = self.front.launcher()?;
+        let l = launcher.clone();
+        let task_id = detached(async move { l.command(command, grace).await }).await?;
         Ok(Response::new(proto::CommandResponse {
             task_id,
-            status: Some(status_to_proto(&self.launcher.status())),
+            status: Some(status_to_proto(&launcher.status())),
         }))
     }
 }
@@ -310,7 +318,7 @@ impl proto::launcher_server::Launcher for Service {
             dry_run: req.dry_run,
             persist: req.persist.into_iter().collect(),
         };
-        let launcher = self.launcher.clone();
+        let launcher = self.front.launcher()?;
         let outcome = detached(async move { launcher.sync(input).await }).await?;
         Ok(Response::new(proto::SyncResponse {
             plan: outcome
@@ -359,7 +367,7 @@ impl proto::launcher_server::Launcher for Service {
         &self,
         _request: Request<proto::GetSpecRequest>,
     ) -> Result<Response<proto::GetSpecResponse>, tonic::Status> {
-        let input = self.launcher.last_input();
+        let input = self.front.launcher()?.last_input();
         Ok(Response::new(proto::GetSpecResponse {
             spec: input.spec,
             block_devices: block_devices_to_proto(&input.block_devices),
@@ -371,7 +379,7 @@ impl proto::launcher_server::Launcher for Service {
         &self,
         _request: Request<proto::GetStatusRequest>,
     ) -> Result<Response<proto::Status>, tonic::Status> {
-        Ok(Response::new(status_to_proto(&self.launcher.status())))
+        Ok(Response::new(status_to_proto(&self.front.status())))
     }
 
     async fn start(
@@ -433,11 +441,26 @@ impl proto::launcher_server::Launcher for Service {
         &self,
         _request: Request<proto::WatchEventsRequest>,
     ) -> Result<Response<Self::WatchEventsStream>, tonic::Status> {
-        let (first, mut rx) = self.launcher.watch_events();
-        let launcher = self.launcher.clone();
-        let mut closing = self.launcher.closing();
+        let front = self.front.clone();
         let (tx, out) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
+            // A migration target without its VM yet: its waiting status first, then the
+            // launcher's stream once the VM is here.
+            if front.current().is_none() {
+                let waiting = launcher::LauncherEvent {
+                    seq: 0,
+                    kind: EventKind::Resync(Box::new(front.status())),
+                };
+                if tx.send(Ok(event_to_proto(waiting))).await.is_err() {
+                    return;
+                }
+            }
+            let launcher = tokio::select! {
+                l = front.wait() => l,
+                () = tx.closed() => return,
+            };
+            let (first, mut rx) = launcher.watch_events();
+            let mut closing = launcher.closing();
             if tx.send(Ok(event_to_proto(first))).await.is_err() {
                 return;
             }
@@ -464,6 +487,41 @@ impl proto::launcher_server::Launcher for Service {
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(out),
         )))
+    }
+
+    async fn migrate(
+        &self,
+        request: Request<proto::MigrateRequest>,
+    ) -> Result<Response<proto::MigrateResponse>, tonic::Status> {
+        let launcher = self.front.launcher()?;
+        let req = migration::migrate_request(request.into_inner());
+        let (task_id, status) = detached(async move { launcher.migrate(req).await }).await?;
+        Ok(Response::new(proto::MigrateResponse {
+            task_id,
+            migration: Some(migration::status_to_proto(&status)),
+        }))
+    }
+
+    async fn cancel_migration(
+        &self,
+        _: Request<proto::CommandRequest>,
+    ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
+        let launcher = self.front.launcher()?;
+        launcher.cancel_migration().map_err(to_status)?;
+        Ok(Response::new(proto::CommandResponse {
+            task_id: launcher.status().task.map(|t| t.id).unwrap_or_default(),
+            status: Some(status_to_proto(&launcher.status())),
+        }))
+    }
+
+    async fn prepare_migration_target(
+        &self,
+        request: Request<proto::PrepareMigrationTargetRequest>,
+    ) -> Result<Response<proto::PrepareMigrationTargetResponse>, tonic::Status> {
+        self.front
+            .prepare_target(request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 
@@ -569,16 +627,20 @@ pub fn admitted(qemu_uid: u32) -> impl FnMut(&std::io::Result<UnixStream>) -> bo
 /// Serves the launcher's API on `listener` until `shutdown` resolves; connections from
 /// `qemu_uid` are closed unanswered ([`admitted`]).
 pub async fn serve(
-    launcher: Arc<Launcher>,
+    front: Arc<Front>,
     listener: UnixListener,
     qemu_uid: u32,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ApiError> {
     let (health, health_service) = tonic_health::server::health_reporter();
     // The first status is set before the server answers anything ("" starts as SERVING).
-    let first = serving(&launcher.status());
+    let first = serving(&front.status());
     set_health(&health, first).await;
-    tokio::spawn(report_health(launcher.clone(), health, first));
+    let health_front = front.clone();
+    tokio::spawn(async move {
+        let launcher = health_front.wait().await;
+        report_health(launcher, health, first).await
+    });
     let (reflection_v1, reflection_v1alpha) = reflection::services();
     // Every connection goes through the authority fix: stock C-core and Java clients send the
     // socket path as `:authority`, which the HTTP/2 layer would refuse.
@@ -586,7 +648,7 @@ pub async fn serve(
         .filter(admitted(qemu_uid))
         .map(|connection| connection.map(crate::authority::FixAuthority::new));
     Server::builder()
-        .add_service(LauncherServer::new(Service { launcher }))
+        .add_service(LauncherServer::new(Service { front }))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -25,6 +25,9 @@ pub enum ExitCode {
     GracePeriodExpired = 5,
     /// A client call was refused (wrong state, bad request) or the launcher could not be reached.
     RequestFailed = 6,
+    /// A migration target whose guest never arrived: its source cancelled or failed the
+    /// migration (the guest runs on there).
+    MigrationFailed = 7,
     /// The command line is malformed.
     Usage = 64,
 }
@@ -37,6 +40,7 @@ impl ExitCode {
             // Stopped before it ever ran (run strategy Manual or Halted): nothing failed.
             (Phase::Scheduled, _) => ExitCode::Succeeded,
             (Phase::Failed, Some("GracePeriodExpired")) => ExitCode::GracePeriodExpired,
+            (Phase::Failed, Some("MigrationFailed")) => ExitCode::MigrationFailed,
             (Phase::Failed, _) => ExitCode::GuestFailed,
             (Phase::Unknown, _) => ExitCode::HypervisorUnavailable,
             (Phase::Running, _) => ExitCode::Internal,
@@ -113,6 +117,14 @@ mod tests {
         assert_eq!(
             ExitCode::from_final_phase(Phase::Failed, Some("Crashed")),
             ExitCode::GuestFailed
+        );
+        assert_eq!(
+            ExitCode::from_final_phase(Phase::Failed, Some("MigrationFailed")),
+            ExitCode::MigrationFailed
+        );
+        assert_eq!(
+            ExitCode::from_final_phase(Phase::Succeeded, Some("Migrated")),
+            ExitCode::Succeeded
         );
         assert_eq!(
             ExitCode::from_final_phase(Phase::Failed, Some("DomainLost")),
@@ -248,6 +260,7 @@ mod tests {
             (ExitCode::GuestFailed, 4),
             (ExitCode::GracePeriodExpired, 5),
             (ExitCode::RequestFailed, 6),
+            (ExitCode::MigrationFailed, 7),
             (ExitCode::Usage, 64),
         ];
         for (code, number) in table {

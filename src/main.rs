@@ -162,6 +162,7 @@ async fn dispatch(command: Command) -> Outcome {
     match command {
         Command::Run {
             spec,
+            incoming,
             connect,
             runtime_dir,
             socket,
@@ -181,16 +182,26 @@ async fn dispatch(command: Command) -> Outcome {
             allow_block_devices,
             guest_loopback,
         } => {
-            let (spec, spec_text) = run::load_spec(&spec)?;
+            let (spec, spec_text) = match spec {
+                Some(path) => {
+                    let (spec, text) = run::load_spec(&path)?;
+                    (Some(spec), text)
+                }
+                None => (None, String::new()),
+            };
             let strategy = run_strategy
-                .or(spec.run_strategy)
+                .or(spec.as_ref().and_then(|s| s.run_strategy))
                 .unwrap_or(RunStrategy::Once);
-            let host_ports = vmlauncher::convert::moved_ports(&spec, &publish).map_err(|e| {
-                eprintln!("vmlauncher: {e}");
-                ExitCode::Usage
-            })?;
+            let host_ports = match &spec {
+                Some(spec) => vmlauncher::convert::moved_ports(spec, &publish).map_err(|e| {
+                    eprintln!("vmlauncher: {e}");
+                    ExitCode::Usage
+                })?,
+                None => Default::default(),
+            };
             let ended = run::run(RunOptions {
                 spec,
+                incoming,
                 connect,
                 runtime_dir,
                 socket,
@@ -305,5 +316,31 @@ async fn dispatch(command: Command) -> Outcome {
             grace_period,
         } => send_command(&target, Verb::Stop(grace_period)).await,
         Command::Kill(t) => send_command(&t, Verb::Kill).await,
+        Command::Migrate {
+            socket,
+            cancel: true,
+            output,
+            ..
+        } => cli::migrate::cancel(&socket, output).await,
+        Command::Migrate {
+            socket,
+            to,
+            timeout,
+            bandwidth,
+            output,
+            ..
+        } => {
+            let Some(to) = to else {
+                unreachable!("--to is required without --cancel (clap)");
+            };
+            cli::migrate::migrate(cli::migrate::MigrateArgs {
+                socket: &socket,
+                to: &to,
+                timeout,
+                bandwidth,
+                output,
+            })
+            .await
+        }
     }
 }

@@ -37,7 +37,14 @@ pub(crate) enum Output {
 pub(crate) enum Command {
     /// Boot the VM of SPEC and keep it running until it ends or the launcher is stopped.
     Run {
-        spec: PathBuf,
+        /// The VMI (or VirtualMachine) manifest; with --incoming, optional (the source sends
+        /// its own), and when given the source's must be the same.
+        #[arg(required_unless_present = "incoming")]
+        spec: Option<PathBuf>,
+        /// Start with no VM and wait for one to come by live migration from another launcher
+        /// (`vmlauncher migrate --to` this launcher's socket).
+        #[arg(long, conflicts_with = "connect")]
+        incoming: bool,
         /// Use this libvirt instead of starting a private libvirtd.
         #[arg(long)]
         connect: Option<String>,
@@ -198,6 +205,25 @@ pub(crate) enum Command {
     },
     /// Destroy the VM now.
     Kill(Target),
+    /// Live-migrate the VM to the launcher listening on --to (one started with
+    /// `run --incoming`); exits 0 once the guest runs there. --cancel aborts the one in flight.
+    Migrate {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        /// The target launcher's API socket.
+        #[arg(long, required_unless_present = "cancel")]
+        to: Option<PathBuf>,
+        /// Seconds before the migration is cancelled (the guest stays here); 0: no limit.
+        #[arg(long, default_value_t = 0)]
+        timeout: u32,
+        /// The most MiB/s the migration may use; 0: no limit.
+        #[arg(long, default_value_t = 0)]
+        bandwidth: u64,
+        #[arg(long, conflicts_with_all = ["to", "timeout", "bandwidth"])]
+        cancel: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
 }
 
 pub(crate) const DEFAULT_SOCKET: &str = "/var/run/vmlauncher/launcher.sock";

@@ -16,12 +16,12 @@ use super::{outln, write_stdout, Outcome};
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
-async fn connect(socket: &Path) -> Result<Client, ExitCode> {
+pub(crate) async fn connect(socket: &Path) -> Result<Client, ExitCode> {
     api::connect(socket).await.map_err(|e| request_failed(&e))
 }
 
 /// The launcher's answer to one call, or the exit code its refusal maps to.
-fn answer<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ExitCode> {
+pub(crate) fn answer<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ExitCode> {
     reply.map(tonic::Response::into_inner).map_err(rpc_failed)
 }
 

@@ -86,6 +86,16 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
         "domainName": s.domain_name, "libvirtUri": s.libvirt_uri, "runStrategy": s.run_strategy,
         "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
         "finished": s.finished,
+        "migration": s.migration.as_ref().map(migration_json),
+    })
+}
+
+pub(crate) fn migration_json(m: &proto::MigrationStatus) -> serde_json::Value {
+    serde_json::json!({
+        "role": m.role, "state": m.state, "peer": m.peer,
+        "dataTotal": m.data_total, "dataProcessed": m.data_processed,
+        "dataRemaining": m.data_remaining, "elapsedMs": m.elapsed_ms,
+        "downtimeMs": m.downtime_ms, "message": m.message,
     })
 }
 

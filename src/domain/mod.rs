@@ -6,6 +6,7 @@
 //! exact bytes libvirt gave, so nothing libvirt added (addresses, backing chains) is lost.
 
 mod live;
+pub mod migratable;
 mod resources;
 mod write;
 

@@ -18,6 +18,7 @@
 mod in_flight;
 mod io_errors;
 mod known;
+mod migration;
 mod nics;
 mod reconciler;
 mod resize;
@@ -48,10 +49,15 @@ use crate::libvirt::{ConnectError, Connector, DomainStats, Hypervisor, LibvirtEr
 use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
 use crate::spec::{SpecErrors, Validated};
 
+pub use migration::{
+    incoming_plan, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole, MigrationState,
+    MigrationStatus,
+};
 pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
 pub use resize::ResourcePart;
 use saved::{SavedSyncError, SavedSyncs};
+pub use status::waiting_status;
 use status::{placeholder_status, EventLog};
 pub use status::{
     EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
@@ -120,6 +126,12 @@ pub enum LauncherError {
     Join(#[source] tokio::task::JoinError),
     #[error(transparent)]
     SaveSync(#[from] SavedSyncError),
+    #[error("no migration is in flight")]
+    NoMigration,
+    #[error("the migration target: {0}")]
+    MigrationTarget(String),
+    #[error("the migration was {why}; the guest runs here (libvirt: {libvirt})")]
+    MigrationAborted { why: &'static str, libvirt: String },
 }
 
 impl LauncherError {
@@ -149,6 +161,10 @@ pub struct LaunchOptions {
     pub reconnect_timeout: Option<Duration>,
     /// Where a spec's host paths may not lead, checked on every spec the launcher takes.
     pub host_paths: crate::host::confine::HostPathPolicy,
+    /// The launcher's runtime dir (what a migration target's paths are moved under).
+    pub runtime_dir: PathBuf,
+    /// A migration target: the domain comes from a source launcher, not from a start.
+    pub incoming: bool,
 }
 
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
@@ -202,6 +218,12 @@ struct State {
     io_error: Option<String>,
     /// The spec the domain was made from or last synced to.
     spec: Validated,
+    /// The migration in flight or last ended.
+    migration: Option<MigrationStatus>,
+    /// The VM went to another launcher: its life here ended well (phase Succeeded, Migrated).
+    migrated_away: bool,
+    /// A target whose incoming guest never arrived (phase Failed, MigrationFailed).
+    migration_lost: bool,
 }
 
 impl State {
@@ -243,6 +265,8 @@ pub enum StartKind {
     Adopted,
     /// The run strategy (Manual, Halted) waits for a Start call.
     NotStarted,
+    /// A migration target: the disks are ready, the guest comes from its source.
+    Incoming,
 }
 
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
@@ -310,6 +334,8 @@ pub struct Launcher {
     /// Held for one read of the power state and its update (`refresh`), so that reads never
     /// interleave.
     state_read: tokio::sync::Mutex<()>,
+    /// Bumped to cancel the migration in flight.
+    migration_cancel: migration::Cancel,
 }
 
 impl Launcher {
@@ -370,6 +396,9 @@ impl Launcher {
             io_error: None,
             undefined_by_us: false,
             spec: vmi,
+            migration: None,
+            migrated_away: false,
+            migration_lost: false,
         };
         let uri = connector.uri();
         let boot_devices: BTreeSet<DevNumber> = def
@@ -424,6 +453,7 @@ impl Launcher {
             own_device_changes: AtomicU64::new(0),
             observed_at: Mutex::new(None),
             state_read: tokio::sync::Mutex::new(()),
+            migration_cancel: migration::Cancel::default(),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -445,6 +475,23 @@ impl Launcher {
             restored = launcher.restore_last_sync(restorable);
             launcher.rebuild_volumes().await?;
             StartKind::Adopted
+        } else if launcher.options.incoming {
+            let input = launcher.last_input.lock().expect("input lock").clone();
+            host_work(|| launcher.saved.save(&input))?;
+            launcher.update(|s| {
+                s.migration = Some(MigrationStatus::new(
+                    MigrationRole::Target,
+                    MigrationState::Preparing,
+                    String::new(),
+                ))
+            });
+            launcher.prepare_incoming().await?;
+            launcher.update(|s| {
+                if let Some(m) = s.migration.as_mut() {
+                    m.state = MigrationState::Migrating;
+                }
+            });
+            StartKind::Incoming
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is
             // replaced before anything runs, so that a crash from here on never restores it.

@@ -244,8 +244,10 @@ impl Launcher {
                     event: name.into(),
                     detail: detail.into(),
                 });
-                // Definitions coming and going (ours, at exit) do not change the power state.
+                // Definitions coming and going (ours, at exit) do not change the power state;
+                // but a guest migrating in is ours once libvirt defined it.
                 !matches!(event, lifecycle_event::DEFINED | lifecycle_event::UNDEFINED)
+                    || self.is_incoming()
             }
             HypervisorEvent::Reboot { domain } if ours(&domain) => {
                 self.events.publish(EventKind::Hypervisor {
@@ -423,6 +425,13 @@ impl Launcher {
             return;
         };
         self.finish_late_removals();
+        if self.state.lock().expect("state lock").migrated_away {
+            // The VM runs on another launcher now: nothing here is to be reconciled.
+            return;
+        }
+        if self.reconcile_incoming().await {
+            return;
+        }
         let now = Instant::now();
         let (vm_state, observation, restart_due) = {
             let s = self.state.lock().expect("state lock");

@@ -127,6 +127,8 @@ pub struct Status {
     pub next_restart: Option<Instant>,
     /// The VM will not run again under this launcher; a pod's launcher exits.
     pub finished: bool,
+    /// The migration in flight or last ended.
+    pub migration: Option<super::MigrationStatus>,
 }
 
 impl Status {
@@ -163,6 +165,7 @@ impl Status {
             self.finished,
             self.cpu,
             self.memory,
+            &self.migration,
         ) != (
             other.phase,
             other.printable_status,
@@ -174,6 +177,7 @@ impl Status {
             other.finished,
             other.cpu,
             other.memory,
+            &other.migration,
         )
     }
 }
@@ -235,7 +239,24 @@ impl EventLog {
 
 impl Launcher {
     pub(super) fn status_of(&self, s: &State) -> Status {
-        let phase = lifecycle::phase(&s.observation, s.destroyed_after_grace);
+        // A VM that left by migration ended well here; a target's guest that never came did not,
+        // and one on its way is not here yet.
+        let incoming = s
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.role == super::MigrationRole::Target && !m.state.is_over());
+        let (phase, phase_reason) = if s.migrated_away {
+            (Phase::Succeeded, Some("Migrated"))
+        } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
+            (Phase::Failed, Some("MigrationFailed"))
+        } else if incoming {
+            (Phase::Scheduled, None)
+        } else {
+            (
+                lifecycle::phase(&s.observation, s.destroyed_after_grace),
+                lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
+            )
+        };
         let power_state = match &s.observation {
             Observation::Domain(p) => Some(p.clone()),
             _ => None,
@@ -278,8 +299,12 @@ impl Launcher {
         };
         Status {
             phase,
-            phase_reason: lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
-            printable_status: lifecycle::printable_status(&s.observation, phase, progress),
+            phase_reason,
+            printable_status: if incoming && phase == Phase::Scheduled {
+                "Migrating"
+            } else {
+                lifecycle::printable_status(&s.observation, phase, progress)
+            },
             power_state,
             vm_state: s.vm_state,
             task: s.task,
@@ -294,6 +319,7 @@ impl Launcher {
             restart_count: s.restarts,
             next_restart: s.restart_at,
             finished: s.finished,
+            migration: s.migration.clone(),
         }
     }
 }
@@ -386,6 +412,20 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
         restart_count: 0,
         next_restart: None,
         finished: false,
+        migration: None,
+    }
+}
+
+/// What a migration target shows before a source has come: no VM, waiting for one.
+pub fn waiting_status(uri: &str) -> Status {
+    Status {
+        printable_status: "WaitingForMigration",
+        migration: Some(super::MigrationStatus::new(
+            super::MigrationRole::Target,
+            super::MigrationState::Waiting,
+            String::new(),
+        )),
+        ..placeholder_status("", uri, RunStrategy::Once)
     }
 }
 

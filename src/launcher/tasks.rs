@@ -235,6 +235,10 @@ impl Launcher {
                 };
                 self.prepare_sync(input)?.perform(self).await.map(drop)
             }
+            // A migration needs its target: `Launcher::migrate`, never a bare command.
+            Command::Migrate => Err(LauncherError::MigrationTarget(
+                "a migration names its target".into(),
+            )),
         }
     }
 
@@ -251,6 +255,68 @@ impl Launcher {
     /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
     /// is replaced, so that a restart boots what the owner last asked for.
     pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
+        let n = self.domain_name.clone();
+        if self.call(move |hv| hv.exists(&n))? {
+            let n = self.domain_name.clone();
+            self.update(|s| s.undefined_by_us = true);
+            self.call(move |hv| hv.undefine(&n))?;
+        }
+        let Ready {
+            def,
+            fds,
+            not_ready,
+        } = self.ready_definition(true).await?;
+        let (n, xml) = (self.domain_name.clone(), def.to_xml());
+        self.forget_live_disks();
+        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
+        self.update(|s| {
+            s.undefined_by_us = false;
+            s.finished = false;
+            s.stop_seen = None;
+            s.restart_at = None;
+            s.destroyed_after_grace = false;
+            s.io_error = None;
+            s.last_started = Some(Instant::now());
+        });
+        self.refresh().await;
+        self.rebuild_volumes().await?;
+        for (disk, source) in not_ready {
+            tracing::warn!(volume = %disk.volume, error = %crate::error_chain(&source), "hot-plugged volume left out of the start");
+            match &source {
+                HostError::Missing { path } => {
+                    self.mark_pending(&disk, source.reason(), source.to_string(), path.clone())
+                }
+                _ => self.set_volume(
+                    &disk,
+                    VolumePhase::Failed,
+                    source.reason(),
+                    source.to_string(),
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// A migration target: the host side of the domain the source will send (its disks made as
+    /// a start would make them, for the migration to copy into), and nothing defined. Every
+    /// hot-plugged volume the source has must be here too.
+    pub(super) async fn prepare_incoming(&self) -> Result<(), LauncherError> {
+        let Ready { not_ready, .. } = self.ready_definition(false).await?;
+        if let Some((disk, source)) = not_ready.into_iter().next() {
+            return Err(LauncherError::HostDisk {
+                volume: disk.volume,
+                source,
+            });
+        }
+        Ok(())
+    }
+
+    /// The definition of the domain from the current spec, with its host side ready: images
+    /// made and checked, given to QEMU's user. Hot-plugged volumes that wait for their source,
+    /// failed, or are not ready now are left out (`not_ready`, with why). Without `fd_groups`
+    /// (a migration target: descriptors cannot travel with libvirt's migration), images are
+    /// given to QEMU's user instead of passed by descriptor.
+    async fn ready_definition(&self, fd_groups: bool) -> Result<Ready, LauncherError> {
         // Before the state lock: `block` is a leaf, never taken under `state`.
         let opts = self.convert_options();
         let (vmi, mut def, waiting) = {
@@ -265,12 +331,6 @@ impl Launcher {
                 .collect();
             (s.spec.clone(), def, waiting)
         };
-        let n = self.domain_name.clone();
-        if self.call(move |hv| hv.exists(&n))? {
-            let n = self.domain_name.clone();
-            self.update(|s| s.undefined_by_us = true);
-            self.call(move |hv| hv.undefine(&n))?;
-        }
         // A hot-plugged volume never keeps the VM from (re)starting: one that waits
         // or failed, or whose source is not ready now, is left out of the definition and keeps
         // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
@@ -307,6 +367,11 @@ impl Launcher {
                 Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
             }
         }
+        if !fd_groups {
+            for disk in &mut def.disks {
+                disk.given_to_qemu |= disk.fd_group.take().is_some();
+            }
+        }
         let (mut disks, owner) = (
             std::mem::take(&mut def.disks),
             self.options.hotplug.node_owner,
@@ -319,35 +384,11 @@ impl Launcher {
         .map_err(LauncherError::Join)?;
         def.disks = disks;
         let fds = fds.map_err(|(volume, source)| DiskNotReady { volume, source })?;
-        let (n, xml) = (self.domain_name.clone(), def.to_xml());
-        self.forget_live_disks();
-        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
-        self.update(|s| {
-            s.undefined_by_us = false;
-            s.finished = false;
-            s.stop_seen = None;
-            s.restart_at = None;
-            s.destroyed_after_grace = false;
-            s.io_error = None;
-            s.last_started = Some(Instant::now());
-        });
-        self.refresh().await;
-        self.rebuild_volumes().await?;
-        for (disk, source) in not_ready {
-            tracing::warn!(volume = %disk.volume, error = %crate::error_chain(&source), "hot-plugged volume left out of the start");
-            match &source {
-                HostError::Missing { path } => {
-                    self.mark_pending(&disk, source.reason(), source.to_string(), path.clone())
-                }
-                _ => self.set_volume(
-                    &disk,
-                    VolumePhase::Failed,
-                    source.reason(),
-                    source.to_string(),
-                ),
-            }
-        }
-        Ok(())
+        Ok(Ready {
+            def,
+            fds,
+            not_ready,
+        })
     }
 
     /// Waits until the VM has stopped (a final phase), at most `limit`; false if it has not.
@@ -483,6 +524,13 @@ impl From<DiskNotReady> for LauncherError {
     fn from(DiskNotReady { volume, source }: DiskNotReady) -> LauncherError {
         LauncherError::HostDisk { volume, source }
     }
+}
+
+/// A definition whose host side is ready (`Launcher::ready_definition`).
+struct Ready {
+    def: crate::domain::DomainDef,
+    fds: Vec<(String, std::fs::File)>,
+    not_ready: Vec<(DiskDef, HostError)>,
 }
 
 /// Makes the host side of `disks` ready: checks the files and devices the spec names, creates

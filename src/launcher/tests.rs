@@ -64,6 +64,8 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
         spec_text: spec,
         reconnect_timeout: Some(Duration::from_secs(5)),
         host_paths: Default::default(),
+        runtime_dir: dir.path().into(),
+        incoming: false,
     };
     let (launcher, kind) = Launcher::start(connector, vmi, options, rx).await.unwrap();
     assert_eq!(kind, StartKind::Created);

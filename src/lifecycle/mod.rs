@@ -197,6 +197,7 @@ pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) ->
     match (phase, p.task) {
         (Phase::Unknown, _) => return "Unknown",
         (_, Some(TaskKind::PoweringOff)) => return "Stopping",
+        (Phase::Running, Some(TaskKind::Migrating)) => return "Migrating",
         _ => {}
     }
     match (phase, observation) {

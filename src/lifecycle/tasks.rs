@@ -43,6 +43,7 @@ pub enum TaskKind {
     Rebooting,
     PoweringOff,
     Syncing,
+    Migrating,
 }
 
 impl TaskKind {
@@ -54,6 +55,7 @@ impl TaskKind {
             TaskKind::Rebooting => "Rebooting",
             TaskKind::PoweringOff => "PoweringOff",
             TaskKind::Syncing => "Syncing",
+            TaskKind::Migrating => "Migrating",
         }
     }
 }
@@ -74,10 +76,12 @@ pub enum Command {
     Kill,
     /// Apply a new spec: hot-plug and unplug disks.
     Sync,
+    /// Live-migrate the VM to another launcher.
+    Migrate,
 }
 
 impl Command {
-    pub const ALL: [Command; 8] = [
+    pub const ALL: [Command; 9] = [
         Command::Start,
         Command::Pause,
         Command::Unpause,
@@ -86,6 +90,7 @@ impl Command {
         Command::Shutdown,
         Command::Kill,
         Command::Sync,
+        Command::Migrate,
     ];
 
     pub fn task(self) -> TaskKind {
@@ -96,6 +101,7 @@ impl Command {
             Command::SoftReboot | Command::Reset => TaskKind::Rebooting,
             Command::Shutdown | Command::Kill => TaskKind::PoweringOff,
             Command::Sync => TaskKind::Syncing,
+            Command::Migrate => TaskKind::Migrating,
         }
     }
 
@@ -109,6 +115,7 @@ impl Command {
             Command::Shutdown => "Shutdown",
             Command::Kill => "Kill",
             Command::Sync => "Sync",
+            Command::Migrate => "Migrate",
         }
     }
 }
@@ -145,7 +152,9 @@ pub fn admit(command: Command, observation: &Observation) -> Result<TaskKind, Re
         Command::Start => !running && !paused,
         Command::Pause | Command::SoftReboot => running,
         Command::Unpause => paused,
-        Command::Reset | Command::Shutdown | Command::Kill | Command::Sync => running || paused,
+        Command::Reset | Command::Shutdown | Command::Kill | Command::Sync | Command::Migrate => {
+            running || paused
+        }
     };
     if allowed {
         return Ok(command.task());
@@ -176,7 +185,7 @@ pub fn settle(before: VmState, command: Command, succeeded: bool) -> VmState {
         Command::Start | Command::Unpause => VmState::Active,
         Command::Pause => VmState::Paused,
         Command::Shutdown | Command::Kill => VmState::Stopped,
-        Command::SoftReboot | Command::Reset | Command::Sync => before,
+        Command::SoftReboot | Command::Reset | Command::Sync | Command::Migrate => before,
     }
 }
 
@@ -205,6 +214,7 @@ mod tests {
             (Command::Shutdown, "---yyy----yyyyy-"),
             (Command::Kill, "---yyy----yyyyy-"),
             (Command::Sync, "---yyy----yyyyy-"),
+            (Command::Migrate, "---yyy----yyyyy-"),
         ];
         for (cmd, row) in table {
             assert_eq!(row.len(), observations().len());
@@ -232,7 +242,7 @@ mod tests {
     fn settle_every_command_in_every_vm_state() {
         use VmState::*;
         // (command, after success, after failure); `None` = the state before stays.
-        let table: [(Command, Option<VmState>, Option<VmState>); 8] = [
+        let table: [(Command, Option<VmState>, Option<VmState>); 9] = [
             (Command::Start, Some(Active), Some(Error)),
             (Command::Pause, Some(Paused), None),
             (Command::Unpause, Some(Active), None),
@@ -241,6 +251,7 @@ mod tests {
             (Command::Shutdown, Some(Stopped), None),
             (Command::Kill, Some(Stopped), None),
             (Command::Sync, None, None),
+            (Command::Migrate, None, None),
         ];
         for before in VmState::ALL {
             for (cmd, ok, failed) in table {

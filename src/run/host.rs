@@ -128,6 +128,7 @@ pub struct LaunchBase {
     resync_interval: Duration,
     reconnect_timeout: Option<Duration>,
     host_paths: HostPathPolicy,
+    runtime_dir: PathBuf,
 }
 
 impl LaunchBase {
@@ -150,6 +151,8 @@ impl LaunchBase {
             spec_text,
             reconnect_timeout: self.reconnect_timeout,
             host_paths: self.host_paths.clone(),
+            runtime_dir: self.runtime_dir.clone(),
+            incoming: false,
         }
     }
 }
@@ -314,6 +317,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             resync_interval,
             reconnect_timeout,
             host_paths,
+            runtime_dir: rt.0.clone(),
         },
         logs,
     }

@@ -20,6 +20,7 @@ pub use crate::runtime_dir::RuntimeDir;
 use crate::spec::{self, Validated};
 
 mod host;
+mod incoming;
 pub use host::{host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -53,7 +54,10 @@ impl Emulation {
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    pub spec: Validated,
+    /// The spec; `None` only for a migration target, which takes its source's.
+    pub spec: Option<Validated>,
+    /// A migration target: no VM until one comes from a source launcher.
+    pub incoming: bool,
     pub connect: Option<String>,
     pub runtime_dir: PathBuf,
     pub socket: Option<PathBuf>,
@@ -118,7 +122,7 @@ pub(crate) fn warn_if_cpus_shared(spec: &Validated) {
 
 /// SIGTERM, SIGINT and SIGHUP, caught from the very start: a signal that comes while the VM is
 /// still being created must not kill the launcher with the default action and leave it behind.
-struct StopSignals {
+pub(super) struct StopSignals {
     term: Signal,
     int: Signal,
     hup: Signal,
@@ -137,7 +141,7 @@ impl StopSignals {
     }
 
     /// Waits for one; says which.
-    async fn recv(&mut self) -> &'static str {
+    pub(super) async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "interrupted",
@@ -193,7 +197,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         &opts.host_disk_roots,
     )
     .reached_by(&qemu_user);
-    if let Err(errors) = host_paths.check(&opts.spec) {
+    if let Some(Err(errors)) = opts.spec.as_ref().map(|spec| host_paths.check(spec)) {
         for e in &errors.0 {
             eprintln!("vmlauncher: {e}");
         }
@@ -214,7 +218,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         rt: &rt,
         connect: opts.connect.clone(),
         qemu_cache_dir: opts.qemu_cache_dir.clone(),
-        paths,
+        paths: paths.clone(),
         emulation: opts.emulation,
         network: opts.network,
         publish: opts.publish.clone(),
@@ -228,26 +232,41 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             crate::init::is_container_entrypoint(),
         ),
     });
-    warn_if_cpus_shared(&opts.spec);
     let console_log = rt.console_log();
     if opts.console {
         mirror_console(console_log.clone());
     }
-    let options = base.for_spec(&opts.spec, opts.spec_text.clone(), opts.strategy);
-    let events_rx = events;
-    let (launcher, kind) =
-        match Launcher::start(connector.clone(), opts.spec.clone(), options, events_rx).await {
-            Ok(started) => started,
-            Err(e) => {
-                eprintln!(
-                    "vmlauncher: cannot start the VM: {}",
-                    crate::error_chain(&e)
-                );
-                let c = connector.clone();
-                let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-                return ExitCode::from_launcher_error(&e);
-            }
+    if opts.incoming {
+        let target = incoming::Target {
+            opts: &opts,
+            rt: &rt,
+            paths: &paths,
+            connector: &connector,
+            base: &base,
+            socket: &socket,
+            qemu_uid,
         };
+        return target.run(events, started, &mut signals).await;
+    }
+    let Some(spec) = opts.spec.clone() else {
+        unreachable!("a spec is required without --incoming (clap)");
+    };
+    warn_if_cpus_shared(&spec);
+    let options = base.for_spec(&spec, opts.spec_text.clone(), opts.strategy);
+    let events_rx = events;
+    let (launcher, kind) = match Launcher::start(connector.clone(), spec, options, events_rx).await
+    {
+        Ok(started) => started,
+        Err(e) => {
+            eprintln!(
+                "vmlauncher: cannot start the VM: {}",
+                crate::error_chain(&e)
+            );
+            let c = connector.clone();
+            let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
+            return ExitCode::from_launcher_error(&e);
+        }
+    };
     say(format_args!("libvirt {}", connector.uri()));
     say(format_args!(
         "domain {} {} (run strategy {})",
@@ -256,6 +275,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             StartKind::Created => "created",
             StartKind::Adopted => "adopted",
             StartKind::NotStarted => "not started: waiting for a Start call",
+            StartKind::Incoming => "prepared for an incoming migration",
         },
         opts.strategy.as_str(),
     ));
@@ -270,25 +290,45 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             return ExitCode::from_bind_error(&e);
         }
     };
-    let (stop_api, api_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(api::serve(launcher.clone(), listener, qemu_uid, async {
-        let _ = api_stopped.await;
-    }));
+    let api = Served::start(api::Front::ready(launcher.clone()), listener, qemu_uid);
     say(format_args!("api unix:{}", socket.display()));
-
     let code = follow(&launcher, started, &mut signals).await;
-
     launcher.shut_down().await;
-    let _ = stop_api.send(());
-    // Streams end on shut_down; a client that holds a unary call open must not keep us here.
-    if tokio::time::timeout(Duration::from_secs(5), server)
-        .await
-        .is_err()
-    {
-        tracing::warn!("the API did not stop within 5s; leaving anyway");
-    }
-    let _ = fs::remove_file(&socket);
+    api.stop(&socket).await;
     code
+}
+
+/// The API, served until `stop`.
+pub(super) struct Served {
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), api::ApiError>>,
+}
+
+impl Served {
+    pub(super) fn start(
+        front: std::sync::Arc<api::Front>,
+        listener: tokio::net::UnixListener,
+        qemu_uid: u32,
+    ) -> Served {
+        let (stop, api_stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(api::serve(front, listener, qemu_uid, async {
+            let _ = api_stopped.await;
+        }));
+        Served { stop, server }
+    }
+
+    /// Called after the launcher's shut_down, which ends its event streams: a client that holds
+    /// a unary call open must not keep the launcher here.
+    pub(super) async fn stop(self, socket: &Path) {
+        let _ = self.stop.send(());
+        if tokio::time::timeout(Duration::from_secs(5), self.server)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the API did not stop within 5s; leaving anyway");
+        }
+        let _ = fs::remove_file(socket);
+    }
 }
 
 /// Closes the host's loopback to the guest where `GuestLoopback::decide` says so. Asked for on
@@ -301,8 +341,13 @@ fn close_guest_loopback(
 ) -> Result<Option<crate::host::loopback::LoopbackClosed>, ExitCode> {
     use crate::host::loopback::{self, GuestLoopback};
     let in_pod = opts.network == crate::convert::NetworkMode::Pod;
-    let wanted =
-        GuestLoopback::decide(opts.guest_loopback, in_pod, &opts.spec.metadata.annotations);
+    // A migration target without a spec decides without the VMI's annotation.
+    let no_annotations = Default::default();
+    let annotations = opts
+        .spec
+        .as_ref()
+        .map_or(&no_annotations, |s| &s.metadata.annotations);
+    let wanted = GuestLoopback::decide(opts.guest_loopback, in_pod, annotations);
     if wanted == GuestLoopback::Open || opts.connect.is_some() {
         return Ok(None);
     }
@@ -381,7 +426,11 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
-async fn follow(launcher: &Launcher, started: Instant, signals: &mut StopSignals) -> ExitCode {
+pub(super) async fn follow(
+    launcher: &Launcher,
+    started: Instant,
+    signals: &mut StopSignals,
+) -> ExitCode {
     let mut changes = launcher.subscribe_course();
     let mut last: Option<(Phase, &'static str)> = None;
     let terminate = async {

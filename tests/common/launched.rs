@@ -50,6 +50,21 @@ impl Launched {
         launched
     }
 
+    /// A migration target: `run --incoming` with no spec, in a fresh runtime dir prepared by
+    /// `prepare` (e.g. the container disks a pod of the same VMI would have).
+    pub fn incoming(prepare: impl FnOnce(&Path), extra_args: &[&str]) -> Launched {
+        let owned = tempfile::Builder::new()
+            .prefix("vml-e2e-")
+            .tempdir()
+            .expect("temp dir");
+        prepare(owned.path());
+        let mut args = vec!["--incoming"];
+        args.extend_from_slice(extra_args);
+        let mut launched = Self::spawn(&[], owned.path(), "", &args, &[]);
+        launched._owned = Some(owned);
+        launched
+    }
+
     /// A launcher-to-be with a fresh runtime dir that `prepare` may adjust; `run` starts it.
     pub fn start_owned(prepare: impl FnOnce(&Path)) -> Pending {
         let owned = tempfile::Builder::new()
@@ -89,6 +104,7 @@ impl Launched {
         Self::spawn(wrapper, runtime_dir, spec, extra_args, &[])
     }
 
+    /// `spec` empty: no SPEC argument (a migration target).
     fn spawn(
         wrapper: &[&str],
         runtime_dir: &Path,
@@ -97,7 +113,9 @@ impl Launched {
         cgroup_procs: &[PathBuf],
     ) -> Launched {
         let spec_path = runtime_dir.join("spec.yaml");
-        std::fs::write(&spec_path, spec).unwrap();
+        if !spec.is_empty() {
+            std::fs::write(&spec_path, spec).unwrap();
+        }
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -148,9 +166,11 @@ impl Launched {
                 });
             }
         }
+        command.arg("run");
+        if !spec.is_empty() {
+            command.arg(&spec_path);
+        }
         let mut child = command
-            .arg("run")
-            .arg(&spec_path)
             .arg("--runtime-dir")
             .arg(runtime_dir)
             .args(["--emulation", "tcg"])

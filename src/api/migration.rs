@@ -1,0 +1,181 @@
+//! The API's side of a migration: what it serves before a migration target has a VM (`Front`),
+//! the source's call to its target (`PrepareMigrationTarget`), and the wire form of a migration's
+//! status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::proto;
+use crate::launcher::{
+    self, IncomingOffer, IncomingPlan, Launcher, LauncherError, MigrateRequest, MigrationStatus,
+};
+
+/// A source's offer and where the target's answer goes.
+pub type Offer = (
+    IncomingOffer,
+    oneshot::Sender<Result<IncomingPlan, LauncherError>>,
+);
+
+/// What the API serves: the launcher once there is one. Before that (a migration target waiting
+/// for its source) it shows a waiting status and takes the source's offer.
+#[derive(Debug)]
+pub struct Front {
+    launcher: watch::Sender<Option<Arc<Launcher>>>,
+    waiting: Option<Waiting>,
+}
+
+#[derive(Debug)]
+struct Waiting {
+    status: launcher::Status,
+    offers: mpsc::Sender<Offer>,
+}
+
+impl Front {
+    /// The API of a launcher that has its VM.
+    pub fn ready(launcher: Arc<Launcher>) -> Arc<Front> {
+        Arc::new(Front {
+            launcher: watch::channel(Some(launcher)).0,
+            waiting: None,
+        })
+    }
+
+    /// The API of a migration target: offers come out of the receiver, one at a time (a
+    /// second source waits for the first's answer).
+    pub fn incoming(libvirt_uri: &str) -> (Arc<Front>, mpsc::Receiver<Offer>) {
+        let (offers, rx) = mpsc::channel(1);
+        let front = Front {
+            launcher: watch::channel(None).0,
+            waiting: Some(Waiting {
+                status: launcher::waiting_status(libvirt_uri),
+                offers,
+            }),
+        };
+        (Arc::new(front), rx)
+    }
+
+    /// The VM is here: from now on every call goes to its launcher.
+    pub fn set(&self, launcher: Arc<Launcher>) {
+        self.launcher.send_replace(Some(launcher));
+    }
+
+    pub fn current(&self) -> Option<Arc<Launcher>> {
+        self.launcher.borrow().clone()
+    }
+
+    /// The launcher, once there is one.
+    pub async fn wait(&self) -> Arc<Launcher> {
+        let mut rx = self.launcher.subscribe();
+        let ready = rx.wait_for(Option::is_some).await;
+        ready
+            .ok()
+            .and_then(|l| l.clone())
+            .unwrap_or_else(|| unreachable!("the front holds its own sender"))
+    }
+
+    pub(super) fn launcher(&self) -> Result<Arc<Launcher>, tonic::Status> {
+        self.current().ok_or_else(|| {
+            tonic::Status::failed_precondition(
+                "no VM here yet: this launcher waits for an incoming migration",
+            )
+        })
+    }
+
+    pub(super) fn status(&self) -> launcher::Status {
+        match (self.current(), &self.waiting) {
+            (Some(l), _) => l.status(),
+            (None, Some(w)) => w.status.clone(),
+            (None, None) => unreachable!("a front is ready or waiting"),
+        }
+    }
+
+    /// A source's `PrepareMigrationTarget`: handed to whoever waits for offers (`run`).
+    pub(super) async fn prepare_target(
+        &self,
+        req: proto::PrepareMigrationTargetRequest,
+    ) -> Result<proto::PrepareMigrationTargetResponse, tonic::Status> {
+        let Some(waiting) = self.waiting.as_ref().filter(|_| self.current().is_none()) else {
+            return Err(tonic::Status::failed_precondition(
+                "this launcher has a VM: only one started with `run --incoming` and no VM yet takes a migration",
+            ));
+        };
+        let offer = IncomingOffer {
+            input: launcher::SyncInput {
+                spec: req.spec,
+                block_devices: super::block_devices_from_proto(req.block_devices)?,
+                ..launcher::SyncInput::default()
+            },
+            domain_name: req.domain_name,
+            source_runtime_dir: req.source_runtime_dir.into(),
+            source_hotplug_dir: req.source_hotplug_dir.into(),
+        };
+        let (tx, rx) = oneshot::channel();
+        waiting
+            .offers
+            .send((offer, tx))
+            .await
+            .map_err(|_| tonic::Status::unavailable("the launcher is going away"))?;
+        let plan = rx
+            .await
+            .map_err(|_| tonic::Status::unavailable("the launcher is going away"))?
+            .map_err(super::to_status)?;
+        Ok(proto::PrepareMigrationTargetResponse {
+            libvirt_uri: plan.libvirt_uri,
+            migration_uri: plan.migration_uri,
+            disks_uri: plan.disks_uri,
+            runtime_dir: plan.runtime_dir.display().to_string(),
+            hotplug_dir: plan.hotplug_dir.display().to_string(),
+        })
+    }
+}
+
+/// The source's request, with the call that prepares the target over its API socket.
+pub(super) fn migrate_request(req: proto::MigrateRequest) -> MigrateRequest {
+    let target = PathBuf::from(&req.target);
+    MigrateRequest {
+        target: req.target,
+        prepare: Box::new(move |offer| Box::pin(prepare_remote(target, offer))),
+        timeout: (req.timeout_seconds > 0).then(|| Duration::from_secs(req.timeout_seconds.into())),
+        bandwidth_mib: (req.bandwidth_mib > 0).then_some(req.bandwidth_mib),
+    }
+}
+
+async fn prepare_remote(target: PathBuf, offer: IncomingOffer) -> Result<IncomingPlan, String> {
+    let mut client = super::connect(&target)
+        .await
+        .map_err(|e| crate::error_chain(&e))?;
+    let reply = client
+        .prepare_migration_target(proto::PrepareMigrationTargetRequest {
+            spec: offer.input.spec,
+            block_devices: super::block_devices_to_proto(&offer.input.block_devices),
+            domain_name: offer.domain_name,
+            source_runtime_dir: offer.source_runtime_dir.display().to_string(),
+            source_hotplug_dir: offer.source_hotplug_dir.display().to_string(),
+        })
+        .await
+        .map_err(|s| format!("{}: {}", target.display(), s.message()))?
+        .into_inner();
+    Ok(IncomingPlan {
+        libvirt_uri: reply.libvirt_uri,
+        migration_uri: reply.migration_uri,
+        disks_uri: reply.disks_uri,
+        runtime_dir: reply.runtime_dir.into(),
+        hotplug_dir: reply.hotplug_dir.into(),
+    })
+}
+
+pub(super) fn status_to_proto(m: &MigrationStatus) -> proto::MigrationStatus {
+    proto::MigrationStatus {
+        role: m.role.as_str().into(),
+        state: m.state.as_str().into(),
+        peer: m.peer.clone(),
+        data_total: m.progress.data_total,
+        data_processed: m.progress.data_processed,
+        data_remaining: m.progress.data_remaining,
+        elapsed_ms: m.elapsed().as_millis() as u64,
+        downtime_ms: m.progress.downtime_ms.unwrap_or_default(),
+        message: m.message.clone(),
+    }
+}

@@ -1,0 +1,478 @@
+//! Live migration between two launchers. The source runs it as a task (`Migrate`): it hands the
+//! target its last accepted Sync, moves the guest with libvirt's peer-to-peer migration between
+//! the two private libvirtds, and ends its VM's life as "Migrated". The target (`run --incoming`)
+//! prepares its disks from that Sync, waits, and adopts the guest when libvirt has made it its
+//! own (persistent, no longer paused for the migration), as a restarted launcher adopts one.
+//! See `docs/DESIGN.md` §4.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use std::future::Future;
+use std::pin::Pin;
+
+use super::tasks::Work;
+use super::{Launcher, LauncherError, SyncInput};
+use crate::domain::migratable;
+use crate::libvirt::migrate::{JobProgress, MigrateTo};
+use crate::lifecycle::{Command, DomainState, Observation, VmState};
+
+/// How often the source reads the migration's progress (and the CLI prints it).
+pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationRole {
+    Source,
+    Target,
+}
+
+impl MigrationRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationRole::Source => "source",
+            MigrationRole::Target => "target",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationState {
+    /// A target no source has come to yet.
+    Waiting,
+    /// The source asks the target to get ready; the target makes its disks.
+    Preparing,
+    /// The guest's memory and disks are on their way.
+    Migrating,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl MigrationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationState::Waiting => "Waiting",
+            MigrationState::Preparing => "Preparing",
+            MigrationState::Migrating => "Migrating",
+            MigrationState::Completed => "Completed",
+            MigrationState::Failed => "Failed",
+            MigrationState::Cancelled => "Cancelled",
+        }
+    }
+
+    pub fn is_over(self) -> bool {
+        matches!(
+            self,
+            MigrationState::Completed | MigrationState::Failed | MigrationState::Cancelled
+        )
+    }
+}
+
+/// The migration in flight or last ended, as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationStatus {
+    pub role: MigrationRole,
+    pub state: MigrationState,
+    /// The target's API socket (on the source), the source's libvirt (on the target).
+    pub peer: String,
+    pub progress: JobProgress,
+    pub started: Instant,
+    /// Set when it ended.
+    pub took: Option<Duration>,
+    pub message: String,
+}
+
+impl MigrationStatus {
+    pub fn new(role: MigrationRole, state: MigrationState, peer: String) -> Self {
+        MigrationStatus {
+            role,
+            state,
+            peer,
+            progress: JobProgress::default(),
+            started: Instant::now(),
+            took: None,
+            message: String::new(),
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.took.unwrap_or_else(|| self.started.elapsed())
+    }
+
+    fn end(&mut self, state: MigrationState, message: String) {
+        self.state = state;
+        self.message = message;
+        self.took = Some(self.started.elapsed());
+    }
+}
+
+/// What the source hands the target: enough to prepare the same VM.
+#[derive(Debug, Clone)]
+pub struct IncomingOffer {
+    pub input: SyncInput,
+    pub domain_name: String,
+    pub source_runtime_dir: PathBuf,
+    pub source_hotplug_dir: PathBuf,
+}
+
+/// Where the target takes the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncomingPlan {
+    pub libvirt_uri: String,
+    pub migration_uri: String,
+    pub disks_uri: String,
+    pub runtime_dir: PathBuf,
+    pub hotplug_dir: PathBuf,
+}
+
+/// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
+pub type PrepareTarget = Box<
+    dyn FnOnce(IncomingOffer) -> Pin<Box<dyn Future<Output = Result<IncomingPlan, String>> + Send>>
+        + Send,
+>;
+
+/// A migration the owner asked for.
+pub struct MigrateRequest {
+    /// The target's API socket, as the owner named it.
+    pub target: String,
+    pub prepare: PrepareTarget,
+    /// Cancelled when it takes longer.
+    pub timeout: Option<Duration>,
+    pub bandwidth_mib: Option<u64>,
+}
+
+impl std::fmt::Debug for MigrateRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigrateRequest")
+            .field("target", &self.target)
+            .field("timeout", &self.timeout)
+            .field("bandwidth_mib", &self.bandwidth_mib)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The owned part of the launcher that cancels a migration in flight.
+#[derive(Debug)]
+pub(super) struct Cancel(tokio::sync::watch::Sender<u64>);
+
+impl Default for Cancel {
+    fn default() -> Self {
+        Cancel(tokio::sync::watch::channel(0).0)
+    }
+}
+
+impl Cancel {
+    fn ask(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
+
+    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+}
+
+impl Work for MigrateRequest {
+    type Output = MigrationStatus;
+
+    fn command(&self) -> Command {
+        Command::Migrate
+    }
+
+    async fn perform(self, launcher: &Launcher) -> Result<MigrationStatus, LauncherError> {
+        let result = launcher.migrate_out(self).await;
+        launcher.refresh().await;
+        result
+    }
+}
+
+impl Launcher {
+    /// Moves the VM to the launcher `request.target`; returns once it runs there.
+    pub async fn migrate(
+        &self,
+        request: MigrateRequest,
+    ) -> Result<(u64, MigrationStatus), LauncherError> {
+        self.run(request).await
+    }
+
+    /// Cancels the migration in flight; the guest keeps running here.
+    pub fn cancel_migration(&self) -> Result<(), LauncherError> {
+        let migrating = self
+            .state
+            .lock()
+            .expect("state lock")
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.role == MigrationRole::Source && !m.state.is_over());
+        if !migrating {
+            return Err(LauncherError::NoMigration);
+        }
+        self.migration_cancel.ask();
+        Ok(())
+    }
+
+    fn set_migration(&self, change: impl FnOnce(&mut MigrationStatus)) {
+        self.update(|s| {
+            if let Some(m) = s.migration.as_mut() {
+                change(m);
+            }
+        });
+    }
+
+    async fn migrate_out(&self, request: MigrateRequest) -> Result<MigrationStatus, LauncherError> {
+        let mut cancel = self.migration_cancel.subscribe();
+        cancel.borrow_and_update();
+        self.update(|s| {
+            s.migration = Some(MigrationStatus::new(
+                MigrationRole::Source,
+                MigrationState::Preparing,
+                request.target.clone(),
+            ))
+        });
+        let paths = &self.options.convert.paths;
+        let offer = IncomingOffer {
+            input: self.last_input(),
+            domain_name: self.domain_name.clone(),
+            source_runtime_dir: self.options.runtime_dir.clone(),
+            source_hotplug_dir: paths.hotplug_dir.clone(),
+        };
+        let plan = match (request.prepare)(offer).await {
+            Ok(plan) => plan,
+            Err(message) => {
+                return Err(self.migration_failed(LauncherError::MigrationTarget(message), false))
+            }
+        };
+        let n = self.domain_name.clone();
+        let xml = match self.call(move |hv| hv.migratable_xml(&n)) {
+            Ok(xml) => xml,
+            Err(e) => return Err(self.migration_failed(e, false)),
+        };
+        let copy_disks = match migratable::copied_disks(&xml, &paths.private_dir) {
+            Ok(disks) => disks,
+            Err(e) => return Err(self.migration_failed(e.into(), false)),
+        };
+        let dest_xml = migratable::for_target(
+            &xml,
+            &[
+                (&self.options.runtime_dir, &plan.runtime_dir),
+                (&paths.hotplug_dir, &plan.hotplug_dir),
+            ],
+        );
+        let to = MigrateTo {
+            libvirt_uri: plan.libvirt_uri,
+            migration_uri: plan.migration_uri,
+            disks_uri: plan.disks_uri,
+            dest_xml,
+            copy_disks,
+            bandwidth_mib: request.bandwidth_mib,
+        };
+        self.set_migration(|m| m.state = MigrationState::Migrating);
+        let hv = self.hypervisor()?;
+        let n = self.domain_name.clone();
+        let moving = hv.clone();
+        let mut job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
+        let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t);
+        let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+        let mut interrupt = self.interrupt.subscribe();
+        interrupt.borrow_and_update();
+        let mut aborted: Option<MigrationState> = None;
+        let result = loop {
+            let timed_out = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                done = &mut job => break done.map_err(LauncherError::Join)?,
+                _ = tick.tick() => {
+                    let n = self.domain_name.clone();
+                    let h = hv.clone();
+                    if let Ok(Ok(Some(p))) = tokio::task::spawn_blocking(move || h.job_progress(&n)).await {
+                        self.set_migration(|m| m.progress = p);
+                    }
+                }
+                _ = cancel.changed(), if aborted.is_none() => {
+                    aborted = Some(MigrationState::Cancelled);
+                    self.abort_migration(&hv).await;
+                }
+                _ = interrupt.changed(), if aborted.is_none() => {
+                    aborted = Some(MigrationState::Cancelled);
+                    self.abort_migration(&hv).await;
+                }
+                () = timed_out, if aborted.is_none() => {
+                    aborted = Some(MigrationState::Failed);
+                    self.abort_migration(&hv).await;
+                }
+            }
+        };
+        match (result, aborted) {
+            (Ok(()), _) => {
+                self.update(|s| {
+                    s.migrated_away = true;
+                    s.finished = true;
+                    if let Some(m) = s.migration.as_mut() {
+                        m.progress.data_remaining = 0;
+                        m.end(MigrationState::Completed, String::new());
+                    }
+                });
+                Ok(self.status().migration.expect("just set"))
+            }
+            (Err(e), Some(MigrationState::Failed)) => {
+                let e = LauncherError::MigrationAborted {
+                    why: "given up after --timeout",
+                    libvirt: e.libvirt_message(),
+                };
+                Err(self.migration_failed(e, false))
+            }
+            (Err(e), Some(_)) => {
+                let e = LauncherError::MigrationAborted {
+                    why: "cancelled",
+                    libvirt: e.libvirt_message(),
+                };
+                Err(self.migration_failed(e, true))
+            }
+            (Err(e), None) => Err(self.migration_failed(e.into(), false)),
+        }
+    }
+
+    async fn abort_migration(&self, hv: &std::sync::Arc<crate::libvirt::Hypervisor>) {
+        let (h, n) = (hv.clone(), self.domain_name.clone());
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || h.abort_job(&n)).await {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot abort the migration");
+        }
+    }
+
+    fn migration_failed(&self, e: LauncherError, cancelled: bool) -> LauncherError {
+        let state = if cancelled {
+            MigrationState::Cancelled
+        } else {
+            MigrationState::Failed
+        };
+        let message = crate::error_chain(&e);
+        self.set_migration(|m| m.end(state, message));
+        e
+    }
+
+    /// A migration target whose guest has not arrived yet.
+    pub(super) fn is_incoming(&self) -> bool {
+        let s = self.state.lock().expect("state lock");
+        s.migration
+            .as_ref()
+            .is_some_and(|m| m.role == MigrationRole::Target && !m.state.is_over())
+    }
+
+    /// On the target, while the guest is on its way: whether libvirt has made it ours yet, or
+    /// lost it. Called by the reconciler instead of the run strategy's rules; true while the
+    /// migration still owns the VM.
+    pub(super) async fn reconcile_incoming(&self) -> bool {
+        if !self.is_incoming() {
+            return false;
+        }
+        let observation = self.observation();
+        match observation {
+            Observation::NotCreated | Observation::Unreachable => {}
+            Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration" => {
+                self.set_migration(|m| m.state = MigrationState::Migrating);
+            }
+            Observation::Domain(p) if p.state.is_active() => {
+                let n = self.domain_name.clone();
+                if matches!(self.call(move |hv| hv.is_persistent(&n)), Ok(true)) {
+                    self.arrived(p.state == DomainState::Paused).await;
+                } else {
+                    self.set_migration(|m| m.state = MigrationState::Migrating);
+                }
+            }
+            Observation::Domain(_) | Observation::Vanished => {
+                tracing::error!("the incoming migration ended without the guest");
+                self.update(|s| {
+                    s.vm_state = VmState::Error;
+                    s.finished = true;
+                    s.migration_lost = true;
+                    if let Some(m) = s.migration.as_mut() {
+                        m.end(
+                            MigrationState::Failed,
+                            "the source cancelled it or failed; the guest runs there".into(),
+                        );
+                    }
+                });
+            }
+        }
+        true
+    }
+
+    /// The guest is here: the launcher takes it as it adopts a running one, and publishes its
+    /// ports (the source's QEMU held them until it ended: tried again until it has).
+    async fn arrived(&self, paused: bool) {
+        self.update(|s| {
+            s.vm_state = if paused {
+                VmState::Paused
+            } else {
+                VmState::Active
+            };
+            s.last_started = Some(Instant::now());
+        });
+        crate::run::say(format_args!("the guest arrived by migration"));
+        if let Err(e) = self.rebuild_volumes().await {
+            tracing::warn!(error = %crate::error_chain(&e), "cannot read the migrated domain's volumes");
+        }
+        self.after_switch_over().await;
+    }
+
+    /// What waits for libvirt's end of the migration and the source's QEMU to go, both right
+    /// after the guest is here: the ports (bound by the source's QEMU until it ends) and the
+    /// statistics (libvirt keeps them only after its last step). Tried again every
+    /// `AFTER_SWITCH_OVER_STEP` for at most `AFTER_SWITCH_OVER`: neither has an event.
+    async fn after_switch_over(&self) {
+        const AFTER_SWITCH_OVER: Duration = Duration::from_secs(10);
+        const AFTER_SWITCH_OVER_STEP: Duration = Duration::from_millis(50);
+        let give_up = Instant::now() + AFTER_SWITCH_OVER;
+        let (mut published, mut stats) = (false, None);
+        loop {
+            let n = self.domain_name.clone();
+            if !published {
+                match self.call(move |hv| hv.publish_ports(&n)) {
+                    Ok(()) => published = true,
+                    Err(e) if Instant::now() >= give_up => {
+                        tracing::error!(error = %crate::error_chain(&e), "cannot publish the migrated guest's ports");
+                        published = true;
+                    }
+                    Err(_) => {}
+                }
+            }
+            if stats.is_none() {
+                let n = self.domain_name.clone();
+                stats = self.call(move |hv| hv.completed_job(&n)).ok().flatten();
+            }
+            if published && (stats.is_some() || Instant::now() >= give_up) {
+                break;
+            }
+            tokio::time::sleep(AFTER_SWITCH_OVER_STEP).await;
+        }
+        self.update(|s| {
+            if let Some(m) = s.migration.as_mut() {
+                if let Some(stats) = stats {
+                    m.progress = stats;
+                }
+                m.end(MigrationState::Completed, String::new());
+            }
+        });
+    }
+}
+
+/// The target's plan for a migration into `runtime_dir`: its libvirt, and two sockets in the
+/// dir its QEMU may create files in.
+pub fn incoming_plan(
+    libvirt_uri: String,
+    runtime_dir: PathBuf,
+    private_dir: &std::path::Path,
+    hotplug_dir: PathBuf,
+) -> IncomingPlan {
+    let socket = |name: &str| format!("unix://{}", private_dir.join(name).display());
+    IncomingPlan {
+        libvirt_uri,
+        migration_uri: socket("migration.sock"),
+        disks_uri: socket("migration-disks.sock"),
+        runtime_dir,
+        hotplug_dir,
+    }
+}

@@ -1,0 +1,155 @@
+//! `vmlauncher run --incoming`: a launcher with no VM, waiting for one to come by live migration.
+//! It serves its API at once (status: phase Scheduled, migration Waiting); a source launcher's
+//! `PrepareMigrationTarget` brings the spec, and from then on it is a launcher like any other,
+//! whose guest arrives instead of booting.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::{follow, say, LaunchBase, RunOptions, RuntimeDir, Served, StopSignals};
+use crate::api;
+use crate::exit::ExitCode;
+use crate::launcher::{self, IncomingOffer, IncomingPlan, Launcher, LauncherError};
+use crate::libvirt::events::HypervisorEvent;
+use crate::libvirt::Connector;
+use crate::spec::Validated;
+use crate::volumes::HostPaths;
+
+pub(super) struct Target<'a> {
+    pub opts: &'a RunOptions,
+    pub rt: &'a RuntimeDir,
+    pub paths: &'a HostPaths,
+    pub connector: &'a Arc<Connector>,
+    pub base: &'a LaunchBase,
+    pub socket: &'a Path,
+    pub qemu_uid: u32,
+}
+
+impl Target<'_> {
+    pub async fn run(
+        self,
+        events: mpsc::UnboundedReceiver<HypervisorEvent>,
+        started: Instant,
+        signals: &mut StopSignals,
+    ) -> ExitCode {
+        let uri = self.connector.uri();
+        let (front, mut offers) = api::Front::incoming(&uri);
+        let listener = match api::bind(self.socket) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("vmlauncher: {}", crate::error_chain(&e));
+                self.stop_daemon().await;
+                return ExitCode::from_bind_error(&e);
+            }
+        };
+        let api = Served::start(front.clone(), listener, self.qemu_uid);
+        say(format_args!("libvirt {uri}"));
+        say(format_args!("waiting for an incoming migration"));
+        say(format_args!("api unix:{}", self.socket.display()));
+        let mut events = Some(events);
+        let launcher = loop {
+            let (offer, reply) = tokio::select! {
+                offer = offers.recv() => match offer {
+                    Some(offer) => offer,
+                    None => return ExitCode::Internal,
+                },
+                which = signals.recv() => {
+                    say(format_args!("{which}: no migration came; stopping"));
+                    self.stop_daemon().await;
+                    api.stop(self.socket).await;
+                    return ExitCode::Succeeded;
+                }
+            };
+            let (spec, options) = match self.check(&offer) {
+                Ok(checked) => checked,
+                Err(e) => {
+                    say(format_args!(
+                        "refused a migration: {}",
+                        crate::error_chain(&e)
+                    ));
+                    let _ = reply.send(Err(e));
+                    continue;
+                }
+            };
+            let events = events
+                .take()
+                .expect("taken once: a failed start ends the run");
+            match Launcher::start(self.connector.clone(), spec, options, events).await {
+                Ok((launcher, _)) => {
+                    let _ = reply.send(Ok(self.plan()));
+                    front.set(launcher.clone());
+                    break launcher;
+                }
+                Err(e) => {
+                    eprintln!(
+                        "vmlauncher: cannot prepare for the migration: {}",
+                        crate::error_chain(&e)
+                    );
+                    let code = ExitCode::from_launcher_error(&e);
+                    let _ = reply.send(Err(e));
+                    self.stop_daemon().await;
+                    api.stop(self.socket).await;
+                    return code;
+                }
+            }
+        };
+        say(format_args!(
+            "prepared for the incoming migration of domain {}",
+            launcher.domain_name()
+        ));
+        let code = follow(&launcher, started, signals).await;
+        launcher.shut_down().await;
+        api.stop(self.socket).await;
+        code
+    }
+
+    /// The source's spec, checked as a start would check it, and the same as this launcher's
+    /// own when it was given one; the launch options for it.
+    fn check(
+        &self,
+        offer: &IncomingOffer,
+    ) -> Result<(Validated, launcher::LaunchOptions), LauncherError> {
+        let spec = crate::spec::parse(&offer.input.spec)?;
+        if let Some(own) = &self.opts.spec {
+            if own != &spec {
+                return Err(LauncherError::MigrationTarget(
+                    "the source's spec is not this launcher's SPEC".into(),
+                ));
+            }
+        }
+        let strategy = match &self.opts.spec {
+            Some(_) => self.opts.strategy,
+            None => spec.run_strategy.unwrap_or(self.opts.strategy),
+        };
+        let mut options = self
+            .base
+            .for_spec(&spec, offer.input.spec.clone(), strategy);
+        options.incoming = true;
+        options.host_paths.check(&spec)?;
+        let name = crate::convert::convert(&spec, &options.convert)?.name;
+        if name != offer.domain_name {
+            return Err(LauncherError::WrongInstance {
+                running: name,
+                requested: offer.domain_name.clone(),
+            });
+        }
+        Ok((spec, options))
+    }
+
+    fn plan(&self) -> IncomingPlan {
+        launcher::incoming_plan(
+            self.connector.uri(),
+            self.rt.0.clone(),
+            &self.paths.private_dir,
+            self.paths.hotplug_dir.clone(),
+        )
+    }
+
+    async fn stop_daemon(&self) {
+        let c = self.connector.clone();
+        let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
+    }
+}
