@@ -81,6 +81,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,
         LauncherError::Plan(_) => Code::FailedPrecondition,
         LauncherError::HostDisk { .. }
+        | LauncherError::BlockVolume { .. }
         | LauncherError::Unreachable
         | LauncherError::Connect(_)
         | LauncherError::Libvirt(_)

@@ -161,13 +161,15 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
         &["--publish", &format!("{published}:80")],
     );
     let mut console = one.boot();
-    let wrote = console.line("the guest's write", BOOT_DEADLINE, |l| {
+    // In whichever order they come: each from the console's start.
+    let wrote = one.console().line("the guest's write", BOOT_DEADLINE, |l| {
         l.starts_with("VMLTEST-WROTE CDISK-1 ")
     });
     let boot_id = wrote.split_whitespace().nth(2).unwrap().to_string();
-    console.line("the guest's HTTP server", BOOT_DEADLINE, |l| {
-        l.starts_with("VMLTEST-HTTP ")
-    });
+    one.console()
+        .line("the guest's HTTP server", BOOT_DEADLINE, |l| {
+            l.starts_with("VMLTEST-HTTP ")
+        });
     assert!(page(published).contains("vmltest"), "{}", page(published));
     hotplug_image(&one.dir().join("hotplug"), "hot1", 8 << 20);
     cli_sync(
@@ -175,7 +177,21 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
         one.scratch(),
         &spec(name, &host_disk, &[("hot1", "HOT-1")]),
     );
-    let first = report_with(&mut console, "HOT-1");
+    report_with(&mut console, "HOT-1");
+    // And a block device, as a node daemon hot-plugs one: the launcher makes its node.
+    let block = common::Loop::new(shared.path(), "blk1", 8, false);
+    common::cli_ok(
+        &one.socket(),
+        &[
+            "addvolume",
+            "blk1",
+            "--path",
+            block.dev.to_str().unwrap(),
+            "--serial",
+            "BLK-1",
+        ],
+    );
+    let first = report_with(&mut console, "BLK-1");
     assert_eq!(first.read_back, format!("vmltest {boot_id}"));
 
     // One → two: the target waits with no spec, and says so.
@@ -202,7 +218,7 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     // A hot-plug on launcher two; the guest reads back from the disk copied to it.
     let mut console = two.console();
     hotplug_image(&two.dir().join("hotplug"), "hot2", 8 << 20);
-    let claims2 = [("hot1", "HOT-1"), ("hot2", "HOT-2")];
+    let claims2 = [("hot1", "HOT-1"), ("blk1", "BLK-1"), ("hot2", "HOT-2")];
     cli_sync(
         two.socket().as_path(),
         two.scratch(),
@@ -212,7 +228,7 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     assert_eq!(second.boot_id, boot_id, "a second boot");
     assert!(second.uptime > first.uptime);
     assert_eq!(second.read_back, format!("vmltest {boot_id}"));
-    for serial in ["HOST-1", "CDISK-1", "HOT-1", "HOT-2"] {
+    for serial in ["HOST-1", "CDISK-1", "HOT-1", "BLK-1", "HOT-2"] {
         assert!(
             second.serials.contains(&serial.to_string()),
             "{serial}: {:?}",
@@ -234,7 +250,12 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     );
     let mut console = three.console();
     hotplug_image(&three.dir().join("hotplug"), "hot3", 8 << 20);
-    let claims3 = [("hot1", "HOT-1"), ("hot2", "HOT-2"), ("hot3", "HOT-3")];
+    let claims3 = [
+        ("hot1", "HOT-1"),
+        ("blk1", "BLK-1"),
+        ("hot2", "HOT-2"),
+        ("hot3", "HOT-3"),
+    ];
     cli_sync(
         three.socket().as_path(),
         three.scratch(),
@@ -244,7 +265,7 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     assert_eq!(third.boot_id, boot_id, "a second boot");
     assert!(third.uptime > second.uptime);
     assert_eq!(third.read_back, format!("vmltest {boot_id}"));
-    assert_eq!(third.serials.len(), 5, "{:?}", third.serials);
+    assert_eq!(third.serials.len(), 6, "{:?}", third.serials);
     // The targets' consoles start with the migration: no boot line ever.
     for dir in [two.dir(), three.dir()] {
         let log = std::fs::read_to_string(dir.join("console.log")).unwrap();

@@ -412,6 +412,9 @@ impl Launcher {
             s.last_started = Some(Instant::now());
         });
         crate::run::say(format_args!("the guest arrived by migration"));
+        if let Err(e) = super::host_work(|| self.block.apply_rules()) {
+            tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
+        }
         if let Err(e) = self.rebuild_volumes().await {
             tracing::warn!(error = %crate::error_chain(&e), "cannot read the migrated domain's volumes");
         }

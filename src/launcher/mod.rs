@@ -130,6 +130,12 @@ pub enum LauncherError {
     NoMigration,
     #[error("the migration target: {0}")]
     MigrationTarget(String),
+    #[error("block volume {volume:?}")]
+    BlockVolume {
+        volume: String,
+        #[source]
+        source: crate::host::block::BlockHostError,
+    },
     #[error("the migration was {why}; the guest runs here (libvirt: {libvirt})")]
     MigrationAborted { why: &'static str, libvirt: String },
 }
@@ -165,6 +171,9 @@ pub struct LaunchOptions {
     pub runtime_dir: PathBuf,
     /// A migration target: the domain comes from a source launcher, not from a start.
     pub incoming: bool,
+    /// The hot-plugged block volumes' devices the VM starts with (a migration target's, as its
+    /// source's last Sync gave them).
+    pub block_devices: BTreeMap<String, BlockSource>,
 }
 
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
@@ -410,6 +419,7 @@ impl Launcher {
             })
             .collect();
         let spec_text = options.spec_text.clone();
+        let block_devices = options.block_devices.clone();
         let block = BlockDevices::new(BlockRoots {
             hotplug_dir: options.convert.paths.hotplug_dir.clone(),
             node_owner: options.hotplug.node_owner,
@@ -444,6 +454,7 @@ impl Launcher {
             saved,
             last_input: Mutex::new(SyncInput {
                 spec: spec_text,
+                block_devices,
                 ..SyncInput::default()
             }),
             closing: watch::channel(false).0,
@@ -512,7 +523,11 @@ impl Launcher {
             .into_iter()
             .map(|v| v.name)
             .collect();
-        host_work(|| launcher.block.adopt(&live));
+        // A migration target's nodes were just made for a domain still on its way: they are
+        // this launcher's own, nothing to adopt.
+        if kind != StartKind::Incoming {
+            host_work(|| launcher.block.adopt(&live));
+        }
         // Following libvirt's events before the restored Sync runs: its detaches end on the
         // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach
         // timeout, and the launcher's API with it).

@@ -165,7 +165,7 @@ impl Launcher {
 
     /// Checks every block device of a Sync: names, sources, device numbers. A path that is not
     /// there yet is not an error: that volume will be Pending.
-    fn resolve_block_devices(
+    pub(super) fn resolve_block_devices(
         &self,
         vmi: &VirtualMachineInstance,
         input: &SyncInput,

@@ -301,6 +301,18 @@ impl Launcher {
     /// a start would make them, for the migration to copy into), and nothing defined. Every
     /// hot-plugged volume the source has must be here too.
     pub(super) async fn prepare_incoming(&self) -> Result<(), LauncherError> {
+        // Block volumes first: their nodes in this launcher's hotplug dir are what the
+        // definition names; their cgroup rules wait for QEMU (`BlockDevices::apply_rules`).
+        let vmi = self.state.lock().expect("state lock").spec.clone();
+        let input = self.last_input.lock().expect("input lock").clone();
+        for (volume, dev) in self.resolve_block_devices(&vmi, &input)? {
+            let dev = dev.map_err(|path| LauncherError::HostDisk {
+                volume: volume.clone(),
+                source: HostError::Missing { path },
+            })?;
+            super::host_work(|| self.block.plug_before_qemu(&volume, dev))
+                .map_err(|source| LauncherError::BlockVolume { volume, source })?;
+        }
         let Ready { not_ready, .. } = self.ready_definition(false).await?;
         if let Some((disk, source)) = not_ready.into_iter().next() {
             return Err(LauncherError::HostDisk {
@@ -344,9 +356,15 @@ impl Launcher {
         let (hot, boot): (Vec<DiskDef>, Vec<DiskDef>) = std::mem::take(&mut def.disks)
             .into_iter()
             .partition(|d| hotpluggable(&d.volume));
-        let opts = self.options.convert.clone();
-        let (vmi_, boot_) = (vmi.clone(), boot.clone());
-        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts))
+        // A migration target made its block volumes' nodes itself (`prepare_incoming`): they
+        // are checked as the block devices they are. A start attaches held ones by Sync.
+        let opts = if fd_groups {
+            self.options.convert.clone()
+        } else {
+            opts
+        };
+        let (vmi_, boot_, opts_) = (vmi.clone(), boot.clone(), opts.clone());
+        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_))
             .await
             .map_err(LauncherError::Join)??;
         def.disks = boot;
@@ -355,7 +373,7 @@ impl Launcher {
             if waiting.contains(&disk.volume) {
                 continue;
             }
-            let opts = self.options.convert.clone();
+            let opts = opts.clone();
             let (vmi_, disk_) = (vmi.clone(), disk.clone());
             match tokio::task::spawn_blocking(move || {
                 prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts)

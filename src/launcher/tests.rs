@@ -66,6 +66,7 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
         host_paths: Default::default(),
         runtime_dir: dir.path().into(),
         incoming: false,
+        block_devices: Default::default(),
     };
     let (launcher, kind) = Launcher::start(connector, vmi, options, rx).await.unwrap();
     assert_eq!(kind, StartKind::Created);

@@ -153,6 +153,7 @@ impl LaunchBase {
             host_paths: self.host_paths.clone(),
             runtime_dir: self.runtime_dir.clone(),
             incoming: false,
+            block_devices: Default::default(),
         }
     }
 }

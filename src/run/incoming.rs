@@ -128,6 +128,7 @@ impl Target<'_> {
             .base
             .for_spec(&spec, offer.input.spec.clone(), strategy);
         options.incoming = true;
+        options.block_devices = offer.input.block_devices.clone();
         options.host_paths.check(&spec)?;
         let name = crate::convert::convert(&spec, &options.convert)?.name;
         if name != offer.domain_name {
