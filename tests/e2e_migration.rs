@@ -8,7 +8,7 @@
 mod common;
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -276,12 +276,16 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     assert_eq!(three.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
-/// A slow migration (1 MiB/s) from `source` to a new target, seen under way: the target and
+/// A slow migration (`mib_per_s`) from `source` to a new target, seen under way: the target and
 /// the running `migrate`.
-fn migration_under_way(source: &Launched) -> (Launched, Child) {
+fn migration_under_way(source: &Launched, mib_per_s: &str) -> (Launched, Child) {
     let mut target = Launched::incoming(|_| {}, &[]);
     target.wait_stdout("waiting for an incoming migration", BOOT_DEADLINE);
-    let child = migrate_child(&source.socket(), &target.socket(), &["--bandwidth", "1"]);
+    let child = migrate_child(
+        &source.socket(),
+        &target.socket(),
+        &["--bandwidth", mib_per_s],
+    );
     cli_wait_status(
         &source.socket(),
         "the migration under way",
@@ -312,7 +316,7 @@ fn a_cancel_or_a_dead_target_leaves_the_guest_running_on_its_source() {
     let mut source = Launched::start(&guest_vmi(name, "", "", ""), &[]);
     source.boot();
 
-    let (mut target, child) = migration_under_way(&source);
+    let (mut target, child) = migration_under_way(&source, "1");
     let out = Command::new(bin())
         .args(["migrate", "--cancel", "--socket"])
         .arg(source.socket())
@@ -336,7 +340,7 @@ fn a_cancel_or_a_dead_target_leaves_the_guest_running_on_its_source() {
     target.assert_printed("phase Failed (Failed; MigrationFailed)");
 
     // The target's QEMU and launcher die half-way.
-    let (mut target, child) = migration_under_way(&source);
+    let (mut target, child) = migration_under_way(&source, "1");
     let qemu = target.qemu_pid(name);
     target.kill9();
     signal_pid(qemu, nix::sys::signal::Signal::SIGKILL).unwrap();
@@ -350,6 +354,48 @@ fn a_cancel_or_a_dead_target_leaves_the_guest_running_on_its_source() {
     left_by_migration(&mut source);
     last.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(last.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+#[test]
+fn a_source_killed_mid_migration_is_followed_by_its_successor_never_booted_again() {
+    let name = "mig-kill-source";
+    let spec = guest_vmi(name, "", "", "");
+    let mut source = Launched::start(&spec, &[]);
+    source.boot();
+    let (mut target, mut child) = migration_under_way(&source, "4");
+    source.kill9();
+    let _ = child.kill();
+    let _ = child.wait();
+    // libvirt carries the migration on; the successor follows it to its end and never boots
+    // the VM a second time.
+    let mut successor = source.successor(&spec, &[]);
+    successor.wait_stdout("phase Succeeded (Succeeded; Migrated)", MIGRATION_DEADLINE);
+    assert_eq!(
+        successor.wait_exit(GUEST_DEADLINE).code(),
+        Some(0),
+        "{}",
+        successor.stderr_text()
+    );
+    let arrived = cli_wait_status(
+        &target.socket(),
+        "the guest's arrival",
+        MIGRATION_DEADLINE,
+        |s| s["migration"]["state"] == "Completed",
+    );
+    assert_eq!(arrived["phase"], "Running", "{arrived}");
+    // And one that finds the VM gone altogether does not boot it either.
+    std::fs::write(successor.dir().join("migrating-to"), "elsewhere").unwrap();
+    let mut late = successor.successor(&spec, &[]);
+    late.wait_stdout("migrated away before this launcher started", BOOT_DEADLINE);
+    assert_eq!(
+        late.wait_exit(GUEST_DEADLINE).code(),
+        Some(0),
+        "{}",
+        late.stderr_text()
+    );
+    assert!(!late.dir().join("migrating-to").exists());
+    common::cli_ok(&target.socket(), &["kill"]);
+    assert_eq!(target.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
 #[test]
@@ -372,19 +418,35 @@ fn a_guest_goes_back_and_forth() {
         .nth(1)
         .unwrap()
         .to_string();
-    let mut seen: Vec<PathBuf> = Vec::new();
-    for round in 0..rounds * 2 {
+    // The first two hops move a paused guest: it stays paused, then runs on where it is.
+    common::cli_ok(&here.socket(), &["pause"]);
+    for hop in 0..rounds * 2 {
         let mut there = Launched::incoming(|_| {}, &[]);
         there.wait_stdout("waiting for an incoming migration", BOOT_DEADLINE);
         let (code, answer, stderr) = migrate(&here.socket(), &there.socket(), &[]);
-        assert_eq!(code, Some(0), "hop {round}: {stderr}");
+        assert_eq!(code, Some(0), "hop {hop}: {stderr}");
         assert_eq!(
             answer["target"]["state"], "Completed",
-            "hop {round}: {answer}"
+            "hop {hop}: {answer}"
         );
         left_by_migration(&mut here);
-        seen.push(there.dir().to_path_buf());
         here = there;
+        let status = cli_status(&here.socket());
+        let paused = hop < 2;
+        assert_eq!(status["phase"], "Running", "hop {hop}: {status}");
+        assert_eq!(
+            status["vmState"],
+            if paused { "Paused" } else { "Active" },
+            "hop {hop}: {status}"
+        );
+        let power = status["powerState"].as_str().unwrap_or_default();
+        assert!(
+            power.starts_with(if paused { "paused" } else { "running" }),
+            "hop {hop}: {status}"
+        );
+        if hop == 1 {
+            common::cli_ok(&here.socket(), &["unpause"]);
+        }
     }
     // Still the first boot: a hot-plug makes the guest report.
     hotplug_image(&here.dir().join("hotplug"), "late", 8 << 20);
@@ -400,7 +462,6 @@ fn a_guest_goes_back_and_forth() {
         Some(boot_id.as_str()),
         "{line}"
     );
-    assert_eq!(seen.len(), rounds * 2);
     here.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(here.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }

@@ -9,7 +9,8 @@ use vmlauncher::run;
 
 use super::args::{Output, Target};
 use super::output::{
-    print_interfaces, print_resources, print_volumes, status_json, volume_json, volume_phase,
+    print_interfaces, print_migration, print_resources, print_volumes, status_json, volume_json,
+    volume_phase,
 };
 use super::spec_edit::SpecValue;
 use super::{outln, write_stdout, Outcome};
@@ -323,6 +324,9 @@ pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
                 );
             }
             print_resources(&s);
+            if let Some(m) = &s.migration {
+                print_migration(m);
+            }
             print_interfaces(&s.interfaces);
             print_volumes(&s.volumes);
         }

@@ -90,6 +90,27 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
     })
 }
 
+/// The migration in flight or last ended, on one line.
+pub(crate) fn print_migration(m: &proto::MigrationStatus) {
+    let mut line = format!(
+        "migration:   {} {} {}: {} of {} MiB sent, {} MiB left, {:.1}s",
+        m.role,
+        m.state,
+        if m.peer.is_empty() { "-" } else { &m.peer },
+        m.data_processed >> 20,
+        m.data_total >> 20,
+        m.data_remaining >> 20,
+        m.elapsed_ms as f64 / 1000.0
+    );
+    if m.downtime_ms > 0 {
+        line += &format!(", downtime {} ms", m.downtime_ms);
+    }
+    if !m.message.is_empty() {
+        line += &format!(" ({})", m.message);
+    }
+    outln!("{line}");
+}
+
 pub(crate) fn migration_json(m: &proto::MigrationStatus) -> serde_json::Value {
     serde_json::json!({
         "role": m.role, "state": m.state, "peer": m.peer,

@@ -151,6 +151,35 @@ impl std::fmt::Debug for MigrateRequest {
     }
 }
 
+/// The source's note, in its runtime dir, that its VM is on its way to (or reached) another
+/// launcher: written before libvirt's migration starts, removed when it failed, and when the
+/// launcher ends after it succeeded. A launcher that starts on this dir and finds it (its
+/// predecessor was killed mid-migration) never boots the VM again: with no domain left, the
+/// VM is there; with one still migrating, it follows the migration to its end.
+pub(super) struct Marker(PathBuf);
+
+impl Marker {
+    pub(super) fn at(runtime_dir: &std::path::Path) -> Marker {
+        Marker(runtime_dir.join("migrating-to"))
+    }
+
+    fn write(&self, target: &str) -> std::io::Result<()> {
+        crate::durable::write_atomically(&self.0, target.as_bytes())
+    }
+
+    fn read(&self) -> Option<String> {
+        std::fs::read_to_string(&self.0).ok()
+    }
+
+    pub(super) fn remove(&self) {
+        if let Err(e) = std::fs::remove_file(&self.0) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(path = %self.0.display(), error = %e, "cannot remove the migration marker");
+            }
+        }
+    }
+}
+
 /// The owned part of the launcher that cancels a migration in flight.
 #[derive(Debug)]
 pub(super) struct Cancel(tokio::sync::watch::Sender<u64>);
@@ -265,6 +294,11 @@ impl Launcher {
             copy_disks,
             bandwidth_mib: request.bandwidth_mib,
         };
+        let marker = self.migration_marker();
+        if let Err(e) = super::host_work(|| marker.write(&request.target)) {
+            let e = LauncherError::MigrationTarget(format!("cannot note the migration: {e}"));
+            return Err(self.migration_failed(e, false));
+        }
         self.set_migration(|m| m.state = MigrationState::Migrating);
         let hv = self.hypervisor()?;
         let n = self.domain_name.clone();
@@ -305,6 +339,9 @@ impl Launcher {
                 }
             }
         };
+        if result.is_err() {
+            marker.remove();
+        }
         match (result, aborted) {
             (Ok(()), _) => {
                 self.update(|s| {
@@ -333,6 +370,82 @@ impl Launcher {
             }
             (Err(e), None) => Err(self.migration_failed(e.into(), false)),
         }
+    }
+
+    pub(super) fn migration_marker(&self) -> Marker {
+        Marker::at(&self.options.runtime_dir)
+    }
+
+    /// At start, after a predecessor killed mid-migration: `Some(MigratedAway)` when the VM is
+    /// gone from here (it runs on the target), nothing to do when no migration was noted. With
+    /// the domain still here, the migration may still run in libvirt: followed to its end.
+    pub(super) fn migration_left_behind(&self, domain_here: bool) -> Option<super::StartKind> {
+        let marker = self.migration_marker();
+        let target = marker.read()?;
+        let mut m = MigrationStatus::new(MigrationRole::Source, MigrationState::Migrating, target);
+        if !domain_here {
+            m.end(
+                MigrationState::Completed,
+                "the guest left while no launcher ran here".into(),
+            );
+            self.update(|s| {
+                s.migration = Some(m);
+                s.migrated_away = true;
+                s.finished = true;
+            });
+            return Some(super::StartKind::MigratedAway);
+        }
+        let n = self.domain_name.clone();
+        if matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_))) {
+            self.update(|s| s.migration = Some(m));
+        } else {
+            marker.remove();
+        }
+        None
+    }
+
+    /// The reconciler's part: a migration a predecessor started ended while this launcher
+    /// followed it (no task of ours runs it). True when the VM left.
+    pub(super) fn reconcile_left_behind(&self) -> bool {
+        let s = self.state.lock().expect("state lock");
+        let following = s
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.role == MigrationRole::Source && !m.state.is_over());
+        if !following || s.task.is_some() {
+            return false;
+        }
+        drop(s);
+        let observation = self.observation();
+        // Gone, or left defined and shut off "migrated" (libvirt undefines the source only
+        // when its caller saw the migration through).
+        let left = match &observation {
+            Observation::Vanished => true,
+            Observation::Domain(p) => p.state == DomainState::Shutoff && p.reason == "migrated",
+            _ => false,
+        };
+        let failed = matches!(&observation, Observation::Domain(p) if p.state.is_active() && p.reason != "migration");
+        let n = self.domain_name.clone();
+        let running_job = matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_)));
+        if !left && (running_job || !failed) {
+            return false;
+        }
+        if !left {
+            self.migration_marker().remove();
+        }
+        self.update(|s| {
+            s.migrated_away = left;
+            s.finished |= left;
+            if let Some(m) = s.migration.as_mut() {
+                let state = if left {
+                    MigrationState::Completed
+                } else {
+                    MigrationState::Failed
+                };
+                m.end(state, "followed after a launcher restart".into());
+            }
+        });
+        left
     }
 
     async fn abort_migration(&self, hv: &std::sync::Arc<crate::libvirt::Hypervisor>) {

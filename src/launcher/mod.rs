@@ -276,6 +276,8 @@ pub enum StartKind {
     NotStarted,
     /// A migration target: the disks are ready, the guest comes from its source.
     Incoming,
+    /// A predecessor migrated the VM away (and was killed before it ended): nothing to run.
+    MigratedAway,
 }
 
 /// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
@@ -473,7 +475,10 @@ impl Launcher {
         let active =
             matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
         let mut restored = false;
-        let kind = if exists && active {
+        let left_behind = launcher.migration_left_behind(exists && active);
+        let kind = if let Some(kind) = left_behind {
+            kind
+        } else if exists && active {
             let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
             launcher.update(|s| {
                 s.vm_state = if paused {

@@ -425,7 +425,7 @@ impl Launcher {
             return;
         };
         self.finish_late_removals();
-        if self.state.lock().expect("state lock").migrated_away {
+        if self.reconcile_left_behind() || self.state.lock().expect("state lock").migrated_away {
             // The VM runs on another launcher now: nothing here is to be reconciled.
             return;
         }

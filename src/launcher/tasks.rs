@@ -511,6 +511,10 @@ impl Launcher {
     /// leaves nothing behind.
     pub async fn shut_down(&self) {
         self.closing.send_replace(true);
+        if self.state.lock().expect("state lock").migrated_away {
+            // Ended here for good: a next launcher on this dir starts afresh.
+            self.migration_marker().remove();
+        }
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.undefine(&n)) {
             Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {

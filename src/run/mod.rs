@@ -276,6 +276,7 @@ pub async fn run(opts: RunOptions) -> ExitCode {
             StartKind::Adopted => "adopted",
             StartKind::NotStarted => "not started: waiting for a Start call",
             StartKind::Incoming => "prepared for an incoming migration",
+            StartKind::MigratedAway => "migrated away before this launcher started: nothing to run",
         },
         opts.strategy.as_str(),
     ));
