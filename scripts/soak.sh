@@ -9,14 +9,17 @@
 #   - libvirtd killed (SIGKILL) during an attach, then the same Sync converges;
 # then, ROUNDS times (default 5), tests/e2e_restart.rs: the launcher killed (SIGKILL) between
 # Syncs and in the middle of one, restarted, converging with nothing unplugged; a pending volume
-# across a guest restart; SIGTERM and Kill interrupting a Sync.
-# Figures are the lines starting with SOAK. Needs what scripts/setup.sh installs; ~4–7 min.
-#   scripts/soak.sh [CYCLES [PAUSES [ROUNDS]]]
+# across a guest restart; SIGTERM and Kill interrupting a Sync;
+# then MIGRATIONS (default 20) live-migration round trips of one guest between launchers
+# (tests/e2e_migration.rs: one boot id from the first hop to the last).
+# Figures are the lines starting with SOAK. Needs what scripts/setup.sh installs; ~5–8 min.
+#   scripts/soak.sh [CYCLES [PAUSES [ROUNDS [MIGRATIONS]]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cycles=${1:-1000}
 pauses=${2:-200}
 rounds=${3:-5}
+migrations=${4:-20}
 started=$(date +%s)
 VMLAUNCHER_SOAK_CYCLES=$cycles VMLAUNCHER_SOAK_PAUSES=$pauses \
   cargo test --locked --test e2e_soak -- --nocapture 2>&1 | grep -E '^SOAK|^test |panicked|result:'
@@ -25,4 +28,8 @@ for i in $(seq 1 "$rounds"); do
   cargo test --locked --test e2e_restart -- --nocapture --test-threads 1 2>&1 \
     | grep -E 'killed with|^restarted and|^Sync interrupted|^test |panicked|result:'
 done
+echo "SOAK migration round trips: $migrations"
+VMLAUNCHER_MIGRATION_ROUNDS=$migrations \
+  cargo test --locked --test e2e_migration a_guest_goes_back_and_forth -- --nocapture 2>&1 \
+  | grep -E '^test |panicked|result:'
 echo "SOAK done in $(( $(date +%s) - started ))s"
