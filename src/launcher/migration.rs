@@ -248,8 +248,11 @@ impl Launcher {
     }
 
     async fn migrate_out(&self, request: MigrateRequest) -> Result<MigrationStatus, LauncherError> {
+        // From the start: a cancel, Kill or SIGTERM while the target prepares stops it too.
         let mut cancel = self.migration_cancel.subscribe();
         cancel.borrow_and_update();
+        let mut interrupt = self.interrupt.subscribe();
+        interrupt.borrow_and_update();
         self.update(|s| {
             s.migration = Some(MigrationStatus::new(
                 MigrationRole::Source,
@@ -294,20 +297,28 @@ impl Launcher {
             copy_disks,
             bandwidth_mib: request.bandwidth_mib,
         };
+        let hv = match self.hypervisor() {
+            Ok(hv) => hv,
+            Err(e) => return Err(self.migration_failed(e, false)),
+        };
+        if cancel.has_changed().unwrap_or(false) || interrupt.has_changed().unwrap_or(false) {
+            let e = LauncherError::MigrationAborted {
+                why: "cancelled",
+                libvirt: "before it started".into(),
+            };
+            return Err(self.migration_failed(e, true));
+        }
         let marker = self.migration_marker();
         if let Err(e) = super::host_work(|| marker.write(&request.target)) {
             let e = LauncherError::MigrationTarget(format!("cannot note the migration: {e}"));
             return Err(self.migration_failed(e, false));
         }
         self.set_migration(|m| m.state = MigrationState::Migrating);
-        let hv = self.hypervisor()?;
         let n = self.domain_name.clone();
         let moving = hv.clone();
         let mut job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
         let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t);
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
-        let mut interrupt = self.interrupt.subscribe();
-        interrupt.borrow_and_update();
         let mut aborted: Option<MigrationState> = None;
         let result = loop {
             let timed_out = async {

@@ -318,38 +318,8 @@ impl PrivateDaemon {
         self.dir.join(format!("{name}.log"))
     }
 
-    /// This daemon's host UUID: made once, random, kept in the runtime dir so that a restarted
-    /// daemon is the same host.
     fn host_uuid(&self) -> Result<String, DaemonError> {
-        let path = self.dir.join("host-uuid");
-        let error = |source| DaemonError::Prepare {
-            path: path.clone(),
-            source,
-        };
-        if let Ok(text) = fs::read_to_string(&path) {
-            if is_uuid(text.trim()) {
-                return Ok(text.trim().to_owned());
-            }
-        }
-        let mut bytes = [0u8; 16];
-        fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-            .map_err(error)?;
-        // Version 4, variant 1 (RFC 4122): libvirt accepts any well-formed UUID, but not all zeros
-        // or all ones.
-        bytes[6] = (bytes[6] & 0x0f) | 0x40;
-        bytes[8] = (bytes[8] & 0x3f) | 0x80;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let uuid = format!(
-            "{}-{}-{}-{}-{}",
-            &hex[..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..]
-        );
-        crate::durable::write_atomically(&path, uuid.as_bytes()).map_err(error)?;
-        Ok(uuid)
+        host_uuid_in(&self.dir)
     }
 
     /// Directories and configuration files, rewritten at every start.
@@ -654,6 +624,40 @@ impl Drop for PrivateDaemon {
 }
 
 /// A set holding only the lowest CPU this process may run on.
+/// A daemon's host UUID in `dir`: made once, random, kept there so that a restarted daemon is
+/// the same host.
+fn host_uuid_in(dir: &Path) -> Result<String, DaemonError> {
+    let path = dir.join("host-uuid");
+    let error = |source| DaemonError::Prepare {
+        path: path.clone(),
+        source,
+    };
+    if let Ok(text) = fs::read_to_string(&path) {
+        if is_uuid(text.trim()) {
+            return Ok(text.trim().to_owned());
+        }
+    }
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(error)?;
+    // Version 4, variant 1 (RFC 4122): libvirt accepts any well-formed UUID, but not all zeros
+    // or all ones.
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    crate::durable::write_atomically(&path, uuid.as_bytes()).map_err(error)?;
+    Ok(uuid)
+}
+
 fn is_uuid(text: &str) -> bool {
     let groups: Vec<&str> = text.split('-').collect();
     groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
@@ -957,6 +961,23 @@ mod tests {
                 "{jemalloc:?} + {shim}"
             );
         }
+    }
+
+    #[test]
+    fn each_runtime_dir_has_its_own_host_uuid_kept_across_starts() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = host_uuid_in(a.path()).unwrap();
+        assert!(is_uuid(&first), "{first}");
+        assert_eq!(host_uuid_in(a.path()).unwrap(), first);
+        assert_ne!(host_uuid_in(b.path()).unwrap(), first);
+        fs::write(a.path().join("host-uuid"), "not a uuid").unwrap();
+        let replaced = host_uuid_in(a.path()).unwrap();
+        assert!(is_uuid(&replaced) && replaced != first, "{replaced}");
+        let conf = libvirtd_conf(a.path(), &replaced);
+        assert!(
+            conf.contains(&format!("host_uuid = \"{replaced}\"")),
+            "{conf}"
+        );
     }
 
     #[test]
