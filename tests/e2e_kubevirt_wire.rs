@@ -212,17 +212,28 @@ async fn the_wire_refuses_what_the_go_client_never_sends() {
     )
     .await;
 
-    // Not built: the status code virt-handler's client checks, not a Response.
+    // A migration asked before virt-controller made one: refused, naming the field.
     let migrate = client
         .migrate_virtual_machine(MigrationRequest {
             vmi: vmi_request(vmi_with(NAME, NAMESPACE, |_| {})).vmi,
             options: Vec::new(),
         })
+        .await
+        .expect("a Response")
+        .into_inner();
+    assert!(
+        !migrate.success && migrate.message.contains("status.migrationState"),
+        "MigrateVirtualMachine: {migrate:?}"
+    );
+
+    // Not built: the status code virt-handler's client checks, not a Response.
+    let devices = client
+        .hotplug_host_devices(vmi_request(vmi_with(NAME, NAMESPACE, |_| {})))
         .await;
     assert_eq!(
-        migrate.as_ref().map_err(tonic::Status::code).err(),
+        devices.as_ref().map_err(tonic::Status::code).err(),
         Some(tonic::Code::Unimplemented),
-        "MigrateVirtualMachine: {migrate:?}"
+        "HotplugHostDevices: {devices:?}"
     );
 
     // After all of that the launcher is consistent enough to end as a pod's launcher does.

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use vmlauncher::kubevirt::domain_json::{
-    device_aliases, domain_json, domain_stats_json, gone_domain_json, DomainMeta, StatValue,
+    device_aliases, domain_json, domain_stats_json, gone_domain_json, DomainMeta, MigrationMeta,
+    StatValue,
 };
 use vmlauncher::lifecycle::{DomainState, PowerState};
 
@@ -72,6 +73,39 @@ fn cases() -> Vec<(&'static str, DomainMeta, Option<PowerState>)> {
                 )
             },
             Some(power(DomainState::Shutoff, "shutdown")),
+        ),
+        (
+            // The source once the guest left: shut off because it migrated, the migration
+            // over, as virt-handler's migration source controller reads it.
+            "migrated-source",
+            DomainMeta {
+                grace_period_seconds: Some(30),
+                migration: Some(MigrationMeta {
+                    uid: "5e0c4a3b-2d1f-4e6a-9b8c-7d6e5f4a3b2c".into(),
+                    start_timestamp: Some("2026-11-26T12:00:00Z".into()),
+                    end_timestamp: Some("2026-11-26T12:00:09Z".into()),
+                    mode: "PreCopy".into(),
+                    ..MigrationMeta::default()
+                }),
+                ..meta("cdrom-and-lun", "6a1d9c84-35a1-4f0e-9b51-0c0a5e4c2d11")
+            },
+            Some(power(DomainState::Shutoff, "migrated")),
+        ),
+        (
+            // A target while the guest comes: paused for the migration, not over yet (a null
+            // EndTimestamp), an abort asked on the source meanwhile would not show here.
+            "incoming-target",
+            DomainMeta {
+                grace_period_seconds: Some(30),
+                migration: Some(MigrationMeta {
+                    uid: "5e0c4a3b-2d1f-4e6a-9b8c-7d6e5f4a3b2c".into(),
+                    start_timestamp: Some("2026-11-26T12:00:00Z".into()),
+                    mode: "PreCopy".into(),
+                    ..MigrationMeta::default()
+                }),
+                ..meta("cdrom-and-lun", "6a1d9c84-35a1-4f0e-9b51-0c0a5e4c2d11")
+            },
+            Some(power(DomainState::Paused, "migration")),
         ),
     ]
 }

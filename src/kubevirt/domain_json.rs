@@ -53,6 +53,27 @@ pub struct DomainMeta {
     /// RFC 3339; `ObjectMeta.deletionTimestamp`: set once the domain is gone, which is how
     /// virt-handler learns the launcher's final word.
     pub deletion_timestamp: Option<String>,
+    /// `Spec.Metadata.KubeVirt.Migration`: the migration this launcher takes part in, once
+    /// virt-handler asked for one (as source or target).
+    pub migration: Option<MigrationMeta>,
+}
+
+/// KubeVirt's `api.MigrationMetadata`: how virt-handler follows a migration, on both sides.
+/// `EndTimestamp` set and `Failed` false is a migration that completed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MigrationMeta {
+    /// The migration's UID (the VMI's `status.migrationState`), which virt-handler matches.
+    pub uid: String,
+    /// RFC 3339.
+    pub start_timestamp: Option<String>,
+    /// RFC 3339; set once the migration is over, however it ended.
+    pub end_timestamp: Option<String>,
+    pub failed: bool,
+    pub failure_reason: String,
+    /// KubeVirt's `MigrationAbortStatus`: empty, `Aborting`, `Succeeded` or `Failed`.
+    pub abort_status: String,
+    /// KubeVirt's `MigrationMode`: `PreCopy` (the only one vmlauncher runs).
+    pub mode: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -212,13 +233,13 @@ fn envelope(meta: &DomainMeta, spec: Value, (status, reason): (&str, &str)) -> V
 
 /// `Metadata.KubeVirt`: KubeVirt replaces whatever the XML holds with its launcher's metadata
 /// cache, so this comes from `meta` alone. A gone domain carries only the UID, as KubeVirt's.
-fn metadata_json(meta: &DomainMeta, with_grace: bool) -> Value {
+fn metadata_json(meta: &DomainMeta, full: bool) -> Value {
     let mut kubevirt = Map::new();
     kubevirt.insert("UID".into(), meta.uid.clone().into());
     let has_grace = meta.grace_period_seconds.is_some()
         || meta.grace_deletion_timestamp.is_some()
         || meta.marked_for_graceful_shutdown.is_some();
-    if with_grace && has_grace {
+    if full && has_grace {
         let mut grace = Map::new();
         // Not a pointer in Go: always there, 0 when unset.
         grace.insert(
@@ -232,6 +253,21 @@ fn metadata_json(meta: &DomainMeta, with_grace: bool) -> Value {
             grace.insert("MarkedForGracefulShutdown".into(), marked.into());
         }
         kubevirt.insert("GracePeriod".into(), Value::Object(grace));
+    }
+    if let Some(m) = meta.migration.as_ref().filter(|_| full) {
+        // No JSON tags and no omitempty for JSON in Go's struct: every field, null when unset.
+        kubevirt.insert(
+            "Migration".into(),
+            json!({
+                "UID": m.uid,
+                "StartTimestamp": m.start_timestamp,
+                "EndTimestamp": m.end_timestamp,
+                "Failed": m.failed,
+                "FailureReason": m.failure_reason,
+                "AbortStatus": m.abort_status,
+                "Mode": m.mode,
+            }),
+        );
     }
     json!({ "KubeVirt": kubevirt })
 }

@@ -99,7 +99,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         resync_interval: Duration::from_secs(30),
         reconnect_timeout: None,
         host_paths,
-        qemu_user,
+        qemu_user: qemu_user.clone(),
         // virt-handler makes the node of each block volume it hot-plugs in the hotplug dir.
         block_allow: crate::host::block_allow::BlockAllowList::new([], true),
     });
@@ -124,6 +124,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         prepared.base,
         prepared.connector.clone(),
         prepared.events,
+        qemu_user,
     ));
     let sockets = share.join("sockets");
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();

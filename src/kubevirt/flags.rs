@@ -3,7 +3,7 @@
 //! KubeVirt's pod template starts this launcher unchanged. pflag's syntax: `--flag value`,
 //! `--flag=value`, a bool as `--flag` or `--flag=false`, the one-letter `-v` as `-v N` or `-v=N`.
 //! An unknown flag is a usage error, as it is for pflag. vmlauncher's own `--emulation`,
-//! `--runtime-dir`, `--qemu-cache-dir` and `--log-format` are taken too.
+//! `--runtime-dir`, `--qemu-cache-dir`, `--log-format` and `--libvirt-socket` are taken too.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -33,6 +33,9 @@ pub struct VirtLauncherFlags {
     pub runtime_dir: PathBuf,
     pub qemu_cache_dir: Option<PathBuf>,
     pub log_json: bool,
+    /// vmlauncher's own: where a migration target shows virt-handler its libvirt, which
+    /// virt-handler's migration proxy reaches at KubeVirt's fixed path in the pod.
+    pub libvirt_socket: PathBuf,
     /// Flags given whose feature is not built here, with their values.
     pub not_built: Vec<(String, String)>,
 }
@@ -57,6 +60,7 @@ impl Default for VirtLauncherFlags {
             runtime_dir: "/var/run/kubevirt-private/vmlauncher".into(),
             qemu_cache_dir: Some("/var/cache/vmlauncher/qemu-capabilities".into()),
             log_json: false,
+            libvirt_socket: "/var/run/libvirt/virtqemud-sock".into(),
             not_built: Vec::new(),
         }
     }
@@ -127,6 +131,7 @@ const BUILT: &[(&str, Kind)] = &[
     ("runtime-dir", Kind::Value),
     ("qemu-cache-dir", Kind::Value),
     ("log-format", Kind::Value),
+    ("libvirt-socket", Kind::Value),
 ];
 
 /// Printed with a usage error and for `--help`.
@@ -144,7 +149,8 @@ KubeVirt's virt-launcher flags, with KubeVirt's defaults:
   --ovmf-path DIR, --hypervisor NAME, -v N
   accepted, not built: --hook-sidecars, --disk-memory-limit, --libvirt-log-filters, --run-as-nonroot,
   --keep-after-failure, --qemu-agent-*-interval, --qemu-fsfreeze-status-interval, --image-volume, ...
-vmlauncher's own: --emulation auto|kvm|tcg, --runtime-dir DIR, --qemu-cache-dir DIR, --log-format human|json
+vmlauncher's own: --emulation auto|kvm|tcg, --runtime-dir DIR, --qemu-cache-dir DIR, --log-format human|json,
+  --libvirt-socket PATH (/var/run/libvirt/virtqemud-sock: where a migration target shows its libvirt)
 ";
 
 /// Parses the arguments after `virt-launcher` (argv without the program and verb).
@@ -237,6 +243,7 @@ fn set(
             })
         }
         "runtime-dir" => flags.runtime_dir = value.into(),
+        "libvirt-socket" => flags.libvirt_socket = value.into(),
         "qemu-cache-dir" => {
             flags.qemu_cache_dir = (!value.is_empty()).then(|| PathBuf::from(value))
         }

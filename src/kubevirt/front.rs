@@ -12,11 +12,15 @@ use tokio::sync::{mpsc, watch};
 use super::domain_json::{self, DomainMeta};
 use super::flags::VirtLauncherFlags;
 use super::guest_agent;
+use super::migration::MigrationError;
 use super::vmi::{self, VmiError};
-use crate::launcher::{Launcher, LauncherError, SyncInput, VolumePhase};
+use crate::host::qemu_user::QemuUser;
+use crate::launcher::{
+    Launcher, LauncherError, MigrationRole, MigrationState, SyncInput, VolumePhase,
+};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::{Connector, MAX_AGENT_ANSWER};
-use crate::lifecycle::{Command, DomainState, RunStrategy};
+use crate::lifecycle::{Command, DomainState, PowerState, RunStrategy};
 use crate::run::LaunchBase;
 
 /// How long one call's guest agent commands may take together: under virt-handler's 5 s
@@ -41,6 +45,8 @@ pub enum FrontError {
     Volumes(String),
     #[error("the domain's JSON: {0}")]
     DomainJson(String),
+    #[error(transparent)]
+    Migration(#[from] MigrationError),
 }
 
 /// What the launcher tells virt-handler about the VMI beyond libvirt's XML.
@@ -66,6 +72,12 @@ pub struct Front {
     meta: watch::Sender<Meta>,
     /// QEMU's version, once asked.
     pub qemu_version: OnceLock<String>,
+    /// Who QEMU runs as: a migration target gives it the dir it listens in.
+    pub qemu_user: QemuUser,
+    /// The domain's live XML as last read: once the VM left by migration, virt-handler still
+    /// sees it, shut off because it migrated, until it deletes it (as KubeVirt's source
+    /// keeps its domain defined).
+    last_xml: Mutex<Option<String>>,
 }
 
 impl Front {
@@ -74,6 +86,7 @@ impl Front {
         base: LaunchBase,
         connector: Arc<Connector>,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
+        qemu_user: QemuUser,
     ) -> Front {
         let meta = Meta {
             domain: DomainMeta {
@@ -94,6 +107,8 @@ impl Front {
             creating: tokio::sync::Mutex::new(()),
             meta: watch::channel(meta).0,
             qemu_version: OnceLock::new(),
+            qemu_user,
+            last_xml: Mutex::new(None),
         }
     }
 
@@ -118,8 +133,8 @@ impl Front {
         self.meta.send_modify(change);
     }
 
-    /// `SyncVirtualMachine`: the first creates the domain, later ones hot-plug.
-    pub async fn sync(&self, vmi_json: &[u8]) -> Result<(), FrontError> {
+    /// virt-handler's VMI, read and checked to be this launcher's.
+    pub(super) fn handler_vmi(&self, vmi_json: &[u8]) -> Result<vmi::HandlerSync, FrontError> {
         let sync = vmi::from_handler(vmi_json)?;
         let expected = (self.flags.namespace.as_str(), self.flags.name.as_str());
         if !expected.1.is_empty() && (sync.namespace.as_str(), sync.name.as_str()) != expected {
@@ -128,6 +143,12 @@ impl Front {
                 got: format!("{}/{}", sync.namespace, sync.name),
             });
         }
+        Ok(sync)
+    }
+
+    /// `SyncVirtualMachine`: the first creates the domain, later ones hot-plug.
+    pub async fn sync(&self, vmi_json: &[u8]) -> Result<(), FrontError> {
+        let sync = self.handler_vmi(vmi_json)?;
         if !sync.not_mounted.is_empty() {
             tracing::info!(volumes = ?sync.not_mounted, "hotplug volumes not mounted into the pod yet; left for a later Sync");
         }
@@ -140,7 +161,7 @@ impl Front {
                 let _creating = self.creating.lock().await;
                 match self.launcher.get() {
                     Some(l) => l.clone(),
-                    None => return self.create(sync).await,
+                    None => return self.create(sync, false).await.map(drop),
                 }
             }
         };
@@ -174,15 +195,46 @@ impl Front {
         }
     }
 
-    /// The first Sync: validate, then define and start the domain.
-    async fn create(&self, sync: vmi::HandlerSync) -> Result<(), FrontError> {
+    /// `SyncMigrationTarget`: the launcher of a VM that comes by migration (its disks made, no
+    /// domain), created once; true when this call created it. A launcher that runs its own VM
+    /// is no target.
+    pub(super) async fn start_incoming(
+        &self,
+        sync: vmi::HandlerSync,
+    ) -> Result<(Arc<Launcher>, bool), FrontError> {
+        if self.meta.borrow().deleted {
+            return Err(FrontError::Deleted);
+        }
+        let _creating = self.creating.lock().await;
+        if let Some(launcher) = self.launcher.get() {
+            let target = launcher
+                .status()
+                .migration
+                .is_some_and(|m| m.role == MigrationRole::Target && !m.state.is_over());
+            return if target {
+                Ok((launcher.clone(), false))
+            } else {
+                Err(MigrationError::NotATarget.into())
+            };
+        }
+        Ok((self.create(sync, true).await?, true))
+    }
+
+    /// The first Sync (or a migration target's `SyncMigrationTarget`, `incoming`): validate,
+    /// then define and start the domain (or make its disks and wait for it).
+    async fn create(
+        &self,
+        sync: vmi::HandlerSync,
+        incoming: bool,
+    ) -> Result<Arc<Launcher>, FrontError> {
         let spec = crate::spec::parse(&sync.spec_text).map_err(VmiError::Spec)?;
         crate::run::warn_if_cpus_shared(&spec);
         let grace = spec.spec.termination_grace_period_seconds;
         // The VM runs once, as a VMI does: restarting it is the controller's decision.
-        let options = self
+        let mut options = self
             .base
             .for_spec(&spec, sync.spec_text.clone(), RunStrategy::Once);
+        options.incoming = incoming;
         let Some(source) = self.events.lock().expect("events lock").take() else {
             return Err(FrontError::Launcher(LauncherError::Unreachable));
         };
@@ -200,7 +252,7 @@ impl Front {
                 }
             };
         tracing::info!(domain = launcher.domain_name(), ?kind, "domain up");
-        let _ = self.launcher.set(launcher);
+        let _ = self.launcher.set(launcher.clone());
         self.meta.send_modify(|m| {
             m.domain.name = sync.name;
             m.domain.namespace = sync.namespace;
@@ -209,7 +261,7 @@ impl Front {
                 m.domain.grace_period_seconds = Some(g as i64);
             }
         });
-        Ok(())
+        Ok(launcher)
     }
 
     /// KubeVirt resumes a VM paused for any reason but the user's (an I/O error once the
@@ -235,7 +287,7 @@ impl Front {
         self.meta.borrow().deleted || self.launcher.get().is_none()
     }
 
-    fn running(&self) -> Result<&Arc<Launcher>, FrontError> {
+    pub(super) fn running(&self) -> Result<&Arc<Launcher>, FrontError> {
         if self.meta.borrow().deleted {
             return Err(FrontError::Deleted);
         }
@@ -379,11 +431,37 @@ impl Front {
         if meta.deleted {
             return Ok(None);
         }
-        let Some(xml) = launcher.live_xml().await? else {
-            return Ok(None);
-        };
         let status = launcher.status();
-        domain_json::domain_json(&xml, &meta.domain, status.power_state.as_ref())
+        let (xml, power) = match launcher.live_xml().await? {
+            Some(xml) => {
+                *self.last_xml.lock().expect("xml lock") = Some(xml.clone());
+                (xml, status.power_state)
+            }
+            None => {
+                // libvirt undefines the source's domain once the target has the guest, a
+                // moment before the migration's call returns: gone while migrating is migrated.
+                let migrated = status.migration.is_some_and(|m| {
+                    m.role == MigrationRole::Source
+                        && matches!(
+                            m.state,
+                            MigrationState::Migrating | MigrationState::Completed
+                        )
+                });
+                let last = self.last_xml.lock().expect("xml lock").clone();
+                match last.filter(|_| migrated) {
+                    // libvirt's words for a domain that left by migration.
+                    Some(xml) => (
+                        xml,
+                        Some(PowerState {
+                            state: DomainState::Shutoff,
+                            reason: "migrated".into(),
+                        }),
+                    ),
+                    None => return Ok(None),
+                }
+            }
+        };
+        domain_json::domain_json(&xml, &meta.domain, power.as_ref())
             .map(Some)
             .map_err(|e| FrontError::DomainJson(crate::error_chain(&e)))
     }

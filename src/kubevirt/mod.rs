@@ -9,6 +9,7 @@ mod entry;
 pub mod flags;
 mod front;
 pub mod guest_agent;
+mod migration;
 pub mod notify;
 mod server;
 pub mod vmi;

@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::front::{Front, FrontError};
 use super::guest_agent::{filesystems_json, guest_info_json, users_json, GUEST_INFO_COMMANDS};
+use super::migration;
 use super::proto::cmd::cmd_server::Cmd;
 use super::proto::cmd::*;
 use super::proto::cmd_info::cmd_info_server::CmdInfo;
@@ -39,6 +40,17 @@ fn failed(e: &FrontError) -> cmd::Response {
     cmd::Response {
         success: false,
         message: e.to_string(),
+    }
+}
+
+/// A quick call's answer, its failure logged.
+fn answer(what: &'static str, result: Result<(), FrontError>) -> cmd::Response {
+    match result {
+        Ok(()) => ok(),
+        Err(e) => {
+            tracing::warn!(call = what, "{e}");
+            failed(&e)
+        }
     }
 }
 
@@ -293,39 +305,59 @@ impl Cmd for CmdService {
         Err(not_built("unfreeze_virtual_machine"))
     }
 
+    /// Answers at once, as KubeVirt's launcher does: the migration runs on, its outcome is in
+    /// the domain's migration metadata.
     async fn migrate_virtual_machine(
         &self,
-        _: Request<MigrationRequest>,
+        request: Request<MigrationRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("migrate_virtual_machine"))
+        let result = migration::migrate(self.front.clone(), request.into_inner()).await;
+        Ok(Response::new(answer("MigrateVirtualMachine", result)))
     }
 
     async fn sync_migration_target(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("sync_migration_target"))
+        let json = Self::vmi_json(request.get_ref());
+        let front = self.front.clone();
+        self.detached("SyncMigrationTarget", migration::sync_target(front, json))
+            .await
     }
 
     async fn cancel_virtual_machine_migration(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("cancel_virtual_machine_migration"))
+        let json = Self::vmi_json(request.get_ref());
+        let result = migration::cancel(&self.front, &json);
+        Ok(Response::new(answer(
+            "CancelVirtualMachineMigration",
+            result,
+        )))
     }
 
+    /// KubeVirt's launcher lets a failed target pod's virt-launcher exit early. A vmlauncher
+    /// target whose guest never came ends by itself (phase Failed, MigrationFailed): nothing
+    /// to signal.
     async fn signal_target_pod_cleanup(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("signal_target_pod_cleanup"))
+        let json = Self::vmi_json(request.get_ref());
+        let result = self.front.handler_vmi(&json).map(drop);
+        Ok(Response::new(answer("SignalTargetPodCleanup", result)))
     }
 
     async fn finalize_virtual_machine_migration(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("finalize_virtual_machine_migration"))
+        let result = migration::finalize(&self.front, request.get_ref());
+        Ok(Response::new(answer(
+            "FinalizeVirtualMachineMigration",
+            result,
+        )))
     }
 
     async fn hotplug_host_devices(

@@ -177,8 +177,13 @@ impl PrivateDaemon {
     pub fn uri_for(dir: &Path) -> String {
         format!(
             "qemu+unix:///system?socket={}",
-            dir.join("sock/libvirt-sock").display()
+            Self::socket_for(dir).display()
         )
+    }
+
+    /// The client socket of the libvirtd whose files live in `dir`.
+    pub fn socket_for(dir: &Path) -> PathBuf {
+        dir.join("sock/libvirt-sock")
     }
 
     /// Starts libvirtd with everything under `dir` and waits until it answers.

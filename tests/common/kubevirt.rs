@@ -98,7 +98,12 @@ impl PodDirs {
 
     /// The flags KubeVirt's pod template gives, pointed at these dirs, and TCG.
     pub fn flags(&self, name: &str, namespace: &str, uid: &str) -> Vec<String> {
-        let root = self.root.path();
+        self.flags_at(self.root.path(), name, namespace, uid)
+    }
+
+    /// [`flags`](Self::flags) for a launcher that sees these dirs at `root` (its own mount
+    /// namespace: [`VirtLauncher::start_in_pod`]).
+    pub fn flags_at(&self, root: &Path, name: &str, namespace: &str, uid: &str) -> Vec<String> {
         let p = |d: &str| root.join(d).display().to_string();
         [
             "--qemu-timeout",
@@ -143,8 +148,49 @@ pub struct VirtLauncher {
 
 impl VirtLauncher {
     pub fn start(dirs: &PodDirs, flags: &[String]) -> VirtLauncher {
+        Self::spawn(dirs, flags, &mut Command::new(bin()))
+    }
+
+    /// Started in a mount namespace of its own in which `seen_at` (an empty dir) is `dirs`' root,
+    /// as a pod's container sees its volumes: launchers given the same [`PodDirs::flags_at`]
+    /// each see their own pod at the same paths, as two KubeVirt pods do. The test reaches each
+    /// pod's files at their real place, as virt-handler reaches them through `/proc/<pid>/root`.
+    pub fn start_in_pod(dirs: &PodDirs, seen_at: &Path, flags: &[String]) -> VirtLauncher {
+        use nix::mount::{mount, MsFlags};
+        use std::ffi::{CStr, CString};
+        use std::os::unix::ffi::OsStrExt;
+        use std::os::unix::process::CommandExt;
+        let pod = CString::new(dirs.root.path().as_os_str().as_bytes()).unwrap();
+        let at = CString::new(seen_at.as_os_str().as_bytes()).unwrap();
+        let mut command = Command::new(bin());
+        // SAFETY: between fork and exec the child only makes system calls (unshare, mount) on
+        // strings made before the fork: no allocation, no lock.
+        unsafe {
+            command.pre_exec(move || {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+                mount(
+                    None::<&CStr>,
+                    c"/",
+                    None::<&CStr>,
+                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                    None::<&CStr>,
+                )?;
+                mount(
+                    Some(pod.as_c_str()),
+                    at.as_c_str(),
+                    None::<&CStr>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&CStr>,
+                )?;
+                Ok(())
+            });
+        }
+        Self::spawn(dirs, flags, &mut command)
+    }
+
+    fn spawn(dirs: &PodDirs, flags: &[String], command: &mut Command) -> VirtLauncher {
         let stderr = dirs.root.path().join("launcher.stderr");
-        let child = Command::new(bin())
+        let child = command
             .arg("virt-launcher")
             .args(flags)
             .env(
@@ -171,6 +217,16 @@ impl VirtLauncher {
         if self.exited.is_none() {
             let _ = super::signal_pid(self.child.id() as i32, signal);
         }
+    }
+
+    /// SIGTERM, and its exit within `within` (then SIGKILL): what a test that ends early does,
+    /// so that the launcher stops its guest and libvirtd instead of leaving them running.
+    pub fn terminate(&mut self, within: Duration) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.signal(nix::sys::signal::Signal::SIGTERM);
+            self.exited = wait_child(&mut self.child, within);
+        }
+        self.exited
     }
 
     /// Its exit status within `within`, or a panic with its log.

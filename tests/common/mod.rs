@@ -3,11 +3,13 @@
 //! deadline that fails with a clear message. Never a sleep. One file per concern: the guest
 //! (`guest`), the binary as a client (`cli`), the console (`console`), a launched `run`
 //! (`launched`), the gRPC API (`grpc`), loop devices (`loopdev`), libvirt (`libvirt`), the pod
-//! (`pod`, `net`), KubeVirt (`kubevirt`, `kubevirt_notify`), the Python client (`python`).
+//! (`pod`, `net`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
+//! proxy), the Python client (`python`).
 #![allow(dead_code)]
 
 pub mod cli;
 pub mod console;
+pub mod forward;
 pub mod grpc;
 pub mod guest;
 pub mod kubevirt;
