@@ -21,9 +21,9 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 
 use common::forward::Forwarder;
-use common::kubevirt::{cmd_client, vmi_request, PodDirs, VirtLauncher};
+use common::kubevirt::{cmd_client, guest_vmi_json, vmi_request, PodDirs, VirtLauncher};
 use common::kubevirt_notify::NotifyRecorder;
-use common::{guest_dir, ConsoleWait, BOOT_DEADLINE, GUEST_DEADLINE};
+use common::{ConsoleWait, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::console::ConsoleLog;
 use vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient;
 use vmlauncher::kubevirt::proto::cmd::{EmptyRequest, MigrationRequest, Response, Vmi};
@@ -130,7 +130,7 @@ fn proxies(source: &Pod, target: &Pod, uid: &str) -> Vec<Forwarder> {
 /// The test guest's VMI with a container disk it writes its boot id to, and the hot-plugged
 /// claims `hot` (serial `<VOLUME>-S`), mounted into the pod; `status` as virt-controller keeps it.
 fn vmi(name: &str, uid: &str, hot: &[&str], status: Value) -> Value {
-    let guest = guest_dir();
+    let mut vmi = guest_vmi_json(name, NAMESPACE, uid);
     let mut disks = vec![json!({"name": "cdisk", "disk": {"bus": "scsi"}, "serial": "CDISK-1"})];
     let mut volumes = vec![json!({"name": "cdisk", "containerDisk": {"image": "example/disk"}})];
     let mut volume_status = Vec::new();
@@ -141,30 +141,16 @@ fn vmi(name: &str, uid: &str, hot: &[&str], status: Value) -> Value {
             {"claimName": volume, "hotpluggable": true}}));
         volume_status.push(json!({"name": volume, "phase": "MountedToPod"}));
     }
+    let spec = &mut vmi["spec"];
+    spec["domain"]["firmware"]["kernelBoot"]["kernelArgs"] =
+        "console=ttyS0 loglevel=1 vmltest.write=CDISK-1".into();
+    spec["domain"]["devices"]["disks"] = disks.into();
+    spec["volumes"] = volumes.into();
     let mut status = status;
     status["migrationTransport"] = "Unix".into();
     status["volumeStatus"] = volume_status.into();
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid},
-        "spec": {
-            "terminationGracePeriodSeconds": 30,
-            "domain": {
-                "memory": {"guest": "256Mi"},
-                "firmware": {"kernelBoot": {
-                    "kernelArgs": "console=ttyS0 loglevel=1 vmltest.write=CDISK-1",
-                    "container": {
-                        "kernelPath": guest.join("vmlinuz"),
-                        "initrdPath": guest.join("initrd.img"),
-                    },
-                }},
-                "devices": {"disks": disks},
-            },
-            "volumes": volumes,
-        },
-        "status": status,
-    })
+    vmi["status"] = status;
+    vmi
 }
 
 /// The VMI's status once virt-controller started migration `migration`.
@@ -247,26 +233,6 @@ fn assert_ok(what: &str, r: Response, launcher: &VirtLauncher) {
 
 fn migration_meta(domain: &Value) -> &Value {
     &domain["Spec"]["Metadata"]["KubeVirt"]["Migration"]
-}
-
-/// The guest's report with the disk `serial` on `console`: what it read back from its container
-/// disk, and its boot id.
-fn report(console: &mut ConsoleLog, serial: &str) -> (String, String) {
-    console.line(
-        &format!("the guest's disks with {serial}"),
-        GUEST_DEADLINE,
-        |l| l.starts_with("VMLTEST-DISKS ") && l.contains(&format!(":{serial}:")),
-    );
-    let read = console.line("what the guest read back", GUEST_DEADLINE, |l| {
-        l.starts_with("VMLTEST-READ CDISK-1 ")
-    });
-    let uptime = console.line("the guest's boot id", GUEST_DEADLINE, |l| {
-        l.starts_with("VMLTEST-UPTIME ")
-    });
-    (
-        read["VMLTEST-READ CDISK-1 ".len()..].to_string(),
-        uptime.split_whitespace().nth(1).unwrap().to_string(),
-    )
 }
 
 /// The source boots the guest (first Sync); its boot id, from the line it writes at boot.
@@ -393,7 +359,11 @@ fn a_guest_migrates_between_kubevirt_launchers_and_keeps_its_boot() {
         ),
         &target.launcher,
     );
-    let (read_back, boot) = report(&mut console, "HOT1-S");
+    let common::GuestReport {
+        read_back,
+        boot_id: boot,
+        ..
+    } = common::report_with(&mut console, "HOT1-S");
     assert_eq!(boot, boot_id, "a second boot");
     assert_eq!(read_back, format!("vmltest {boot_id}"));
     let log = std::fs::read_to_string(target.dirs.runtime().join("console.log")).unwrap();
@@ -502,7 +472,7 @@ fn a_cancelled_migration_leaves_the_guest_on_its_source() {
         ),
         &source.launcher,
     );
-    let (_, boot) = report(&mut console, "HOT1-S");
+    let boot = common::report_with(&mut console, "HOT1-S").boot_id;
     assert_eq!(boot, boot_id, "a second boot");
 
     source.launcher.signal(nix::sys::signal::Signal::SIGTERM);

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::net::{free_port, http_get};
 use common::{
-    bin, cli_status, cli_sync, cli_wait_status, guest_vmi, hotplug_image, signal_pid, with_claims,
-    ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
+    bin, cli_status, cli_sync, cli_wait_status, guest_vmi, hotplug_image, report_with, signal_pid,
+    with_claims, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
 };
 use vmlauncher::console::ConsoleLog;
 
@@ -101,36 +101,6 @@ fn migrate_child(source: &Path, target: &Path, extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
-}
-
-/// The guest's report after a disk change, from `console`: the serials it sees, what it read
-/// back from the container disk, and its boot id and uptime.
-struct Report {
-    serials: Vec<String>,
-    read_back: String,
-    boot_id: String,
-    uptime: f64,
-}
-
-fn report_with(console: &mut ConsoleLog, serial: &str) -> Report {
-    let disks = console.line(
-        &format!("the guest's disks with {serial}"),
-        GUEST_DEADLINE,
-        |l| l.starts_with("VMLTEST-DISKS ") && l.contains(&format!(":{serial}:")),
-    );
-    let read_back = console.line("what the guest read back", GUEST_DEADLINE, |l| {
-        l.starts_with("VMLTEST-READ CDISK-1 ")
-    });
-    let uptime = console.line("the guest's uptime", GUEST_DEADLINE, |l| {
-        l.starts_with("VMLTEST-UPTIME ")
-    });
-    let mut words = uptime.split_whitespace().skip(1);
-    Report {
-        serials: common::guest_serials(&disks),
-        read_back: read_back["VMLTEST-READ CDISK-1 ".len()..].to_string(),
-        boot_id: words.next().unwrap().to_string(),
-        uptime: words.next().unwrap().parse().unwrap(),
-    }
 }
 
 fn page(port: u16) -> String {

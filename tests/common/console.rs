@@ -25,3 +25,34 @@ pub fn wait_booted(console: &mut ConsoleLog) {
         l.contains("VMLTEST-BOOTED")
     });
 }
+
+/// The test guest's report after a disk change (`scripts/guest/init`): the serials it sees, what
+/// it read back from the disk of serial `CDISK-1` (`vmltest.write=CDISK-1`), its boot id and
+/// uptime.
+pub struct GuestReport {
+    pub serials: Vec<String>,
+    pub read_back: String,
+    pub boot_id: String,
+    pub uptime: f64,
+}
+
+/// The next report on `console` whose disks include `serial`.
+pub fn report_with(console: &mut ConsoleLog, serial: &str) -> GuestReport {
+    let deadline = super::GUEST_DEADLINE;
+    let disks = console.line(&format!("the guest's disks with {serial}"), deadline, |l| {
+        l.starts_with("VMLTEST-DISKS ") && l.contains(&format!(":{serial}:"))
+    });
+    let read_back = console.line("what the guest read back", deadline, |l| {
+        l.starts_with("VMLTEST-READ CDISK-1 ")
+    });
+    let uptime = console.line("the guest's uptime", deadline, |l| {
+        l.starts_with("VMLTEST-UPTIME ")
+    });
+    let mut words = uptime.split_whitespace().skip(1);
+    GuestReport {
+        serials: super::guest_serials(&disks),
+        read_back: read_back["VMLTEST-READ CDISK-1 ".len()..].to_string(),
+        boot_id: words.next().unwrap().to_string(),
+        uptime: words.next().unwrap().parse().unwrap(),
+    }
+}
