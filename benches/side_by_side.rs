@@ -1,5 +1,5 @@
 //! The launcher beside raw libvirt, in one run, on the same domain and the same daemon:
-//! `cargo bench --bench side_by_side [-- --json FILE]`.
+//! `cargo bench --bench side_by_side [-- [--json FILE] [--only migration]]`.
 //!
 //! It boots the test guest (scripts/setup.sh builds it) through the real binary of this build and
 //! its private libvirtd, connects to that libvirtd's socket itself with the `virt` crate, and then
@@ -21,6 +21,11 @@
 //!   booted once the first is gone: a vCPU added (one socket more each time: Sync reply /
 //!   `setVcpusFlags`, and until the guest has it online); 512 MiB added (Sync reply /
 //!   `updateDeviceFlags`, and until the guest's MemTotal has it) and given back (the reply).
+//! - live migration of an idle guest of 256 MiB, then of 1 GiB, each booted once the VM before it
+//!   is gone: `Migrate` from launcher to launcher / `virDomainMigrateToURI3` between two private
+//!   libvirtds of the same kind, and the downtime libvirt reports on the target
+//!   (`side_by_side/migration.rs` says how the sides are kept the same). `--only migration`
+//!   runs these rows alone.
 //!
 //! The raw side's disks carry no `ua-` alias: the launcher plans only disks with its own alias
 //! (`ua-<volume>`), keeps the units and targets of other disks free of its own, and ignores their
@@ -41,6 +46,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "side_by_side/migration.rs"]
+mod migration;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -691,35 +698,15 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
     ]
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if !args.iter().any(|a| a == "--bench") {
-        return;
-    }
-    let json_path = args
-        .iter()
-        .position(|a| a == "--json")
-        .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
-    // The launchers log as they would in production (warn), not as tests ask them to (info).
-    std::env::set_var("VMLAUNCHER_TEST_LOG", "warn");
-    // The gRPC client does a call's I/O on the calling thread, as libvirt's client library does
-    // for the raw side: on a multi-thread runtime the request and its reply each crossed to
-    // another thread of this process, which timed the client's own hand-offs with the launcher.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // Disk images live here, not under the launcher's runtime dir (its own state, refused as a
-    // hostDisk path); QEMU's user passes through it.
-    let work = common::disk_dir("vml-bench-");
+/// The rows of the VM the rest runs on (start, one disk, 64 disks), and the memory of its
+/// processes with 16 disks attached.
+fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<ProcessMemory>) {
     let base = guest_spec(NAME, "", &[]);
     let mut rows = Vec::new();
 
     // The VM the rest runs on boots first, on a cache directory of its own that it fills: the
     // warm starts use that one, each cold start a new empty one.
     eprintln!("side_by_side: booting the VM the rest runs on");
-    let warm_caps = work.path().join("caps-warm");
-    std::fs::create_dir_all(&warm_caps).unwrap();
     let mut vm = Launched::start(&base, &["--qemu-cache-dir", warm_caps.to_str().unwrap()]);
     let mut console = vm.boot();
     console.line("the guest's first disk report", GUEST_DEADLINE, |l| {
@@ -738,7 +725,7 @@ fn main() {
     eprintln!(
         "side_by_side: start → running, {COLD_STARTS} cold and {WARM_STARTS} warm, alternating"
     );
-    let raw_dir = work.path().join("raw-start");
+    let raw_dir = work.join("raw-start");
     std::fs::create_dir_all(raw_dir.join("private")).unwrap();
     // QEMU runs as an unprivileged user: the copy's private dir (its VNC socket) is shared with
     // it as the launcher shares its own.
@@ -749,16 +736,16 @@ fn main() {
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..COLD_STARTS.max(WARM_STARTS) {
         if i < COLD_STARTS {
-            let caps = work.path().join(format!("caps-cold-{i}"));
+            let caps = work.join(format!("caps-cold-{i}"));
             std::fs::create_dir_all(&caps).unwrap();
             cold.push(time_to_running(&base, &caps));
         }
         if i % 2 == 0 {
-            warm.push(time_to_running(&base, &warm_caps));
+            warm.push(time_to_running(&base, warm_caps));
             raw_start.push(raw.start_copy(&raw_xml));
         } else {
             raw_start.push(raw.start_copy(&raw_xml));
-            warm.push(time_to_running(&base, &warm_caps));
+            warm.push(time_to_running(&base, warm_caps));
         }
     }
     rows.push(Row {
@@ -773,8 +760,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: one disk, {ONE_DISK_CYCLES} alternating cycles");
-    let launcher_image = work.path().join("launcher-one.img");
-    let raw_image = work.path().join("raw-one.img");
+    let launcher_image = work.join("launcher-one.img");
+    let raw_image = work.join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
     common::sparse_file(&raw_image, 8);
     let (mut launcher, mut raw_side, mut noop, mut round_trip) = (
@@ -789,7 +776,7 @@ fn main() {
                 let serial = format!("BL-{cycle}");
                 let spec = guest_spec(NAME, "", &[("one", &serial, &launcher_image)]);
                 launcher.time_launcher(
-                    &rt,
+                    rt,
                     &mut console,
                     &mut client,
                     &spec,
@@ -797,7 +784,7 @@ fn main() {
                     std::slice::from_ref(&serial),
                 );
                 let t = Instant::now();
-                let reply = sync(&rt, &mut client, &base);
+                let reply = sync(rt, &mut client, &base);
                 noop.push(t.elapsed());
                 assert!(
                     reply.plan.is_empty(),
@@ -811,7 +798,7 @@ fn main() {
             } else {
                 let serial = format!("BR-{cycle}");
                 let xml = raw_disk_xml(&raw_image, &serial, 0);
-                raw_side.time_raw(&rt, &mut console, &mut raw, &[xml], &[serial]);
+                raw_side.time_raw(rt, &mut console, &mut raw, &[xml], &[serial]);
             }
         }
     }
@@ -835,8 +822,8 @@ fn main() {
     });
 
     eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
-    let launcher_images = sparse_files(work.path(), "launcher-many", MANY_DISKS);
-    let raw_images = sparse_files(work.path(), "raw-many", MANY_DISKS);
+    let launcher_images = sparse_files(work, "launcher-many", MANY_DISKS);
+    let raw_images = sparse_files(work, "raw-many", MANY_DISKS);
     let (mut launcher, mut raw_side) = (DiskSamples::default(), DiskSamples::default());
     for round in 0..MANY_ROUNDS {
         for launcher_turn in [round % 2 == 0, round % 2 == 1] {
@@ -844,14 +831,14 @@ fn main() {
                 let serials: Vec<String> =
                     (0..MANY_DISKS).map(|k| format!("L{round}-{k}")).collect();
                 let spec = hostdisk_spec("d", &serials, &launcher_images);
-                launcher.time_launcher(&rt, &mut console, &mut client, &spec, &base, &serials);
+                launcher.time_launcher(rt, &mut console, &mut client, &spec, &base, &serials);
             } else {
                 let serials: Vec<String> =
                     (0..MANY_DISKS).map(|k| format!("R{round}-{k}")).collect();
                 let xmls: Vec<String> = (0..MANY_DISKS)
                     .map(|k| raw_disk_xml(&raw_images[k], &serials[k], k as u32))
                     .collect();
-                raw_side.time_raw(&rt, &mut console, &mut raw, &xmls, &serials);
+                raw_side.time_raw(rt, &mut console, &mut raw, &xmls, &serials);
             }
         }
     }
@@ -868,7 +855,7 @@ fn main() {
     let serials: Vec<String> = (0..MEMORY_DISKS).map(|k| format!("M-{k}")).collect();
     all_ready(
         &sync(
-            &rt,
+            rt,
             &mut client,
             &hostdisk_spec("m", &serials, &launcher_images),
         ),
@@ -884,13 +871,58 @@ fn main() {
     drop(client);
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     vm.wait_exit(Duration::from_secs(120));
+    (rows, memory)
+}
 
-    // One TCG guest at a time: the resize VM boots once the first is gone.
-    rows.extend(resize_rows(&rt, &warm_caps));
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let json_path = args
+        .iter()
+        .position(|a| a == "--json")
+        .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
+    // `--only migration`: the migration rows alone (they take their own guests and daemons).
+    let only_migration = args.iter().position(|a| a == "--only").is_some_and(|i| {
+        assert_eq!(
+            args.get(i + 1).map(String::as_str),
+            Some("migration"),
+            "--only takes `migration`"
+        );
+        true
+    });
+    // The launchers log as they would in production (warn), not as tests ask them to (info).
+    std::env::set_var("VMLAUNCHER_TEST_LOG", "warn");
+    // The gRPC client does a call's I/O on the calling thread, as libvirt's client library does
+    // for the raw side: on a multi-thread runtime the request and its reply each crossed to
+    // another thread of this process, which timed the client's own hand-offs with the launcher.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // Disk images live here, not under the launcher's runtime dir (its own state, refused as a
+    // hostDisk path); QEMU's user passes through it.
+    let work = common::disk_dir("vml-bench-");
+    let warm_caps = work.path().join("caps-warm");
+    std::fs::create_dir_all(&warm_caps).unwrap();
+    let (mut rows, memory) = if only_migration {
+        (Vec::new(), Vec::new())
+    } else {
+        let (mut rows, memory) = first_vm_rows(&rt, work.path(), &warm_caps);
+        // One TCG guest at a time: the resize VM boots once the first is gone.
+        rows.extend(resize_rows(&rt, &warm_caps));
+        (rows, memory)
+    };
+    // And the migrating ones once the resize VM is gone, one at a time too.
+    let migrations = migration::rows(&rt, &warm_caps, work.path());
+    rows.extend(migrations.rows);
 
     let date = shell("date -u '+%Y-%m-%d %H:%M UTC'");
+    // The load average at the end: what else shared the machine (the last 1, 5, 15 minutes).
+    let load = shell("cut -d' ' -f1-3 /proc/loadavg");
     let host = format!(
-        "{} cores, {}, {} build",
+        "{} cores, {}, {} build, load average {load} at the end",
         shell("nproc"),
         shell("uname -r"),
         if cfg!(debug_assertions) {
@@ -906,34 +938,38 @@ fn main() {
     for row in &rows {
         println!("{}", row.markdown());
     }
-    println!(
-        "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
-    );
-    println!("|---|---|---|---|---|");
-    for p in &memory {
+    let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
+    if !memory.is_empty() {
         println!(
-            "| {} | {} | {} | {} | {} |",
-            p.name,
-            p.pid,
-            mib(p.rss),
-            mib(p.anon),
-            mib(p.pss)
+            "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
+        );
+        println!("|---|---|---|---|---|");
+        for p in &memory {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                p.name,
+                p.pid,
+                mib(p.rss),
+                mib(p.anon),
+                mib(p.pss)
+            );
+        }
+        println!(
+            "| all non-QEMU processes of the VM | | {} | {} | {} |",
+            mib(total(|p| p.rss)),
+            mib(total(|p| p.anon)),
+            mib(total(|p| p.pss))
         );
     }
-    let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
-    println!(
-        "| all non-QEMU processes of the VM | | {} | {} | {} |",
-        mib(total(|p| p.rss)),
-        mib(total(|p| p.anon)),
-        mib(total(|p| p.pss))
-    );
 
     if let Some(path) = json_path {
         let json = serde_json::json!({
             "date": date,
             "host": host,
             "rows": rows.iter().map(Row::json).collect::<Vec<_>>(),
-            "memory": {
+            // Bytes of each migration, from libvirt's completed job on the target.
+            "migrated": migrations.moved,
+            "memory": (!memory.is_empty()).then(|| serde_json::json!({
                 "disks_attached": MEMORY_DISKS,
                 "processes": memory.iter().map(|p| serde_json::json!({
                     "name": p.name, "pid": p.pid,
@@ -944,7 +980,7 @@ fn main() {
                     "rss_anon_kib": total(|p| p.anon),
                     "pss_kib": total(|p| p.pss),
                 },
-            },
+            })),
         });
         std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap() + "\n")
             .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
