@@ -36,6 +36,18 @@ impl Target<'_> {
         signals: &mut StopSignals,
     ) -> ExitCode {
         let uri = self.connector.uri();
+        // The private libvirtd now, not when a source comes: its start would otherwise be on
+        // every migration's path (0.2–0.3 s, the bench's rows), and a target that cannot start
+        // one says so before anyone relies on it.
+        let c = self.connector.clone();
+        match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                eprintln!("vmlauncher: {}", crate::error_chain(&e));
+                return ExitCode::HypervisorUnavailable;
+            }
+            Err(_) => return ExitCode::Internal,
+        }
         let (front, mut offers) = api::Front::incoming(&uri);
         let listener = match api::bind(self.socket) {
             Ok(l) => l,
