@@ -364,8 +364,19 @@ fn a_source_killed_mid_migration_is_followed_by_its_successor_never_booted_again
         late.stderr_text()
     );
     assert!(!late.dir().join("migrating-to").exists());
-    common::cli_ok(&target.socket(), &["kill"]);
-    assert_eq!(target.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    // The target's launcher killed after the guest came, started again as it was: it adopts it.
+    target.kill9();
+    let mut again = target.successor("", &["--incoming"]);
+    again.wait_stdout(
+        "going on with the migration a predecessor took",
+        BOOT_DEADLINE,
+    );
+    let adopted = cli_wait_status(&again.socket(), "the adoption", GUEST_DEADLINE, |s| {
+        s["phase"] == "Running"
+    });
+    assert_eq!(adopted["vmState"], "Active", "{adopted}");
+    common::cli_ok(&again.socket(), &["kill"]);
+    assert_eq!(again.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
 #[test]

@@ -477,6 +477,15 @@ impl Launcher {
         e
     }
 
+    /// libvirt's domain is still a migration's destination: not defined yet, or paused for it.
+    pub(super) fn still_incoming(&self) -> bool {
+        let n = self.domain_name.clone();
+        let persistent = self.call(move |hv| hv.is_persistent(&n)).unwrap_or(false);
+        let paused_for_it = matches!(self.observation(),
+            Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration");
+        !persistent || paused_for_it
+    }
+
     /// A migration target whose guest has not arrived yet.
     pub(super) fn is_incoming(&self) -> bool {
         let s = self.state.lock().expect("state lock");

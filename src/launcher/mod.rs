@@ -57,6 +57,11 @@ pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
 pub use resize::ResourcePart;
 use saved::{SavedSyncError, SavedSyncs};
+
+/// The last accepted Sync a launcher kept at `base` (`HotplugOptions::last_sync`), if any.
+pub fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
+    SavedSyncs::read(base)
+}
 pub use status::waiting_status;
 use status::{placeholder_status, EventLog};
 pub use status::{
@@ -476,9 +481,11 @@ impl Launcher {
             matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
         let mut restored = false;
         let left_behind = launcher.migration_left_behind(exists && active);
+        // A target restarted while its guest was still coming in: not a guest to adopt yet.
+        let still_incoming = launcher.options.incoming && exists && launcher.still_incoming();
         let kind = if let Some(kind) = left_behind {
             kind
-        } else if exists && active {
+        } else if exists && active && !still_incoming {
             let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
             launcher.update(|s| {
                 s.vm_state = if paused {
@@ -501,7 +508,10 @@ impl Launcher {
                     String::new(),
                 ))
             });
-            launcher.prepare_incoming().await?;
+            // A predecessor's migration still coming in finds its disks made already.
+            if !exists {
+                launcher.prepare_incoming().await?;
+            }
             launcher.update(|s| {
                 if let Some(m) = s.migration.as_mut() {
                     m.state = MigrationState::Migrating;

@@ -90,6 +90,11 @@ impl SavedSyncs {
     /// `last-sync.1.json`): the request of the newest whole one (`None` when neither slot
     /// exists, an error when none is whole), and the writer, which goes on after the newest
     /// generation found, into the other slot.
+    /// The last accepted Sync kept at `base`, if one can be read.
+    pub fn read(base: &Path) -> Option<SyncInput> {
+        Self::open(base).1.ok().flatten()
+    }
+
     pub fn open(base: &Path) -> (SavedSyncs, Result<Option<SyncInput>, SavedSyncError>) {
         let slots = [0, 1].map(|i| base.with_extension(format!("{i}.json")));
         let read = [read_slot(&slots[0], 0), read_slot(&slots[1], 1)];

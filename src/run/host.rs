@@ -132,6 +132,11 @@ pub struct LaunchBase {
 }
 
 impl LaunchBase {
+    /// Where a launcher keeps its last accepted Sync.
+    pub fn last_sync(&self) -> &Path {
+        &self.hotplug.last_sync
+    }
+
     /// The launch options for `spec`: which of its volumes are block devices is read from the
     /// host now.
     pub fn for_spec(

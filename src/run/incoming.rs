@@ -62,7 +62,37 @@ impl Target<'_> {
         say(format_args!("waiting for an incoming migration"));
         say(format_args!("api unix:{}", self.socket.display()));
         let mut events = Some(events);
+        // A predecessor on this dir took a migration whose domain libvirt still has (killed
+        // while the guest came in, or after): go on with the offer it took.
+        let mut resumed = self.left_by_predecessor().await;
         let launcher = loop {
+            if let Some(offer) = resumed.take() {
+                say(format_args!(
+                    "going on with the migration a predecessor took"
+                ));
+                let (spec, options) = match self.check(&offer) {
+                    Ok(checked) => checked,
+                    Err(e) => {
+                        eprintln!("vmlauncher: {}", crate::error_chain(&e));
+                        self.stop_daemon().await;
+                        api.stop(self.socket).await;
+                        return ExitCode::from_launcher_error(&e);
+                    }
+                };
+                let events = events.take().expect("the first start");
+                match Launcher::start(self.connector.clone(), spec, options, events).await {
+                    Ok((launcher, _)) => {
+                        front.set(launcher.clone());
+                        break launcher;
+                    }
+                    Err(e) => {
+                        eprintln!("vmlauncher: {}", crate::error_chain(&e));
+                        self.stop_daemon().await;
+                        api.stop(self.socket).await;
+                        return ExitCode::from_launcher_error(&e);
+                    }
+                }
+            }
             let (offer, reply) = tokio::select! {
                 offer = offers.recv() => match offer {
                     Some(offer) => offer,
@@ -150,6 +180,26 @@ impl Target<'_> {
             });
         }
         Ok((spec, options))
+    }
+
+    async fn left_by_predecessor(&self) -> Option<IncomingOffer> {
+        let input = launcher::saved_sync(self.base.last_sync())?;
+        let spec = crate::spec::parse(&input.spec).ok()?;
+        let options = self
+            .base
+            .for_spec(&spec, input.spec.clone(), self.opts.strategy);
+        let name = crate::convert::convert(&spec, &options.convert).ok()?.name;
+        let (c, n) = (self.connector.clone(), name.clone());
+        let here = tokio::task::spawn_blocking(move || c.connect().ok()?.exists(&n).ok())
+            .await
+            .ok()
+            .flatten()?;
+        here.then(|| IncomingOffer {
+            input,
+            domain_name: name,
+            source_runtime_dir: Default::default(),
+            source_hotplug_dir: Default::default(),
+        })
     }
 
     fn plan(&self) -> IncomingPlan {
