@@ -37,6 +37,7 @@ use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::migratable;
 use vmlauncher::host::qemu_user::QemuUser;
 use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+use vmlauncher::libvirt::migrate::{completed_job_of, JobProgress, MIGRATE_FLAGS};
 
 use crate::common::{self, guest_spec, Client, ConsoleWait, Launched, BOOT_DEADLINE};
 use crate::{human, Row, GUEST_DEADLINE};
@@ -74,11 +75,7 @@ const GUESTS: [(u64, [&str; 3]); 2] = [
 
 /// What the launcher asks of libvirt (`Hypervisor::migrate`): the test guest has no disk in
 /// the launcher's private dir, so nothing is copied and `NON_SHARED_INC` is not set.
-const FLAGS: u32 = sys::VIR_MIGRATE_LIVE
-    | sys::VIR_MIGRATE_PEER2PEER
-    | sys::VIR_MIGRATE_PERSIST_DEST
-    | sys::VIR_MIGRATE_UNDEFINE_SOURCE
-    | sys::VIR_MIGRATE_UNSAFE;
+const FLAGS: u32 = MIGRATE_FLAGS;
 
 /// One migration.
 struct Hop {
@@ -446,27 +443,22 @@ fn raw_hop(from: &RawHost, to: &RawHost) -> Hop {
     Hop {
         took,
         prepared: None,
-        downtime: Duration::from_millis(stats.downtime_ms),
+        downtime: Duration::from_millis(stats.downtime_ms.unwrap_or_default()),
         total: stats.data_total,
         sent: stats.data_processed,
     }
 }
 
-/// libvirt's statistics of a migration, as the launcher reads them.
-struct JobStats {
-    data_total: u64,
-    data_processed: u64,
-    downtime_ms: u64,
-}
-
-/// The completed migration's statistics on its destination `domain`, kept there for whoever
-/// asks next. libvirt sends no event when it has them: read again every 20 ms until
-/// `STATS_DEADLINE` (the target launcher tries every 50 ms).
-fn completed_job(domain: &Domain) -> JobStats {
+/// The completed migration's statistics on its destination `domain`, read as the launcher
+/// reads them (`completed_job_of`). libvirt sends no event when it has them: read again every
+/// 20 ms until `STATS_DEADLINE` (the target launcher tries every 50 ms).
+fn completed_job(domain: &Domain) -> JobProgress {
     let deadline = Instant::now() + STATS_DEADLINE;
     loop {
-        let flags = sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED;
-        if let Some(stats) = job_stats(domain, flags) {
+        let stats = completed_job_of(domain)
+            .unwrap_or_else(|e| panic!("virDomainGetJobStats: {e}"))
+            .filter(|s| s.downtime_ms.is_some());
+        if let Some(stats) = stats {
             return stats;
         }
         assert!(
@@ -475,44 +467,4 @@ fn completed_job(domain: &Domain) -> JobStats {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `virDomainGetJobStats`: the completed job's statistics, `None` while libvirt has none with a
-/// downtime. Called directly, as `libvirt::migrate` does: the `virt` crate's `job_stats` builds
-/// a `Vec` from the null pointer libvirt returns when there are no statistics.
-fn job_stats(domain: &Domain, flags: u32) -> Option<JobStats> {
-    let mut kind: std::os::raw::c_int = 0;
-    let mut params: sys::virTypedParameterPtr = std::ptr::null_mut();
-    let mut count: std::os::raw::c_int = 0;
-    // SAFETY: a valid domain handle; libvirt allocates `params` (or leaves it null) and it is
-    // freed below.
-    let rc = unsafe {
-        sys::virDomainGetJobStats(domain.as_ptr(), &mut kind, &mut params, &mut count, flags)
-    };
-    assert!(
-        rc >= 0,
-        "virDomainGetJobStats: {}",
-        virt::error::Error::last_error()
-    );
-    let get = |field: &std::ffi::CStr| {
-        let mut value: std::os::raw::c_ulonglong = 0;
-        // SAFETY: `params` holds `count` parameters (none when null); `field` is NUL-terminated.
-        let found =
-            unsafe { sys::virTypedParamsGetULLong(params, count, field.as_ptr(), &mut value) };
-        (found == 1).then_some(value)
-    };
-    let stats = (kind == sys::VIR_DOMAIN_JOB_COMPLETED as i32)
-        .then(|| {
-            Some(JobStats {
-                data_total: get(c"data_total")?,
-                data_processed: get(c"data_processed")?,
-                downtime_ms: get(c"downtime")?,
-            })
-        })
-        .flatten();
-    if !params.is_null() {
-        // SAFETY: allocated by libvirt for `count` parameters, freed once.
-        unsafe { sys::virTypedParamsFree(params, count) };
-    }
-    stats
 }

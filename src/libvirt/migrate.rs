@@ -35,6 +35,25 @@ pub struct JobProgress {
     pub downtime_ms: Option<u64>,
 }
 
+/// Every migration's flags (`NON_SHARED_INC` is added when disks are copied).
+/// UNSAFE: libvirt takes a disk it does not copy for shared only on a network filesystem or with
+/// cache=none; the launcher knows better: the disks it does not copy (host disks, claims,
+/// hot-plugged files) are the same file on both sides by contract (a claim mounted in both pods,
+/// a path on both hosts), and QEMU flushes them before the target opens them.
+pub const MIGRATE_FLAGS: u32 = sys::VIR_MIGRATE_LIVE
+    | sys::VIR_MIGRATE_PEER2PEER
+    | sys::VIR_MIGRATE_PERSIST_DEST
+    | sys::VIR_MIGRATE_UNDEFINE_SOURCE
+    | sys::VIR_MIGRATE_UNSAFE;
+
+/// The completed migration's statistics on `dom`, once libvirt has them, kept there for whoever
+/// asks next (`virsh domjobinfo --completed`).
+pub fn completed_job_of(dom: &Domain) -> Result<Option<JobProgress>, virt::error::Error> {
+    let flags = sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED;
+    job_stats(dom, flags)
+        .map(|(kind, stats)| (kind == sys::VIR_DOMAIN_JOB_COMPLETED as i32).then_some(stats))
+}
+
 impl Hypervisor {
     /// The domain's XML as another host can define it (`VIR_DOMAIN_XML_MIGRATABLE`).
     pub fn migratable_xml(&self, name: &str) -> Result<String, LibvirtError> {
@@ -47,16 +66,7 @@ impl Hypervisor {
     /// here. Blocks for the whole migration: call it off the async runtime. A paused guest
     /// stays paused (libvirt resumes only a guest that ran).
     pub fn migrate(&self, name: &str, to: &MigrateTo) -> Result<(), LibvirtError> {
-        // UNSAFE: libvirt takes a disk it does not copy for shared only on a network filesystem
-        // or with cache=none; the launcher knows better: the disks it does not copy (host
-        // disks, claims, hot-plugged files) are the same file on both sides by contract (a
-        // claim mounted in both pods, a path on both hosts), and QEMU flushes them before the
-        // target opens them.
-        let mut flags = sys::VIR_MIGRATE_LIVE
-            | sys::VIR_MIGRATE_PEER2PEER
-            | sys::VIR_MIGRATE_PERSIST_DEST
-            | sys::VIR_MIGRATE_UNDEFINE_SOURCE
-            | sys::VIR_MIGRATE_UNSAFE;
+        let mut flags = MIGRATE_FLAGS;
         if !to.copy_disks.is_empty() {
             // Incremental: a copied overlay's backing (a container disk's image) is on both sides.
             flags |= sys::VIR_MIGRATE_NON_SHARED_INC;
@@ -81,17 +91,10 @@ impl Hypervisor {
             .map(|(kind, stats)| (kind != sys::VIR_DOMAIN_JOB_NONE as i32).then_some(stats))
     }
 
-    /// The statistics of the migration that just completed, once libvirt has them: on the
-    /// target, where the domain stays (the source's are gone with its domain). Kept in libvirt
-    /// for whoever asks next (`virsh domjobinfo --completed`).
+    /// The statistics of the migration that just completed ([`completed_job_of`]): on the
+    /// target, where the domain stays (the source's are gone with its domain).
     pub fn completed_job(&self, name: &str) -> Result<Option<JobProgress>, LibvirtError> {
-        self.on_domain(name, "get completed job stats", |dom| {
-            job_stats(
-                dom,
-                sys::VIR_DOMAIN_JOB_STATS_COMPLETED | sys::VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED,
-            )
-        })
-        .map(|(kind, stats)| (kind == sys::VIR_DOMAIN_JOB_COMPLETED as i32).then_some(stats))
+        self.on_domain(name, "get completed job stats", completed_job_of)
     }
 
     /// Aborts the domain's job (the migration in flight): the guest stays here.
