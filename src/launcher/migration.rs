@@ -95,6 +95,16 @@ impl MigrationStatus {
         }
     }
 
+    /// A target whose guest has not arrived yet.
+    pub fn is_incoming(&self) -> bool {
+        self.role == MigrationRole::Target && !self.state.is_over()
+    }
+
+    /// A source whose guest has not left yet.
+    pub fn is_outgoing(&self) -> bool {
+        self.role == MigrationRole::Source && !self.state.is_over()
+    }
+
     pub fn elapsed(&self) -> Duration {
         self.took.unwrap_or_else(|| self.started.elapsed())
     }
@@ -231,7 +241,7 @@ impl Launcher {
             .expect("state lock")
             .migration
             .as_ref()
-            .is_some_and(|m| m.role == MigrationRole::Source && !m.state.is_over());
+            .is_some_and(MigrationStatus::is_outgoing);
         if !migrating {
             return Err(LauncherError::NoMigration);
         }
@@ -422,19 +432,13 @@ impl Launcher {
         let following = s
             .migration
             .as_ref()
-            .is_some_and(|m| m.role == MigrationRole::Source && !m.state.is_over());
+            .is_some_and(MigrationStatus::is_outgoing);
         if !following || s.task.is_some() {
             return false;
         }
         drop(s);
         let observation = self.observation();
-        // Gone, or left defined and shut off "migrated" (libvirt undefines the source only
-        // when its caller saw the migration through).
-        let left = match &observation {
-            Observation::Vanished => true,
-            Observation::Domain(p) => p.state == DomainState::Shutoff && p.reason == "migrated",
-            _ => false,
-        };
+        let left = left_by_migration(&observation);
         let failed = matches!(&observation, Observation::Domain(p) if p.state.is_active() && p.reason != "migration");
         let n = self.domain_name.clone();
         let running_job = matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_)));
@@ -491,7 +495,7 @@ impl Launcher {
         let s = self.state.lock().expect("state lock");
         s.migration
             .as_ref()
-            .is_some_and(|m| m.role == MigrationRole::Target && !m.state.is_over())
+            .is_some_and(MigrationStatus::is_incoming)
     }
 
     /// On the target, while the guest is on its way: whether libvirt has made it ours yet, or
@@ -592,6 +596,16 @@ impl Launcher {
                 m.end(MigrationState::Completed, String::new());
             }
         });
+    }
+}
+
+/// The domain is gone from here by migration: no domain, or one left defined and shut off
+/// "migrated" (libvirt undefines the source only when its caller saw the migration through).
+pub(super) fn left_by_migration(observation: &Observation) -> bool {
+    match observation {
+        Observation::Vanished => true,
+        Observation::Domain(p) => p.state == DomainState::Shutoff && p.reason == "migrated",
+        _ => false,
     }
 }
 

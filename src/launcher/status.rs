@@ -244,19 +244,14 @@ impl Launcher {
         let incoming = s
             .migration
             .as_ref()
-            .is_some_and(|m| m.role == super::MigrationRole::Target && !m.state.is_over());
+            .is_some_and(super::MigrationStatus::is_incoming);
         // A source's migration followed after a restart, seen to end before the reconciler
         // said so: the same end, without a moment of "lost".
-        let following = s.migration.as_ref().is_some_and(|m| {
-            m.role == super::MigrationRole::Source && m.state == super::MigrationState::Migrating
-        });
-        let gone = match &s.observation {
-            Observation::Vanished => true,
-            Observation::Domain(p) => {
-                p.state == lifecycle::DomainState::Shutoff && p.reason == "migrated"
-            }
-            _ => false,
-        };
+        let following = s
+            .migration
+            .as_ref()
+            .is_some_and(super::MigrationStatus::is_outgoing);
+        let gone = super::migration::left_by_migration(&s.observation);
         let (phase, phase_reason) = if s.migrated_away || (following && gone) {
             (Phase::Succeeded, Some("Migrated"))
         } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
