@@ -438,19 +438,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let lines = {
-        let out = follower.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        rx
-    };
+    let lines = common::lines_of(follower.stdout.take().unwrap());
     // The stream starts with a resync: wait for it so that no later event can be missed.
     let first = lines
         .recv_timeout(GUEST_DEADLINE)

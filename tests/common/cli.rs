@@ -7,6 +7,21 @@ pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_vmlauncher")
 }
 
+/// The lines of `out` (a child's output), read by a thread of its own until the output ends or
+/// the receiver goes away.
+pub fn lines_of(out: impl std::io::Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 /// `vmlauncher status --output json` through `socket`, as a client sees it.
 pub fn cli_status(socket: &Path) -> serde_json::Value {
     let out = cli_ok(socket, &["status", "--output", "json"]);
@@ -73,7 +88,6 @@ pub fn cli_wait_status(
     within: std::time::Duration,
     done: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    use std::io::BufRead;
     let deadline = std::time::Instant::now() + within;
     let mut follower = Command::new(bin())
         .args(["events", "--output", "json", "--socket"])
@@ -81,15 +95,7 @@ pub fn cli_wait_status(
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let out = follower.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines_of(follower.stdout.take().unwrap());
     let mut last = serde_json::Value::Null;
     let found = loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());

@@ -1,7 +1,6 @@
 //! A launched `vmlauncher run`: its runtime dir, its output, its exit, the processes it owns
 //! (killed on drop, so a failed test leaves nothing behind).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
@@ -185,15 +184,7 @@ impl Launched {
             .stderr(stderr)
             .spawn()
             .expect("spawn vmlauncher");
-        let (tx, stdout) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let stdout = lines_of(child.stdout.take().unwrap());
         Launched {
             child,
             runtime_dir: runtime_dir.to_path_buf(),
