@@ -253,7 +253,7 @@ pub fn resolve_source(
                 .metadata
                 .namespace
                 .as_deref()
-                .unwrap_or(crate::convert::DEFAULT_NAMESPACE);
+                .unwrap_or(crate::spec::DEFAULT_NAMESPACE);
             let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
             // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
             let meta = format!(

@@ -13,6 +13,7 @@ use crate::domain::{
     HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
     PortForward, TimerDef, TpmDef, VirtType, VirtioMemDef, WatchdogDef,
 };
+use crate::spec::DEFAULT_NAMESPACE;
 use crate::spec::{
     self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
     VirtualMachineInstance, VolumeSource,
@@ -21,8 +22,6 @@ use crate::volumes::{self, HostPaths};
 
 /// The machine type when the spec names none.
 pub const DEFAULT_MACHINE: &str = "q35";
-/// The namespace a VMI without one is taken to be in (Kubernetes' own default).
-pub const DEFAULT_NAMESPACE: &str = "default";
 /// The interface KubeVirt adds when a spec names neither interfaces nor networks.
 pub const DEFAULT_INTERFACE: &str = "default";
 

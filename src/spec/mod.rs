@@ -41,6 +41,9 @@ pub use validate::{
     MAX_DISKS, MAX_VCPUS, MAX_VOLUMES,
 };
 
+/// The namespace a VMI without one is taken to be in (Kubernetes' own default).
+pub const DEFAULT_NAMESPACE: &str = "default";
+
 #[cfg(test)]
 mod tests;
 
