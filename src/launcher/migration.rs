@@ -11,9 +11,11 @@ use std::time::{Duration, Instant};
 use std::future::Future;
 use std::pin::Pin;
 
-use super::tasks::Work;
+use super::disks::Ready;
+use super::task_slot::Work;
 use super::{Launcher, LauncherError, SyncInput};
 use crate::domain::migratable;
+use crate::host::HostError;
 use crate::libvirt::migrate::{JobProgress, MigrateTo};
 use crate::lifecycle::{Command, DomainState, Observation, VmState};
 
@@ -190,26 +192,6 @@ impl Marker {
     }
 }
 
-/// The owned part of the launcher that cancels a migration in flight.
-#[derive(Debug)]
-pub(super) struct Cancel(tokio::sync::watch::Sender<u64>);
-
-impl Default for Cancel {
-    fn default() -> Self {
-        Cancel(tokio::sync::watch::channel(0).0)
-    }
-}
-
-impl Cancel {
-    fn ask(&self) {
-        self.0.send_modify(|n| *n += 1);
-    }
-
-    fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.0.subscribe()
-    }
-}
-
 impl Work for MigrateRequest {
     type Output = MigrationStatus;
 
@@ -225,6 +207,32 @@ impl Work for MigrateRequest {
 }
 
 impl Launcher {
+    /// A migration target: the host side of the domain the source will send (its disks made as
+    /// a start would make them, for the migration to copy into), and nothing defined. Every
+    /// hot-plugged volume the source has must be here too.
+    pub(super) async fn prepare_incoming(&self) -> Result<(), LauncherError> {
+        // Block volumes first: their nodes in this launcher's hotplug dir are what the
+        // definition names; their cgroup rules wait for QEMU (`BlockDevices::apply_rules`).
+        let vmi = self.state.lock().expect("state lock").spec.clone();
+        let input = self.last_sync.get();
+        for (volume, dev) in self.resolve_block_devices(&vmi, &input)? {
+            let dev = dev.map_err(|path| LauncherError::HostDisk {
+                volume: volume.clone(),
+                source: HostError::Missing { path },
+            })?;
+            super::host_work(|| self.block.plug_before_qemu(&volume, dev))
+                .map_err(|source| LauncherError::BlockVolume { volume, source })?;
+        }
+        let Ready { not_ready, .. } = self.ready_definition(false).await?;
+        if let Some((disk, source)) = not_ready.into_iter().next() {
+            return Err(LauncherError::HostDisk {
+                volume: disk.volume,
+                source,
+            });
+        }
+        Ok(())
+    }
+
     /// Moves the VM to the launcher `request.target`; returns once it runs there.
     pub async fn migrate(
         &self,
@@ -245,7 +253,7 @@ impl Launcher {
         if !migrating {
             return Err(LauncherError::NoMigration);
         }
-        self.migration_cancel.ask();
+        self.signals.cancel_migration();
         Ok(())
     }
 
@@ -259,9 +267,9 @@ impl Launcher {
 
     async fn migrate_out(&self, request: MigrateRequest) -> Result<MigrationStatus, LauncherError> {
         // From the start: a cancel, Kill or SIGTERM while the target prepares stops it too.
-        let mut cancel = self.migration_cancel.subscribe();
+        let mut cancel = self.signals.subscribe_migration_cancel();
         cancel.borrow_and_update();
-        let mut interrupt = self.interrupt.subscribe();
+        let mut interrupt = self.signals.subscribe_interrupt();
         interrupt.borrow_and_update();
         self.update(|s| {
             s.migration = Some(MigrationStatus::new(

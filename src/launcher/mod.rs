@@ -6,7 +6,7 @@
 //!
 //! libvirt calls block, so they run under `block_in_place` (`call`): the worker hands its other
 //! tasks over first; connecting, and starting the private daemon again, run on the blocking pool.
-//! One task at a time holds `task_slot`;
+//! One task at a time holds the task slot (`task_slot`);
 //! only Kill pre-empts (a graceful stop waiting out its grace period gives way to it). The pure
 //! rules live in `lifecycle`; this module executes them.
 //!
@@ -15,27 +15,33 @@
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
 //! [`crate::host::block::BlockDevices`].
 
+mod detaches;
+mod disks;
 mod in_flight;
 mod io_errors;
-mod known;
+mod last_sync;
+mod link;
+mod live_view;
 mod migration;
 mod nics;
 mod reconciler;
 mod resize;
 mod saved;
+mod signals;
 mod status;
+mod status_hub;
 mod sync;
+mod task_slot;
 mod tasks;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, mpsc, oneshot, watch, Notify};
+use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::convert::{self, ConvertOptions};
 use crate::domain;
@@ -49,6 +55,10 @@ use crate::libvirt::{ConnectError, Connector, DomainStats, Hypervisor, LibvirtEr
 use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
 use crate::spec::{SpecErrors, Validated};
 
+use detaches::Detaches;
+use last_sync::LastSync;
+use link::Link;
+use live_view::LiveView;
 pub use migration::{
     incoming_plan, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole, MigrationState,
     MigrationStatus,
@@ -57,13 +67,16 @@ pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
 pub use resize::ResourcePart;
 use saved::{SavedSyncError, SavedSyncs};
+use signals::Signals;
+use status_hub::StatusHub;
+use task_slot::TaskSlot;
 
 /// The last accepted Sync a launcher kept at `base` (`HotplugOptions::last_sync`), if any.
 pub fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
     SavedSyncs::read(base)
 }
+use status::placeholder_status;
 pub use status::waiting_status;
-use status::{placeholder_status, EventLog};
 pub use status::{
     EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
     VolumePhase, VolumeStatus,
@@ -71,17 +84,12 @@ pub use status::{
 use sync::pending_watcher;
 pub use sync::{BlockSource, PlannedAction, SyncInput};
 
-/// When the live disks were read: `delivered::count()` and `own_device_changes` just before.
-type LiveKey = (u64, u64);
-
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// KubeVirt's default grace period.
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 /// How long libvirt may take to report a destroyed domain as stopped.
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
-/// Events kept for slow `WatchEvents` subscribers before they get a resync instead.
-const EVENT_BUFFER: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LauncherError {
@@ -285,73 +293,30 @@ pub enum StartKind {
     MigratedAway,
 }
 
-/// The launcher. Lock order, for the few places that hold two: `task_slot` (async, held for a
-/// whole task) before any other; `state` before `events.seq` (`update` publishes under the state
-/// lock so the stream's order is the order of the updates). `hv`, `removal_waiters`,
-/// `state_read` (async, held for one read of the power state and its update) after `task_slot`
-/// when both are held.
-/// `last_input`, `io_errors`, `detaching`, `late_removals`, `live_disks`, `observed_at` and the
-/// locks inside `block` and `saved` are leaves: taken alone, never while calling out, and never
-/// with `state` held; the one exception, the log of delivered events (`libvirt::delivered`,
-/// which never waits for anything) taken under `live_disks` and `observed_at`.
+/// The launcher: a coordinator of owned parts, each with its own state and locks and the rule
+/// of who may take them in its own module. Between parts, the order for the few places that
+/// hold two: the task slot (async, held for a whole task) before anything else; `state` before
+/// the hub's sequence lock (`update` publishes under the state lock, so the stream's order is
+/// the order of the updates); the link and the live view's read lock after the task slot.
+/// Everything else is a leaf: taken alone, never while calling out, never with `state` held.
 #[derive(Debug)]
 pub struct Launcher {
-    connector: Arc<Connector>,
-    hv: RwLock<Option<Arc<Hypervisor>>>,
+    link: Link,
     domain_name: String,
     options: LaunchOptions,
     state: Mutex<State>,
-    changes: watch::Sender<Status>,
-    /// The status again, sent only when what shows the VM's course changes (`Status::course`):
-    /// for followers that need no more (`vmlauncher run` on the main thread, the health
-    /// reporter). Woken by every change, such a follower cost the Sync that moved a volume's
-    /// phase one futex wake-up of another thread per change, on the Sync's path.
-    course: watch::Sender<Status>,
-    events: EventLog,
-    task_slot: tokio::sync::Mutex<()>,
-    next_task_id: AtomicU64,
-    /// Bumped by Kill so that a graceful stop in flight gives way.
-    preempt: watch::Sender<u64>,
-    /// Bumped by Kill and SIGTERM so that a Sync in flight stops at its next volume.
-    interrupt: watch::Sender<u64>,
-    /// Asks the reconciler to re-read and reconcile now.
-    wake: Notify,
-    removal_waiters: Mutex<HashMap<String, Vec<oneshot::Sender<()>>>>,
-    /// Volumes being detached, with the generation of their block node when the detach began
-    /// (`BlockDevices::generation`): what finishing the detach may release, and nothing newer.
-    detaching: Mutex<HashMap<String, Option<u64>>>,
-    /// Volumes whose device-removed event came after their detach stopped waiting: finished by
-    /// the reconciler under the task slot, never beside a Sync.
-    late_removals: Mutex<BTreeSet<String>>,
+    /// The status, its followers and the event stream.
+    hub: StatusHub,
+    tasks: TaskSlot,
+    signals: Signals,
+    detaches: Detaches,
     /// Nodes and device rules of block volumes (`host::records` on disk).
     block: BlockDevices,
-    /// The last accepted Sync on disk, restored when the domain is adopted.
-    saved: SavedSyncs,
-    /// The last Sync request (or the start spec), for `GetSpec`.
-    last_input: Mutex<SyncInput>,
+    last_sync: LastSync,
     /// Volumes waiting for their source, and the path each waits for: watched, so that they are
     /// attached as soon as it appears.
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
-    /// Set when the launcher is going away: event streams end, so the API can stop.
-    closing: watch::Sender<bool>,
-    /// Disk I/O errors, reported at a bounded rate (a leaf lock).
-    io_errors: Mutex<io_errors::IoErrorReports>,
-    /// The live disks last read from libvirt, with `delivered::count()` as it was just before
-    /// that read: still the truth while no event has come since and the launcher changed no
-    /// device itself, or carried over the removals of devices since (a no-op Sync then costs no
-    /// libvirt call; see `live_disks`).
-    live_disks: Mutex<Option<(LiveKey, Vec<domain::LiveDisk>)>>,
-    /// Bumped before each attach or detach of the launcher's own: with `delivered::count()`,
-    /// the key under which `live_disks` are kept (a read that overlapped a change is never
-    /// taken for current).
-    own_device_changes: AtomicU64,
-    /// `delivered::count()` just before the last successful read of the power state.
-    observed_at: Mutex<Option<u64>>,
-    /// Held for one read of the power state and its update (`refresh`), so that reads never
-    /// interleave.
-    state_read: tokio::sync::Mutex<()>,
-    /// Bumped to cancel the migration in flight.
-    migration_cancel: migration::Cancel,
+    live: LiveView,
 }
 
 impl Launcher {
@@ -438,40 +403,25 @@ impl Launcher {
         });
         let (saved, restorable) = host_work(|| SavedSyncs::open(&options.hotplug.last_sync));
         let launcher = Arc::new(Launcher {
-            connector,
-            hv: RwLock::new(Some(Arc::new(hv))),
+            link: Link::new(connector, hv),
             domain_name: name.clone(),
-            changes: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
-            course: watch::channel(placeholder_status(&name, &uri, options.strategy)).0,
+            hub: StatusHub::new(placeholder_status(&name, &uri, options.strategy)),
             options,
             state: Mutex::new(state),
-            events: EventLog {
-                tx: broadcast::channel(EVENT_BUFFER).0,
-                seq: Mutex::new(0),
-            },
-            task_slot: tokio::sync::Mutex::new(()),
-            next_task_id: AtomicU64::new(1),
-            preempt: watch::channel(0).0,
-            interrupt: watch::channel(0).0,
-            wake: Notify::new(),
-            removal_waiters: Mutex::new(HashMap::new()),
-            detaching: Mutex::default(),
-            late_removals: Mutex::default(),
+            tasks: TaskSlot::default(),
+            signals: Signals::default(),
+            detaches: Detaches::default(),
             block,
-            saved,
-            last_input: Mutex::new(SyncInput {
-                spec: spec_text,
-                block_devices,
-                ..SyncInput::default()
-            }),
-            closing: watch::channel(false).0,
+            last_sync: LastSync::new(
+                saved,
+                SyncInput {
+                    spec: spec_text,
+                    block_devices,
+                    ..SyncInput::default()
+                },
+            ),
             pending: watch::channel(BTreeMap::new()).0,
-            io_errors: Mutex::default(),
-            live_disks: Mutex::new(None),
-            own_device_changes: AtomicU64::new(0),
-            observed_at: Mutex::new(None),
-            state_read: tokio::sync::Mutex::new(()),
-            migration_cancel: migration::Cancel::default(),
+            live: LiveView::new(true),
         });
         launcher.update(|_| {});
         let n = name.clone();
@@ -499,8 +449,7 @@ impl Launcher {
             launcher.rebuild_volumes().await?;
             StartKind::Adopted
         } else if launcher.options.incoming {
-            let input = launcher.last_input.lock().expect("input lock").clone();
-            host_work(|| launcher.saved.save(&input))?;
+            host_work(|| launcher.last_sync.save_current())?;
             launcher.update(|s| {
                 s.migration = Some(MigrationStatus::new(
                     MigrationRole::Target,
@@ -521,8 +470,7 @@ impl Launcher {
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is
             // replaced before anything runs, so that a crash from here on never restores it.
-            let input = launcher.last_input.lock().expect("input lock").clone();
-            host_work(|| launcher.saved.save(&input))?;
+            host_work(|| launcher.last_sync.save_current())?;
             if launcher.options.strategy.starts_at_launch() {
                 launcher.command(Command::Start, None).await?;
                 StartKind::Created
@@ -600,7 +548,7 @@ impl Launcher {
         ));
         tracing::warn!("restored the last Sync over the spec file");
         self.update(|s| s.spec = vmi);
-        *self.last_input.lock().expect("input lock") = input;
+        self.last_sync.restored(input);
         true
     }
 
@@ -651,43 +599,32 @@ impl Launcher {
 
     /// A receiver that sees every status change (the latest one, at least).
     pub fn subscribe(&self) -> watch::Receiver<Status> {
-        self.changes.subscribe()
+        self.hub.subscribe()
     }
 
     /// A receiver that sees the status when the VM's course changes (phase, printable status,
     /// power state, phase reason, finished), not at each change of a volume or a task.
     pub fn subscribe_course(&self) -> watch::Receiver<Status> {
-        self.course.subscribe()
+        self.hub.subscribe_course()
     }
 
     pub fn status(&self) -> Status {
-        self.changes.borrow().clone()
+        self.hub.current()
     }
 
     /// The event stream: a resync with the current status first, then every event after it.
     pub fn watch_events(&self) -> (LauncherEvent, broadcast::Receiver<LauncherEvent>) {
-        // Under the sequence lock, so no event falls between the snapshot and the subscription.
-        let seq = self.events.seq.lock().expect("seq lock");
-        let rx = self.events.tx.subscribe();
-        let first = LauncherEvent {
-            seq: *seq,
-            kind: EventKind::Resync(Box::new(self.status())),
-        };
-        (first, rx)
+        self.hub.watch_events()
     }
 
     /// Resolves when the launcher is going away (event streams end then).
     pub fn closing(&self) -> watch::Receiver<bool> {
-        self.closing.subscribe()
+        self.signals.subscribe_closing()
     }
 
     /// A resync for a subscriber that fell behind.
     pub fn resync_event(&self) -> LauncherEvent {
-        let seq = self.events.seq.lock().expect("seq lock");
-        LauncherEvent {
-            seq: *seq,
-            kind: EventKind::Resync(Box::new(self.status())),
-        }
+        self.hub.resync_event()
     }
 
     fn observation(&self) -> Observation {
@@ -695,11 +632,7 @@ impl Launcher {
     }
 
     fn hypervisor(&self) -> Result<Arc<Hypervisor>, LauncherError> {
-        self.hv
-            .read()
-            .expect("hv lock")
-            .clone()
-            .ok_or(LauncherError::Unreachable)
+        self.link.hypervisor()
     }
 
     /// Runs a blocking libvirt call on this thread, its other tasks handed over first
@@ -720,21 +653,7 @@ impl Launcher {
         // the updates (lock order: state, then the event sequence; nothing takes them reversed).
         let mut state = self.state.lock().expect("state lock");
         change(&mut state);
-        // Compared where it is published, not cloned for that: a Sync of n disks makes 2n
-        // updates of an n-volume status.
-        let old = self.changes.send_replace(self.status_of(&state));
-        let new = self.changes.borrow();
-        if new.course() != old.course() {
-            self.course.send_replace(new.clone());
-        }
-        if new.summary_differs(&old) {
-            self.events
-                .publish(EventKind::Status(Box::new(new.clone())));
-        }
-        for event in status::volume_changes(&old.volumes, &new.volumes) {
-            self.events.publish(event);
-        }
-        drop(new);
+        self.hub.publish(self.status_of(&state));
         drop(state);
     }
 
@@ -747,45 +666,21 @@ impl Launcher {
     /// detach of the launcher's own overlaps the read.
     async fn live_disks(&self) -> Result<Vec<domain::LiveDisk>, LauncherError> {
         // Taken before the read: anything that happens during it moves the key.
-        let key = self.live_key();
-        if let Some(disks) = self.current_live_disks(key) {
+        let key = self.live.key(crate::libvirt::delivered::count());
+        let log = &crate::libvirt::delivered::between;
+        if let Some(disks) = self.live.disks(key, &self.domain_name, log) {
             return Ok(disks);
         }
         let n = self.domain_name.clone();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
-        *self.live_disks.lock().expect("live disks lock") = Some((key, live.clone()));
+        self.live.keep_disks(key, live.clone());
         Ok(live)
-    }
-
-    /// The live disks last read, if nothing can have changed them since (`key` is now), or if
-    /// the events since tell all that changed (`known::carry_disks`): then kept under `key`.
-    /// (The log of delivered events is a leaf lock, taken under this one.)
-    fn current_live_disks(&self, (now, own): LiveKey) -> Option<Vec<domain::LiveDisk>> {
-        let mut kept = self.live_disks.lock().expect("live disks lock");
-        let ((at, read_own), disks) = kept.as_mut()?;
-        if *read_own != own || *at > now {
-            return None;
-        }
-        if *at < now {
-            let changes = crate::libvirt::delivered::between(*at, now)?;
-            *disks = known::carry_disks(disks, &self.domain_name, &changes)?;
-            *at = now;
-        }
-        Some(disks.clone())
-    }
-
-    fn live_key(&self) -> LiveKey {
-        (
-            crate::libvirt::delivered::count(),
-            self.own_device_changes.load(Ordering::SeqCst),
-        )
     }
 
     /// The launcher is about to change the domain's devices (or lost track of them).
     fn forget_live_disks(&self) {
-        self.own_device_changes.fetch_add(1, Ordering::SeqCst);
-        *self.live_disks.lock().expect("live disks lock") = None;
+        self.live.forget_disks();
     }
 
     /// The volume is being detached (its status says `Detaching`).
@@ -795,17 +690,6 @@ impl Launcher {
             .volumes
             .get(volume)
             .is_some_and(|v| v.phase == VolumePhase::Detaching)
-    }
-
-    fn expect_removal(&self, alias: &str) -> oneshot::Receiver<()> {
-        let (tx, rx) = oneshot::channel();
-        self.removal_waiters
-            .lock()
-            .expect("waiters lock")
-            .entry(alias.to_string())
-            .or_default()
-            .push(tx);
-        rx
     }
 
     /// The converter's options with the block volumes the launcher holds.

@@ -120,7 +120,7 @@ impl Launcher {
 
     async fn unplug(&self, has: &LiveInterface) -> Result<(), LauncherError> {
         let alias = has.alias.clone().unwrap_or_default();
-        let removed = self.expect_removal(&alias);
+        let removed = self.detaches.expect_removal(&alias);
         let name = self.domain_name.as_str();
         self.call(|hv| hv.detach(name, &has.xml, &alias))?;
         match tokio::time::timeout(DETACH_TIMEOUT, removed).await {

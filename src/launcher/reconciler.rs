@@ -2,13 +2,11 @@
 //! reconnecting to a lost libvirt, and the run strategy when the VM stopped by itself.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 use super::io_errors::IoErrorReport;
-use super::known;
 use super::{
     EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
 };
@@ -32,17 +30,17 @@ const LONGEST_BEFORE_RELEASE: Duration = Duration::from_secs(1);
 impl Launcher {
     /// Re-reads the real state from libvirt (never trusting an event's payload alone).
     pub(super) async fn refresh(&self) {
-        if *self.closing.borrow() {
+        if self.signals.is_closing() {
             // Shutting down: the domain is being removed on purpose; nothing to learn.
             return;
         }
         // One read and its update at a time: two interleaved (the reconciler's and a task's)
         // could leave the older state under the newer event count, taken for current.
-        let _reading = self.state_read.lock().await;
+        let _reading = self.live.reading().await;
         let seen = crate::libvirt::delivered::count();
         let n = self.domain_name.clone();
         let read = self.call(move |hv| hv.power_state(&n));
-        if *self.closing.borrow() {
+        if self.signals.is_closing() {
             // The launcher removed the domain meanwhile, on purpose.
             return;
         }
@@ -73,7 +71,7 @@ impl Launcher {
         // Only now: a task that finds the count current takes the observation for the truth,
         // so the observation must be there first (set before, a task in between took the
         // previous observation for the one read at `seen`).
-        *self.observed_at.lock().expect("observed lock") = observed_at;
+        self.live.power_read(observed_at);
     }
 
     /// Re-reads the real state unless it is known to be current: read after the last event libvirt
@@ -82,29 +80,13 @@ impl Launcher {
     /// last other event is still the truth.
     pub(super) async fn refresh_if_stale(&self) {
         let seen = crate::libvirt::delivered::count();
-        let current = self.power_state_current_at(seen)
+        let current = self
+            .live
+            .power_state_current_at(seen, &crate::libvirt::delivered::between)
             && matches!(self.observation(), Observation::Domain(_));
         if !current {
             self.refresh().await;
         }
-    }
-
-    /// Whether the power state last read is the truth at count `now`: read since the last event,
-    /// or before device events only (`known::power_state_carries`; then kept as read at `now`).
-    /// (The log of delivered events is a leaf lock, taken under `observed_at`.)
-    fn power_state_current_at(&self, now: u64) -> bool {
-        let mut observed = self.observed_at.lock().expect("observed lock");
-        let Some(at) = *observed else {
-            return false;
-        };
-        let carries = at == now
-            || (at < now
-                && crate::libvirt::delivered::between(at, now)
-                    .is_some_and(|changes| known::power_state_carries(&changes)));
-        if carries {
-            *observed = Some(now);
-        }
-        carries
     }
 
     /// After an event (which may have changed the disks, by anyone), reads the live disks now if
@@ -113,10 +95,10 @@ impl Launcher {
     /// for it (and takes it), and no attach or detach can overlap it. Skipped while a task runs:
     /// a Sync reads them itself when it needs them.
     async fn read_live_disks_while_idle(&self) {
-        let Ok(_slot) = self.task_slot.try_lock() else {
+        let Some(_slot) = self.tasks.try_take() else {
             return;
         };
-        if *self.closing.borrow() || !matches!(self.observation(), Observation::Domain(_)) {
+        if self.signals.is_closing() || !matches!(self.observation(), Observation::Domain(_)) {
             return;
         }
         if let Err(e) = self.live_disks().await {
@@ -132,7 +114,7 @@ impl Launcher {
     /// reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked, or at the
     /// latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {
-        let Ok(_slot) = self.task_slot.try_lock() else {
+        let Some(_slot) = self.tasks.try_take() else {
             return;
         };
         // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only returns its
@@ -200,39 +182,11 @@ impl Launcher {
     pub(super) async fn on_event(&self, event: HypervisorEvent) -> bool {
         let ours = |domain: &str| domain == self.domain_name;
         match event {
+            // A removal that arrived after its detach stopped waiting is finished by
+            // `reconcile`, which holds the task slot, so that it never runs beside a Sync that
+            // plugs the same name again.
             HypervisorEvent::DeviceRemoved { domain, alias } if ours(&domain) => {
-                let waiters = self
-                    .removal_waiters
-                    .lock()
-                    .expect("waiters lock")
-                    .remove(&alias)
-                    .unwrap_or_default();
-                // A waiter whose detach timed out is gone: its removal is finished here.
-                let waiters: Vec<_> = waiters.into_iter().filter(|w| !w.is_closed()).collect();
-                let mut late = false;
-                if waiters.is_empty() {
-                    // A removal that arrived after its detach stopped waiting: finished by
-                    // `reconcile`, which holds the task slot, so that it never runs beside a
-                    // Sync that plugs the same name again.
-                    if let Some(volume) = alias.strip_prefix(domain::USER_ALIAS_PREFIX) {
-                        if self
-                            .detaching
-                            .lock()
-                            .expect("detaching lock")
-                            .contains_key(volume)
-                        {
-                            self.late_removals
-                                .lock()
-                                .expect("late removals lock")
-                                .insert(volume.to_string());
-                            late = true;
-                        }
-                    }
-                }
-                for w in waiters {
-                    let _ = w.send(());
-                }
-                late
+                self.detaches.removed(&alias)
             }
             HypervisorEvent::Lifecycle {
                 domain,
@@ -240,7 +194,7 @@ impl Launcher {
                 detail,
             } if ours(&domain) => {
                 let (name, detail) = lifecycle_names(event, detail);
-                self.events.publish(EventKind::Hypervisor {
+                self.hub.event(EventKind::Hypervisor {
                     event: name.into(),
                     detail: detail.into(),
                 });
@@ -250,7 +204,7 @@ impl Launcher {
                     || self.is_incoming()
             }
             HypervisorEvent::Reboot { domain } if ours(&domain) => {
-                self.events.publish(EventKind::Hypervisor {
+                self.hub.event(EventKind::Hypervisor {
                     event: "Reboot".into(),
                     detail: String::new(),
                 });
@@ -264,11 +218,7 @@ impl Launcher {
                 reason,
             } if ours(&domain) => {
                 let message = format!("I/O error on {alias} ({path}): {reason}; action {action}");
-                let report = self
-                    .io_errors
-                    .lock()
-                    .expect("io errors lock")
-                    .record(message, Instant::now());
+                let report = self.hub.io_error(message, Instant::now());
                 // Held back (a storm): reported, with the count, when its interval is over.
                 report.is_some_and(|r| self.report_io_error(r))
             }
@@ -277,7 +227,7 @@ impl Launcher {
                 alias,
                 size_kib,
             } if ours(&domain) => {
-                self.events.publish(EventKind::Hypervisor {
+                self.hub.event(EventKind::Hypervisor {
                     event: "MemoryDeviceSizeChange".into(),
                     detail: format!("{alias} {size_kib} KiB"),
                 });
@@ -288,13 +238,13 @@ impl Launcher {
                 false
             }
             HypervisorEvent::ControlError { domain } if ours(&domain) => {
-                self.events.publish(EventKind::Hypervisor {
+                self.hub.event(EventKind::Hypervisor {
                     event: "ControlError".into(),
                     detail: String::new(),
                 });
                 true
             }
-            _ if *self.closing.borrow() => false,
+            _ if self.signals.is_closing() => false,
             HypervisorEvent::ConnectionClosed { reason } => {
                 // A close of a connection already replaced (after a daemon restart) is old news.
                 let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
@@ -306,7 +256,7 @@ impl Launcher {
             }
             HypervisorEvent::DaemonExited { daemon } => {
                 tracing::error!(daemon, "a private daemon exited");
-                self.events.publish(EventKind::Hypervisor {
+                self.hub.event(EventKind::Hypervisor {
                     event: "DaemonExited".into(),
                     detail: daemon.into(),
                 });
@@ -317,11 +267,11 @@ impl Launcher {
                         self.reconnect().await;
                     }
                 } else {
-                    let c = self.connector.clone();
+                    let c = self.link.connector().clone();
                     match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
                         Ok(Ok(())) => {
                             tracing::info!(daemon, "restarted");
-                            self.events.publish(EventKind::Hypervisor {
+                            self.hub.event(EventKind::Hypervisor {
                                 event: "DaemonRestarted".into(),
                                 detail: daemon.into(),
                             });
@@ -345,7 +295,7 @@ impl Launcher {
         let detail = report.detail();
         // Status first: whoever sees the event finds it there.
         self.update(|s| s.io_error = Some(report.message));
-        self.events.publish(EventKind::Hypervisor {
+        self.hub.event(EventKind::Hypervisor {
             event: "IOError".into(),
             detail,
         });
@@ -354,23 +304,19 @@ impl Launcher {
 
     /// Reports the I/O errors held back, once their interval is over; true if it did.
     fn flush_io_errors(&self) -> bool {
-        let report = self
-            .io_errors
-            .lock()
-            .expect("io errors lock")
-            .flush(Instant::now());
+        let report = self.hub.held_io_errors(Instant::now());
         report.is_some_and(|r| self.report_io_error(r))
     }
 
     /// Marks the state Unknown and reconnects with back-off (restarting a private libvirtd that
     /// died), then rebuilds what it knows from libvirt.
     pub(super) async fn reconnect(&self) {
-        let old = self.hv.write().expect("hv lock").take();
+        let old = self.link.take();
         self.forget_live_disks();
         {
             // After any read in flight on the old connection, so that it cannot land later.
-            let _reading = self.state_read.lock().await;
-            *self.observed_at.lock().expect("observed lock") = None;
+            let _reading = self.live.reading().await;
+            self.live.power_read(None);
             self.update(|s| s.observation = Observation::Unreachable);
         }
         // Dropping the old connection deregisters its callbacks; off the async threads.
@@ -380,7 +326,7 @@ impl Launcher {
         let mut delay = Duration::from_millis(100);
         let started = Instant::now();
         loop {
-            if *self.closing.borrow() || self.status().finished {
+            if self.signals.is_closing() || self.status().finished {
                 return;
             }
             if self
@@ -395,10 +341,10 @@ impl Launcher {
                 self.update(|s| s.finished = true);
                 return;
             }
-            let c = self.connector.clone();
+            let c = self.link.connector().clone();
             match tokio::task::spawn_blocking(move || c.connect()).await {
                 Ok(Ok(hv)) => {
-                    *self.hv.write().expect("hv lock") = Some(Arc::new(hv));
+                    self.link.connected(hv);
                     break;
                 }
                 Ok(Err(e)) => {
@@ -418,10 +364,10 @@ impl Launcher {
     /// Applies `lifecycle::reconcile` when no task runs (a running task wakes the reconciler
     /// when it ends, so nothing is missed).
     pub(super) async fn reconcile(&self) {
-        if *self.closing.borrow() {
+        if self.signals.is_closing() {
             return;
         }
-        let Ok(slot) = self.task_slot.try_lock() else {
+        let Some(slot) = self.tasks.try_take() else {
             return;
         };
         self.finish_late_removals();
@@ -496,15 +442,12 @@ impl Launcher {
     /// held. A volume no longer Detaching (a Sync plugged it again meanwhile) is left alone, and
     /// `finish_detach` releases only the node the detach was about.
     fn finish_late_removals(&self) {
-        let volumes = std::mem::take(&mut *self.late_removals.lock().expect("late removals lock"));
+        let volumes = self.detaches.take_late();
         for volume in volumes {
             if self.is_detaching(&volume) {
                 self.finish_detach(&volume);
             } else {
-                self.detaching
-                    .lock()
-                    .expect("detaching lock")
-                    .remove(&volume);
+                self.detaches.abandon(&volume);
             }
         }
     }
@@ -534,7 +477,7 @@ pub(super) async fn reconciler(
             // The first pass reconciles what the start found. It reads the state again only if an
             // event came since the start read it, then reads the disks while idle (the start
             // keeps none). (The periodic resync's first tick, at once, read everything again.)
-            l.wake.notify_one();
+            l.signals.wake();
             l.options.resync_interval
         }
         None => return,
@@ -551,7 +494,7 @@ pub(super) async fn reconciler(
         };
         let timer = l.state.lock().expect("state lock").timer();
         let sleep_until = timer.unwrap_or_else(Instant::now);
-        let io_due = l.io_errors.lock().expect("io errors lock").due();
+        let io_due = l.hub.io_errors_due();
         let io_due_at = io_due.unwrap_or_else(Instant::now);
         let release_at = release_due.map_or_else(Instant::now, |(due, _)| due);
         // Whether any event of the batch may have changed the disks (a device came or went).
@@ -581,7 +524,7 @@ pub(super) async fn reconciler(
                 None => return,
             },
             _ = resync.tick() => (true, true),
-            _ = l.wake.notified() => (true, false),
+            _ = l.signals.woken() => (true, false),
             _ = tokio::time::sleep_until(sleep_until.into()), if timer.is_some() => (true, false),
             _ = tokio::time::sleep_until(io_due_at.into()), if io_due.is_some() => (l.flush_io_errors(), false),
             _ = tokio::time::sleep_until(release_at.into()), if release_due.is_some() => {

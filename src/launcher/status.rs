@@ -1,10 +1,7 @@
 //! What the launcher reports: the status `GetStatus` returns, the `WatchEvents` stream, and how
 //! both are derived from the state (`status_of`), KubeVirt's conditions included.
 
-use std::sync::Mutex;
 use std::time::Instant;
-
-use tokio::sync::broadcast;
 
 use super::{Launcher, State};
 use crate::domain::LiveResources;
@@ -222,21 +219,6 @@ pub struct LauncherEvent {
     pub kind: EventKind,
 }
 
-#[derive(Debug)]
-pub(super) struct EventLog {
-    pub(super) tx: broadcast::Sender<LauncherEvent>,
-    pub(super) seq: Mutex<u64>,
-}
-
-impl EventLog {
-    pub(super) fn publish(&self, kind: EventKind) {
-        let mut seq = self.seq.lock().expect("seq lock");
-        *seq += 1;
-        // No subscriber is fine: the stream is for whoever listens.
-        let _ = self.tx.send(LauncherEvent { seq: *seq, kind });
-    }
-}
-
 impl Launcher {
     pub(super) fn status_of(&self, s: &State) -> Status {
         // A VM that left by migration ended well here; a target's guest that never came did not,
@@ -321,7 +303,7 @@ impl Launcher {
             cpu: s.resources.as_ref().map(|r| cpu_status(&s.spec, r)),
             memory: s.resources.as_ref().map(|r| memory_status(&s.spec, r)),
             domain_name: self.domain_name.clone(),
-            libvirt_uri: self.connector.uri(),
+            libvirt_uri: self.link.connector().uri(),
             run_strategy: self.options.strategy,
             restart_count: s.restarts,
             next_restart: s.restart_at,
@@ -436,9 +418,28 @@ pub fn waiting_status(uri: &str) -> Status {
     }
 }
 
+/// A volume's status, for tests.
+#[cfg(test)]
+pub(super) fn test_volume(name: &str, phase: VolumePhase) -> VolumeStatus {
+    VolumeStatus {
+        name: name.into(),
+        target: "sda".into(),
+        serial: String::new(),
+        bus: "scsi".into(),
+        phase,
+        reason: String::new(),
+        message: String::new(),
+        boot: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn volume(name: &str, phase: VolumePhase) -> VolumeStatus {
+        test_volume(name, phase)
+    }
 
     #[test]
     fn volume_changes_are_the_new_and_changed_then_the_removed() {
@@ -484,19 +485,6 @@ mod tests {
             "LauncherEvent is {} bytes: box the large variant",
             std::mem::size_of::<LauncherEvent>()
         );
-    }
-
-    fn volume(name: &str, phase: VolumePhase) -> VolumeStatus {
-        VolumeStatus {
-            name: name.into(),
-            target: "sda".into(),
-            serial: String::new(),
-            bus: "scsi".into(),
-            phase,
-            reason: String::new(),
-            message: String::new(),
-            boot: false,
-        }
     }
 
     #[test]

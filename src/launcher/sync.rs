@@ -16,10 +16,11 @@ use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
+use super::disks::{prepare_disks, DiskNotReady};
 use super::in_flight::in_flight;
 use super::nics::{self, NicChange};
 use super::resize::{self, ResourceChange};
-use super::tasks::{prepare_disks, DiskNotReady, Work};
+use super::task_slot::Work;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlannedAction {
@@ -113,7 +114,7 @@ impl Work for PreparedSync {
 impl Launcher {
     /// The spec, block devices and persisted volumes of the last Sync (or the start spec).
     pub fn last_input(&self) -> SyncInput {
-        let mut input = self.last_input.lock().expect("input lock").clone();
+        let mut input = self.last_sync.get();
         // Block volumes the launcher holds, also when the last Sync did not repeat them.
         for (name, dev) in self.block.nodes() {
             input
@@ -135,7 +136,7 @@ impl Launcher {
     /// Everything about a Sync that needs no task: parse and validate, check the block
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
-        let interrupt_generation = *self.interrupt.borrow();
+        let interrupt_generation = self.signals.interrupt_generation();
         let vmi = spec::parse_bytes(input.spec.as_bytes())?;
         self.options.host_paths.check(&vmi)?;
         let held = self.block.nodes();
@@ -313,7 +314,7 @@ impl Launcher {
             p.retain(|name, _| wanted.contains(name));
             p.len() != before
         });
-        let interrupted = || *self.interrupt.borrow() != *interrupt_generation;
+        let interrupted = || self.signals.interrupt_generation() != *interrupt_generation;
         let attach_one = |disk: &DiskDef| {
             let persist = input.persist.contains(&disk.volume);
             match devices.get(&disk.volume) {
@@ -366,10 +367,7 @@ impl Launcher {
             ..input.clone()
         };
         // The same request again (a no-op Sync, a retry) is saved already.
-        if *self.last_input.lock().expect("input lock") != input {
-            super::host_work(|| self.saved.save(&input))?;
-            *self.last_input.lock().expect("input lock") = input;
-        }
+        super::host_work(|| self.last_sync.accept(input))?;
         let vmi = vmi.clone();
         self.update(|s| s.spec = vmi);
         Ok(())
@@ -379,7 +377,7 @@ impl Launcher {
     /// only what is missing is done). The request is read once the task slot is held, so a
     /// retry never re-applies a request older than the last one.
     async fn retry_pending(&self) {
-        if *self.closing.borrow() {
+        if self.signals.is_closing() {
             return;
         }
         tracing::info!("a pending volume's source appeared; syncing again");
@@ -522,22 +520,12 @@ impl Launcher {
         set_phase(VolumePhase::Detaching, "", String::new());
         // The node this detach is about (an earlier, unfinished detach of it began already).
         let generation = self.block.generation(&volume);
-        {
-            let mut detaching = self.detaching.lock().expect("detaching lock");
-            if was_detaching {
-                detaching.entry(volume.clone()).or_insert(generation);
-            } else {
-                detaching.insert(volume.clone(), generation);
-            }
-        }
-        let removed = self.expect_removal(&alias);
+        self.detaches.begin(&volume, generation, was_detaching);
+        let removed = self.detaches.expect_removal(&alias);
         let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
         self.forget_live_disks();
         if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)) {
-            self.removal_waiters
-                .lock()
-                .expect("waiters lock")
-                .remove(&alias);
+            self.detaches.stop_waiting(&alias);
             if matches!(&e, LauncherError::Libvirt(l) if l.is_device_missing()) {
                 // Removed between the read of the live disks and this call: an earlier detach
                 // (e.g. of a launcher killed during its Sync) that libvirt has just finished.
@@ -548,15 +536,12 @@ impl Launcher {
                 // libvirt still works on the earlier request: keep waiting for its event.
                 set_phase(VolumePhase::Detaching, "DetachPending", libvirt_message(&e));
             } else {
-                self.detaching
-                    .lock()
-                    .expect("detaching lock")
-                    .remove(&volume);
+                self.detaches.abandon(&volume);
                 set_phase(VolumePhase::Failed, "DetachFailed", libvirt_message(&e));
             }
             return;
         }
-        let mut interrupt = self.interrupt.subscribe();
+        let mut interrupt = self.signals.subscribe_interrupt();
         let waited = tokio::select! {
             waited = tokio::time::timeout(DETACH_TIMEOUT, removed) => waited,
             _ = interrupt.wait_for(|g| *g != interrupt_generation) => {
@@ -583,12 +568,7 @@ impl Launcher {
     /// The device is gone from the domain: clean the host side of what the detach was about
     /// (a node plugged again since is not), forget the volume.
     pub(super) fn finish_detach(&self, volume: &str) {
-        let generation = self
-            .detaching
-            .lock()
-            .expect("detaching lock")
-            .remove(volume)
-            .flatten();
+        let generation = self.detaches.finish(volume);
         let released = match generation {
             Some(generation) => {
                 super::host_work(|| self.block.release_plug(volume, generation)).map(drop)

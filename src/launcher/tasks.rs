@@ -1,29 +1,18 @@
-//! Tasks: the owner's commands and Sync, one at a time under `task_slot`, each admitted by
+//! Tasks: the owner's commands and Sync, one at a time under the task slot (`task_slot`), each admitted by
 //! `lifecycle::admit` before any side effect and settled by `lifecycle::settle` when it ends;
 //! also the graceful stop, SIGTERM and the final clean-up.
 
-use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::disks::Ready;
+use super::task_slot::Work;
 use super::{
     EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase,
     DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
 };
-use crate::convert::{self, ConvertOptions};
-use crate::domain::DiskDef;
-use crate::host::{self, HostError};
+use crate::host::HostError;
 use crate::libvirt::LibvirtError;
 use crate::lifecycle::{self, Command, Observation};
-use crate::spec::VirtualMachineInstance;
-
-/// What a task does, once admitted: a lifecycle command, or a Sync validated and planned before
-/// the slot was taken.
-pub(super) trait Work {
-    type Output;
-    fn command(&self) -> Command;
-    async fn perform(self, launcher: &Launcher) -> Result<Self::Output, LauncherError>;
-}
 
 /// An owner's lifecycle command.
 struct Lifecycle {
@@ -83,7 +72,7 @@ impl Drop for TaskGuard<'_> {
         }
         self.launcher.settle_task(self.info, Some(why.to_string()));
         drop(slot);
-        self.launcher.wake.notify_one();
+        self.launcher.signals.wake();
     }
 }
 
@@ -97,7 +86,7 @@ impl Launcher {
         self.refuse_while_terminating(command)?;
         // Fail fast, before waiting for the slot...
         lifecycle::admit(command, &self.observation())?;
-        let slot = self.task_slot.lock().await;
+        let slot = self.tasks.take().await;
         // ...and check again: the state may have moved while we waited (if it did, libvirt
         // sent an event, and the state is read again). A Sync reads the live disks next: both
         // reads (each only if something changed) go to libvirt at once; an error of the second
@@ -113,15 +102,15 @@ impl Launcher {
         if let Err(e) = admitted {
             drop(slot);
             // The reconciler may have skipped its turn because this command held the slot.
-            self.wake.notify_one();
+            self.signals.wake();
             return Err(e);
         }
         let info = TaskInfo {
-            id: self.next_task_id.fetch_add(1, Ordering::Relaxed),
+            id: self.tasks.next_id(),
             command,
         };
         self.update(|s| s.task = Some(info));
-        self.events.publish(EventKind::Task {
+        self.hub.event(EventKind::Task {
             id: info.id,
             command,
             outcome: TaskOutcome::Started,
@@ -150,7 +139,7 @@ impl Launcher {
         let slot = guard.slot.take();
         self.settle_task(guard.info, failure);
         drop(slot);
-        self.wake.notify_one();
+        self.signals.wake();
     }
 
     /// The bookkeeping of a task's end: vm_state settled, the task cleared and announced.
@@ -162,7 +151,7 @@ impl Launcher {
             s.task = None;
             s.finished |= final_stop;
         });
-        self.events.publish(EventKind::Task {
+        self.hub.event(EventKind::Task {
             id: info.id,
             command: info.command,
             outcome: match failure {
@@ -181,10 +170,9 @@ impl Launcher {
     ) -> Result<u64, LauncherError> {
         // Taken before waiting for the slot: a Kill asked for at any time after this pre-empts
         // this command's graceful stop.
-        let preempt_generation = *self.preempt.borrow();
+        let preempt_generation = self.signals.preempt_generation();
         if command == Command::Kill {
-            self.preempt.send_modify(|n| *n += 1);
-            self.interrupt.send_modify(|n| *n += 1);
+            self.signals.kill();
         }
         let work = Lifecycle {
             command,
@@ -297,118 +285,6 @@ impl Launcher {
         Ok(())
     }
 
-    /// A migration target: the host side of the domain the source will send (its disks made as
-    /// a start would make them, for the migration to copy into), and nothing defined. Every
-    /// hot-plugged volume the source has must be here too.
-    pub(super) async fn prepare_incoming(&self) -> Result<(), LauncherError> {
-        // Block volumes first: their nodes in this launcher's hotplug dir are what the
-        // definition names; their cgroup rules wait for QEMU (`BlockDevices::apply_rules`).
-        let vmi = self.state.lock().expect("state lock").spec.clone();
-        let input = self.last_input.lock().expect("input lock").clone();
-        for (volume, dev) in self.resolve_block_devices(&vmi, &input)? {
-            let dev = dev.map_err(|path| LauncherError::HostDisk {
-                volume: volume.clone(),
-                source: HostError::Missing { path },
-            })?;
-            super::host_work(|| self.block.plug_before_qemu(&volume, dev))
-                .map_err(|source| LauncherError::BlockVolume { volume, source })?;
-        }
-        let Ready { not_ready, .. } = self.ready_definition(false).await?;
-        if let Some((disk, source)) = not_ready.into_iter().next() {
-            return Err(LauncherError::HostDisk {
-                volume: disk.volume,
-                source,
-            });
-        }
-        Ok(())
-    }
-
-    /// The definition of the domain from the current spec, with its host side ready: images
-    /// made and checked, given to QEMU's user. Hot-plugged volumes that wait for their source,
-    /// failed, or are not ready now are left out (`not_ready`, with why). Without `fd_groups`
-    /// (a migration target: descriptors cannot travel with libvirt's migration), images are
-    /// given to QEMU's user instead of passed by descriptor.
-    async fn ready_definition(&self, fd_groups: bool) -> Result<Ready, LauncherError> {
-        // Before the state lock: `block` is a leaf, never taken under `state`.
-        let opts = self.convert_options();
-        let (vmi, mut def, waiting) = {
-            let s = self.state.lock().expect("state lock");
-            let def = convert::convert(&s.spec, &opts)?;
-            // Hot-plugged volumes that wait for their source or failed to attach.
-            let waiting: BTreeSet<String> = s
-                .volumes
-                .iter()
-                .filter(|(_, v)| matches!(v.phase, VolumePhase::Pending | VolumePhase::Failed))
-                .map(|(name, _)| name.clone())
-                .collect();
-            (s.spec.clone(), def, waiting)
-        };
-        // A hot-plugged volume never keeps the VM from (re)starting: one that waits
-        // or failed, or whose source is not ready now, is left out of the definition and keeps
-        // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
-        // attaches it.
-        let hotpluggable = |volume: &str| {
-            vmi.spec
-                .volumes
-                .iter()
-                .any(|v| v.name == volume && crate::volumes::is_hotpluggable(v))
-        };
-        let (hot, boot): (Vec<DiskDef>, Vec<DiskDef>) = std::mem::take(&mut def.disks)
-            .into_iter()
-            .partition(|d| hotpluggable(&d.volume));
-        // A migration target made its block volumes' nodes itself (`prepare_incoming`): they
-        // are checked as the block devices they are. A start attaches held ones by Sync.
-        let opts = if fd_groups {
-            self.options.convert.clone()
-        } else {
-            opts
-        };
-        let (vmi_, boot_, opts_) = (vmi.clone(), boot.clone(), opts.clone());
-        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_))
-            .await
-            .map_err(LauncherError::Join)??;
-        def.disks = boot;
-        let mut not_ready = Vec::new();
-        for disk in hot {
-            if waiting.contains(&disk.volume) {
-                continue;
-            }
-            let opts = opts.clone();
-            let (vmi_, disk_) = (vmi.clone(), disk.clone());
-            match tokio::task::spawn_blocking(move || {
-                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts)
-            })
-            .await
-            .map_err(LauncherError::Join)?
-            {
-                Ok(()) => def.disks.push(disk),
-                Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
-            }
-        }
-        if !fd_groups {
-            for disk in &mut def.disks {
-                disk.given_to_qemu |= disk.fd_group.take().is_some();
-            }
-        }
-        let (mut disks, owner) = (
-            std::mem::take(&mut def.disks),
-            self.options.hotplug.node_owner,
-        );
-        let (disks, fds) = tokio::task::spawn_blocking(move || {
-            let fds = host::open_for_qemu(&mut disks, owner);
-            (disks, fds)
-        })
-        .await
-        .map_err(LauncherError::Join)?;
-        def.disks = disks;
-        let fds = fds.map_err(|(volume, source)| DiskNotReady { volume, source })?;
-        Ok(Ready {
-            def,
-            fds,
-            not_ready,
-        })
-    }
-
     /// Waits until the VM has stopped (a final phase), at most `limit`; false if it has not.
     /// An unreachable libvirt (phase Unknown) is not a stopped VM.
     pub(super) async fn wait_stopped(&self, limit: Duration) -> bool {
@@ -426,7 +302,7 @@ impl Launcher {
         grace: Duration,
         preempt_generation: u64,
     ) -> Result<(), LauncherError> {
-        let mut preempt = self.preempt.subscribe();
+        let mut preempt = self.signals.subscribe_preempt();
         if *preempt.borrow() != preempt_generation {
             return Err(LauncherError::Preempted);
         }
@@ -476,7 +352,7 @@ impl Launcher {
         });
         // A Sync in flight gives way at its next volume: the guest's grace period must not
         // be spent on hotplug.
-        self.interrupt.send_modify(|n| *n += 1);
+        self.signals.interrupt();
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         if active {
             if let Err(e) = self.command(Command::Shutdown, None).await {
@@ -497,7 +373,7 @@ impl Launcher {
         if active {
             self.command(Command::Kill, None).await?;
         }
-        let _slot = self.task_slot.lock().await;
+        let _slot = self.tasks.take().await;
         let n = self.domain_name.clone();
         self.update(|s| s.undefined_by_us = true);
         match self.call(move |hv| hv.undefine(&n)) {
@@ -510,7 +386,7 @@ impl Launcher {
     /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
     /// leaves nothing behind.
     pub async fn shut_down(&self) {
-        self.closing.send_replace(true);
+        self.signals.close();
         if self.state.lock().expect("state lock").migrated_away {
             // Ended here for good: a next launcher on this dir starts afresh.
             self.migration_marker().remove();
@@ -525,61 +401,12 @@ impl Launcher {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")
             }
         }
-        let hv = self.hv.write().expect("hv lock").take();
-        let connector = self.connector.clone();
+        let hv = self.link.take();
+        let connector = self.link.connector().clone();
         let _ = tokio::task::spawn_blocking(move || {
             drop(hv);
             connector.stop_daemon();
         })
         .await;
     }
-}
-
-/// A volume whose host side could not be made ready (`volume` is empty for the private dirs).
-#[derive(Debug)]
-pub(super) struct DiskNotReady {
-    pub(super) volume: String,
-    pub(super) source: HostError,
-}
-
-impl From<DiskNotReady> for LauncherError {
-    fn from(DiskNotReady { volume, source }: DiskNotReady) -> LauncherError {
-        LauncherError::HostDisk { volume, source }
-    }
-}
-
-/// A definition whose host side is ready (`Launcher::ready_definition`).
-struct Ready {
-    def: crate::domain::DomainDef,
-    fds: Vec<(String, std::fs::File)>,
-    not_ready: Vec<(DiskDef, HostError)>,
-}
-
-/// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
-/// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
-/// `volumes` says they live.
-pub(super) fn prepare_disks(
-    vmi: &VirtualMachineInstance,
-    disks: &[DiskDef],
-    opts: &ConvertOptions,
-) -> Result<(), DiskNotReady> {
-    // The VNC socket and EFI variables go there too, whatever the disks.
-    host::prepare_private_dirs(&opts.paths).map_err(|source| DiskNotReady {
-        volume: String::new(),
-        source,
-    })?;
-    for disk in disks {
-        let Some(volume) = vmi.spec.volumes.iter().find(|v| v.name == disk.volume) else {
-            continue;
-        };
-        let Some(resolved) = crate::volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
-        else {
-            continue;
-        };
-        host::prepare_volume(&resolved).map_err(|source| DiskNotReady {
-            volume: disk.volume.clone(),
-            source,
-        })?;
-    }
-    Ok(())
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::tasks::Work;
+use super::task_slot::Work;
 use super::*;
 use crate::domain::{Bus, DiskDef};
 use crate::host::cgroup::CgroupMount;
@@ -230,14 +230,11 @@ async fn a_late_device_removal_waits_for_the_task_and_spares_a_volume_plugged_ag
             "DetachTimeout",
             String::new(),
         );
-        l.detaching
-            .lock()
-            .unwrap()
-            .insert(volume.into(), l.block.generation(volume));
+        l.detaches.begin(volume, l.block.generation(volume), false);
     }
     let (_, mut stream) = l.watch_events();
     // A Sync in flight holds the slot while both removals come.
-    let slot = l.task_slot.lock().await;
+    let slot = l.tasks.take().await;
     for volume in ["again", "gone"] {
         let alias = format!("{}{volume}", domain::USER_ALIAS_PREFIX);
         t.events
@@ -266,7 +263,7 @@ async fn a_late_device_removal_waits_for_the_task_and_spares_a_volume_plugged_ag
     l.block.plug("again", LOOP1).unwrap().keep();
     l.set_volume(&disk("again"), VolumePhase::Ready, "", String::new());
     drop(slot);
-    l.wake.notify_one();
+    l.signals.wake();
 
     // Both late removals are finished together, under the slot.
     loop {

@@ -1,0 +1,149 @@
+//! The host side of a domain's disks before QEMU gets them: images checked, what the launcher
+//! owns made (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs), files given to
+//! QEMU's user or passed by descriptor. A start, a Sync's attach and a migration target's
+//! preparation all come through here.
+
+use std::collections::BTreeSet;
+
+use super::{Launcher, LauncherError, VolumePhase};
+use crate::convert::{self, ConvertOptions};
+use crate::domain::DiskDef;
+use crate::host::{self, HostError};
+use crate::spec::VirtualMachineInstance;
+
+impl Launcher {
+    /// The definition of the domain from the current spec, with its host side ready: images
+    /// made and checked, given to QEMU's user. Hot-plugged volumes that wait for their source,
+    /// failed, or are not ready now are left out (`not_ready`, with why). Without `fd_groups`
+    /// (a migration target: descriptors cannot travel with libvirt's migration), images are
+    /// given to QEMU's user instead of passed by descriptor.
+    pub(super) async fn ready_definition(&self, fd_groups: bool) -> Result<Ready, LauncherError> {
+        // Before the state lock: `block` is a leaf, never taken under `state`.
+        let opts = self.convert_options();
+        let (vmi, mut def, waiting) = {
+            let s = self.state.lock().expect("state lock");
+            let def = convert::convert(&s.spec, &opts)?;
+            // Hot-plugged volumes that wait for their source or failed to attach.
+            let waiting: BTreeSet<String> = s
+                .volumes
+                .iter()
+                .filter(|(_, v)| matches!(v.phase, VolumePhase::Pending | VolumePhase::Failed))
+                .map(|(name, _)| name.clone())
+                .collect();
+            (s.spec.clone(), def, waiting)
+        };
+        // A hot-plugged volume never keeps the VM from (re)starting: one that waits
+        // or failed, or whose source is not ready now, is left out of the definition and keeps
+        // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
+        // attaches it.
+        let hotpluggable = |volume: &str| {
+            vmi.spec
+                .volumes
+                .iter()
+                .any(|v| v.name == volume && crate::volumes::is_hotpluggable(v))
+        };
+        let (hot, boot): (Vec<DiskDef>, Vec<DiskDef>) = std::mem::take(&mut def.disks)
+            .into_iter()
+            .partition(|d| hotpluggable(&d.volume));
+        // A migration target made its block volumes' nodes itself (`prepare_incoming`): they
+        // are checked as the block devices they are. A start attaches held ones by Sync.
+        let opts = if fd_groups {
+            self.options.convert.clone()
+        } else {
+            opts
+        };
+        let (vmi_, boot_, opts_) = (vmi.clone(), boot.clone(), opts.clone());
+        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_))
+            .await
+            .map_err(LauncherError::Join)??;
+        def.disks = boot;
+        let mut not_ready = Vec::new();
+        for disk in hot {
+            if waiting.contains(&disk.volume) {
+                continue;
+            }
+            let opts = opts.clone();
+            let (vmi_, disk_) = (vmi.clone(), disk.clone());
+            match tokio::task::spawn_blocking(move || {
+                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts)
+            })
+            .await
+            .map_err(LauncherError::Join)?
+            {
+                Ok(()) => def.disks.push(disk),
+                Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
+            }
+        }
+        if !fd_groups {
+            for disk in &mut def.disks {
+                disk.given_to_qemu |= disk.fd_group.take().is_some();
+            }
+        }
+        let (mut disks, owner) = (
+            std::mem::take(&mut def.disks),
+            self.options.hotplug.node_owner,
+        );
+        let (disks, fds) = tokio::task::spawn_blocking(move || {
+            let fds = host::open_for_qemu(&mut disks, owner);
+            (disks, fds)
+        })
+        .await
+        .map_err(LauncherError::Join)?;
+        def.disks = disks;
+        let fds = fds.map_err(|(volume, source)| DiskNotReady { volume, source })?;
+        Ok(Ready {
+            def,
+            fds,
+            not_ready,
+        })
+    }
+}
+
+/// A volume whose host side could not be made ready (`volume` is empty for the private dirs).
+#[derive(Debug)]
+pub(super) struct DiskNotReady {
+    pub(super) volume: String,
+    pub(super) source: HostError,
+}
+
+impl From<DiskNotReady> for LauncherError {
+    fn from(DiskNotReady { volume, source }: DiskNotReady) -> LauncherError {
+        LauncherError::HostDisk { volume, source }
+    }
+}
+
+/// A definition whose host side is ready (`Launcher::ready_definition`).
+pub(super) struct Ready {
+    pub(super) def: crate::domain::DomainDef,
+    pub(super) fds: Vec<(String, std::fs::File)>,
+    pub(super) not_ready: Vec<(DiskDef, HostError)>,
+}
+
+/// Makes the host side of `disks` ready: checks the files and devices the spec names, creates
+/// what the launcher owns (`DiskOrCreate` images, empty disks, overlays, cloud-init ISOs) where
+/// `volumes` says they live.
+pub(super) fn prepare_disks(
+    vmi: &VirtualMachineInstance,
+    disks: &[DiskDef],
+    opts: &ConvertOptions,
+) -> Result<(), DiskNotReady> {
+    // The VNC socket and EFI variables go there too, whatever the disks.
+    host::prepare_private_dirs(&opts.paths).map_err(|source| DiskNotReady {
+        volume: String::new(),
+        source,
+    })?;
+    for disk in disks {
+        let Some(volume) = vmi.spec.volumes.iter().find(|v| v.name == disk.volume) else {
+            continue;
+        };
+        let Some(resolved) = crate::volumes::resolve(vmi, volume, &opts.paths, &opts.block_volumes)
+        else {
+            continue;
+        };
+        host::prepare_volume(&resolved).map_err(|source| DiskNotReady {
+            volume: disk.volume.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,289 @@
+//! What the launcher last read of the domain from libvirt, and whether it is still the truth:
+//! the live disks and the moment of the last power-state read, each kept under the count of
+//! libvirt's events delivered just before the read (`libvirt::delivered`). A later caller learns
+//! from the events since (`carry_disks`, `power_state_carries`) whether the read still holds, and asks libvirt only when it
+//! does not: a no-op Sync then costs no libvirt call.
+//!
+//! Locks: `disks` and `power_read_at` are leaves, taken alone and never while calling out; the
+//! log of delivered events (which waits for nothing) is read under them. `reading` (async) is
+//! held for one power-state read and its update, so that two reads never interleave.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::domain::LiveDisk;
+use crate::libvirt::delivered::Change;
+
+/// When the live disks were read: the count of delivered events and of the launcher's own
+/// device changes just before. A read that overlapped a change is never taken for current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct LiveKey {
+    delivered: u64,
+    own_changes: u64,
+}
+
+/// The changes libvirt delivered after one count and up to another, if the log still has them
+/// all (`libvirt::delivered::between`).
+pub(super) type DeliveredLog<'a> = &'a dyn Fn(u64, u64) -> Option<Vec<Change>>;
+
+#[derive(Debug)]
+pub(super) struct LiveView {
+    /// Off (`VMLAUNCHER_PLAIN`): nothing read is kept; every caller asks libvirt.
+    enabled: bool,
+    disks: Mutex<Option<(LiveKey, Vec<LiveDisk>)>>,
+    /// Bumped before each attach or detach of the launcher's own.
+    own_changes: AtomicU64,
+    /// The count of delivered events just before the last successful power-state read.
+    power_read_at: Mutex<Option<u64>>,
+    reading: tokio::sync::Mutex<()>,
+}
+
+impl LiveView {
+    pub(super) fn new(enabled: bool) -> LiveView {
+        LiveView {
+            enabled,
+            disks: Mutex::new(None),
+            own_changes: AtomicU64::new(0),
+            power_read_at: Mutex::new(None),
+            reading: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The key of a read about to be made, `delivered` being the count of events now.
+    pub(super) fn key(&self, delivered: u64) -> LiveKey {
+        LiveKey {
+            delivered,
+            own_changes: self.own_changes.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The live disks of `domain` last read, if nothing can have changed them since (`now` is
+    /// the key of now), or if the events since tell all that changed (`carry_disks`):
+    /// then kept under `now`.
+    pub(super) fn disks(
+        &self,
+        now: LiveKey,
+        domain: &str,
+        log: DeliveredLog,
+    ) -> Option<Vec<LiveDisk>> {
+        let mut kept = self.disks.lock().expect("live disks lock");
+        let (at, disks) = kept.as_mut()?;
+        if at.own_changes != now.own_changes || at.delivered > now.delivered {
+            return None;
+        }
+        if at.delivered < now.delivered {
+            let changes = log(at.delivered, now.delivered)?;
+            *disks = carry_disks(disks, domain, &changes)?;
+            at.delivered = now.delivered;
+        }
+        Some(disks.clone())
+    }
+
+    /// Keeps the live disks read under `key`.
+    pub(super) fn keep_disks(&self, key: LiveKey, disks: Vec<LiveDisk>) {
+        if self.enabled {
+            *self.disks.lock().expect("live disks lock") = Some((key, disks));
+        }
+    }
+
+    /// The launcher is about to change the domain's devices (or lost track of them).
+    pub(super) fn forget_disks(&self) {
+        self.own_changes.fetch_add(1, Ordering::SeqCst);
+        *self.disks.lock().expect("live disks lock") = None;
+    }
+
+    /// Whether the power state last read is the truth at count `now`: read since the last event,
+    /// or before device events only (`power_state_carries`; then kept as read at `now`).
+    pub(super) fn power_state_current_at(&self, now: u64, log: DeliveredLog) -> bool {
+        let mut read_at = self.power_read_at.lock().expect("power read lock");
+        let Some(at) = *read_at else {
+            return false;
+        };
+        let carries = at == now
+            || (at < now && log(at, now).is_some_and(|changes| power_state_carries(&changes)));
+        if carries {
+            *read_at = Some(now);
+        }
+        carries
+    }
+
+    /// The power state was read successfully at `delivered` (`None`: it is not known). Set only
+    /// once the observation it read is in the state: a task that finds the count current takes
+    /// that observation for the truth.
+    pub(super) fn power_read(&self, delivered: Option<u64>) {
+        if self.enabled {
+            *self.power_read_at.lock().expect("power read lock") = delivered;
+        }
+    }
+
+    /// Held for one power-state read and its update.
+    pub(super) async fn reading(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.reading.lock().await
+    }
+}
+
+/// The live disks of `domain` read before `changes`, as they are after them: when every change
+/// is the removal of one of its devices (that disk, if it is one, is gone) or a device event of
+/// another domain. Anything else, an addition above all (what was added only a read tells),
+/// needs a read: `None`.
+fn carry_disks(read: &[LiveDisk], domain: &str, changes: &[Change]) -> Option<Vec<LiveDisk>> {
+    let mut gone = Vec::new();
+    for change in changes {
+        match change {
+            Change::DeviceRemoved { domain: d, alias } if d == domain => gone.push(alias.as_str()),
+            Change::DeviceRemoved { domain: d, .. } | Change::DeviceAdded { domain: d }
+                if d != domain => {}
+            _ => return None,
+        }
+    }
+    Some(
+        read.iter()
+            .filter(|disk| !disk.alias.as_deref().is_some_and(|a| gone.contains(&a)))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// Whether a power state read before `changes` is still the truth after them: devices coming
+/// and going do not change it; every other change of it comes with an event of its own.
+fn power_state_carries(changes: &[Change]) -> bool {
+    changes.iter().all(Change::is_device)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn disk(alias: &str) -> LiveDisk {
+        LiveDisk {
+            alias: Some(alias.into()),
+            target: format!("sd-{alias}"),
+            bus: "scsi".into(),
+            serial: None,
+            source: None,
+            address: None,
+            xml: String::new(),
+        }
+    }
+
+    fn no_log(_: u64, _: u64) -> Option<Vec<Change>> {
+        None
+    }
+
+    fn removed(domain: &str, alias: &str) -> Change {
+        Change::DeviceRemoved {
+            domain: domain.into(),
+            alias: alias.into(),
+        }
+    }
+
+    #[test]
+    fn disks_read_under_the_current_key_are_current() {
+        let view = LiveView::new(true);
+        assert_eq!(view.disks(view.key(5), "vm", &no_log), None);
+        view.keep_disks(view.key(5), vec![disk("ua-a")]);
+        assert_eq!(
+            view.disks(view.key(5), "vm", &no_log),
+            Some(vec![disk("ua-a")])
+        );
+    }
+
+    #[test]
+    fn an_own_change_makes_the_disks_unknown_even_a_read_that_overlapped_it() {
+        let view = LiveView::new(true);
+        let before = view.key(5);
+        view.forget_disks();
+        // A read begun before the change, kept after it.
+        view.keep_disks(before, vec![disk("ua-a")]);
+        assert_eq!(view.disks(view.key(5), "vm", &no_log), None);
+    }
+
+    #[test]
+    fn removals_since_the_read_are_carried_and_anything_else_needs_a_read() {
+        let view = LiveView::new(true);
+        view.keep_disks(view.key(1), vec![disk("ua-a"), disk("ua-b")]);
+        let log = |after: u64, upto: u64| {
+            assert_eq!((after, upto), (1, 2));
+            Some(vec![removed("vm", "ua-a")])
+        };
+        assert_eq!(
+            view.disks(view.key(2), "vm", &log),
+            Some(vec![disk("ua-b")])
+        );
+        // Kept under the new count: the same question again needs no log.
+        assert_eq!(
+            view.disks(view.key(2), "vm", &no_log),
+            Some(vec![disk("ua-b")])
+        );
+        let added = |_, _| Some(vec![added("vm")]);
+        assert_eq!(view.disks(view.key(3), "vm", &added), None);
+        // Events the log no longer has: unknown.
+        assert_eq!(view.disks(view.key(3), "vm", &no_log), None);
+    }
+
+    #[test]
+    fn a_power_state_read_stays_current_until_an_event_other_than_a_device() {
+        let view = LiveView::new(true);
+        assert!(!view.power_state_current_at(1, &no_log));
+        view.power_read(Some(1));
+        assert!(view.power_state_current_at(1, &no_log));
+        let devices = |_, _| Some(vec![removed("vm", "ua-a")]);
+        assert!(view.power_state_current_at(2, &devices));
+        let other = |_, _| Some(vec![Change::Other]);
+        assert!(!view.power_state_current_at(3, &other));
+        view.power_read(None);
+        assert!(!view.power_state_current_at(2, &no_log));
+    }
+
+    #[test]
+    fn switched_off_it_keeps_nothing() {
+        let view = LiveView::new(false);
+        view.keep_disks(view.key(1), vec![disk("ua-a")]);
+        assert_eq!(view.disks(view.key(1), "vm", &no_log), None);
+        view.power_read(Some(1));
+        assert!(!view.power_state_current_at(1, &no_log));
+    }
+
+    fn added(domain: &str) -> Change {
+        Change::DeviceAdded {
+            domain: domain.into(),
+        }
+    }
+
+    #[test]
+    fn disks_carry_over_removals_and_other_domains_devices_only() {
+        let read = [disk("ua-a"), disk("ua-b"), disk("scsi0-0-0-2")];
+        let cases: [(&[Change], Option<Vec<LiveDisk>>); 7] = [
+            (&[], Some(read.to_vec())),
+            (
+                &[removed("vm", "ua-a")],
+                Some(vec![disk("ua-b"), disk("scsi0-0-0-2")]),
+            ),
+            (
+                &[removed("vm", "scsi0-0-0-2"), removed("vm", "ua-b")],
+                Some(vec![disk("ua-a")]),
+            ),
+            // Not a disk of this domain (a network card, or another domain's disk).
+            (
+                &[removed("vm", "net0"), removed("other", "ua-a")],
+                Some(read.to_vec()),
+            ),
+            (&[added("other")], Some(read.to_vec())),
+            (&[removed("vm", "ua-a"), added("vm")], None),
+            (&[Change::Other, removed("vm", "ua-a")], None),
+        ];
+        for (changes, expected) in cases {
+            assert_eq!(carry_disks(&read, "vm", changes), expected, "{changes:?}");
+        }
+    }
+
+    #[test]
+    fn the_power_state_carries_over_device_events_only() {
+        assert!(power_state_carries(&[]));
+        assert!(power_state_carries(&[
+            removed("vm", "ua-a"),
+            added("other")
+        ]));
+        assert!(!power_state_carries(&[added("vm"), Change::Other]));
+    }
+}
