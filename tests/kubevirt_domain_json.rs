@@ -50,6 +50,14 @@ fn cases() -> Vec<(&'static str, DomainMeta, Option<PowerState>)> {
             Some(power(DomainState::Running, "booted")),
         ),
         (
+            "running-cpu-and-memory-hotplug",
+            meta(
+                "cpu-and-memory-hotplug",
+                "3f0c8a52-77d4-4b1e-9a60-2f6d1c9e8b40",
+            ),
+            Some(power(DomainState::Running, "booted")),
+        ),
+        (
             "paused-guest-agent",
             DomainMeta {
                 grace_period_seconds: Some(45),

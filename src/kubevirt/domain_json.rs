@@ -17,7 +17,10 @@ use serde_json::{json, Map, Value};
 
 use crate::lifecycle::{DomainState, PowerState};
 
+mod resources;
 mod stats;
+
+use resources::{cpu_json, max_memory_json, memory_device_json, memory_json, vcpus_json};
 pub use stats::{device_aliases, domain_stats_json, StatValue, MAX_STAT_INDEX};
 
 /// libvirt's live XML of a vmlauncher domain is a few KB; anything near this is not ours.
@@ -173,8 +176,9 @@ pub fn alias_json(libvirt_alias: &str) -> Value {
 /// The domain as KubeVirt's launcher sends it: libvirt's live XML read into `Spec`, the VMI's
 /// identity from `meta`, and the state from `power` (`None`: libvirt has no such domain).
 ///
-/// `Spec` carries `Type`, `Name`, `UUID`, `Memory`, `CurrentMemory`, `OS`, `VCPU`, `CPU`,
-/// `Features`, `OnReboot`, `Devices` (`Emulator`, `Disks`, `Interfaces`, `Channels`, `Controllers`) and
+/// `Spec` carries `Type`, `Name`, `UUID`, `Memory`, `CurrentMemory`, `MaxMemory`, `OS`, `VCPU`,
+/// `VCPUs`, `CPU` (with `NUMA`), `Features`, `OnReboot`, `Devices` (`Emulator`, `Disks`,
+/// `Interfaces`, `Channels`, `Controllers`, the virtio-mem `Memory`) and
 /// `Metadata.KubeVirt`. Every disk and interface has an `Alias`, and every interface a `MAC`,
 /// because virt-handler dereferences them.
 pub fn domain_json(
@@ -336,6 +340,9 @@ fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError
     if let Some(m) = child(domain, "currentMemory") {
         spec.insert("CurrentMemory".into(), memory_json(m, "currentMemory")?);
     }
+    if let Some(m) = child(domain, "maxMemory") {
+        spec.insert("MaxMemory".into(), max_memory_json(m)?);
+    }
     spec.insert(
         "OS".into(),
         child(domain, "os")
@@ -350,6 +357,9 @@ fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError
                 "CPUs": number("vcpu", "count", &text(vcpu))?,
             }),
         );
+    }
+    if let Some(vcpus) = child(domain, "vcpus") {
+        spec.insert("VCPUs".into(), vcpus_json(vcpus)?);
     }
     if let Some(cpu) = child(domain, "cpu") {
         spec.insert("CPU".into(), cpu_json(cpu)?);
@@ -366,13 +376,6 @@ fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError
     };
     spec.insert("Devices".into(), devices);
     Ok(spec)
-}
-
-fn memory_json(node: Node<'_, '_>, element: &'static str) -> Result<Value, DomainJsonError> {
-    Ok(json!({
-        "Value": number(element, "size", &text(node))?,
-        "Unit": node.attribute("unit").unwrap_or(""),
-    }))
 }
 
 fn os_json(os: Node<'_, '_>) -> Value {
@@ -422,27 +425,6 @@ fn os_json(os: Node<'_, '_>) -> Value {
         }
     }
     Value::Object(out)
-}
-
-fn cpu_json(cpu: Node<'_, '_>) -> Result<Value, DomainJsonError> {
-    let mut out = Map::new();
-    put_attr(&mut out, "Mode", cpu, "mode");
-    if let Some(model) = child(cpu, "model") {
-        out.insert("Model".into(), text(model).into());
-    }
-    if let Some(topology) = child(cpu, "topology") {
-        let mut t = Map::new();
-        // `dies` is not in KubeVirt's CPUTopology: Go drops it, so do we.
-        for (key, attr) in [
-            ("Sockets", "sockets"),
-            ("Cores", "cores"),
-            ("Threads", "threads"),
-        ] {
-            put_number_attr(&mut t, key, topology, "topology", attr)?;
-        }
-        out.insert("Topology".into(), Value::Object(t));
-    }
-    Ok(Value::Object(out))
 }
 
 /// The features virt-handler looks at: with `ACPI` absent it does not attempt a graceful
@@ -503,6 +485,9 @@ fn devices_json(devices: Node<'_, '_>) -> Result<Value, DomainJsonError> {
     out.insert("Interfaces".into(), interfaces.into());
     out.insert("Channels".into(), channels.into());
     out.insert("Controllers".into(), controllers.into());
+    if let Some(memory) = child(devices, "memory") {
+        out.insert("Memory".into(), memory_device_json(memory)?);
+    }
     Ok(Value::Object(out))
 }
 
