@@ -14,6 +14,7 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           openssh-client         # ssh into it (the README, tests/e2e_debian.rs)
           swtpm swtpm-tools      # the vTPM libvirt starts for `tpm: {}`
           python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
+          iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/e2e_pod_nic_hotplug.rs)
           podman runc catatonit) # the pod: image build, kube play (runc: see below)
 missing=()
 for p in "${packages[@]}"; do

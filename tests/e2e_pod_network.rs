@@ -13,23 +13,16 @@ mod common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use common::net::{host_server, http_get};
-use common::pod::{podman_ok, repo, Logs, PlayedPod};
+use common::pod::{infra_container, podman_ok, repo, Logs, PlayedPod};
 use common::{BOOT_DEADLINE, GUEST_DEADLINE};
 
 /// The pod's address on podman's default network (its infra container holds the namespace).
 fn pod_address() -> IpAddr {
-    let infra = podman_ok(&[
-        "pod",
-        "inspect",
-        "--format",
-        "{{.InfraContainerID}}",
-        "vmlauncher",
-    ]);
     let address = podman_ok(&[
         "inspect",
         "--format",
         "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-        infra.trim(),
+        &infra_container(),
     ]);
     address.trim().parse().unwrap()
 }

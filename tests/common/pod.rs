@@ -121,3 +121,24 @@ impl Logs {
         }
     }
 }
+
+/// The pod's infra container, which holds its network namespace.
+pub fn infra_container() -> String {
+    podman_ok(&[
+        "pod",
+        "inspect",
+        "--format",
+        "{{.InfraContainerID}}",
+        "vmlauncher",
+    ])
+    .trim()
+    .to_string()
+}
+
+/// The process of the pod's infra container: its network namespace is the pod's.
+pub fn infra_pid() -> u32 {
+    podman_ok(&["inspect", "--format", "{{.State.Pid}}", &infra_container()])
+        .trim()
+        .parse()
+        .unwrap()
+}
