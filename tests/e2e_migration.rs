@@ -3,7 +3,7 @@
 //! disks (shared ones as they are, the container disk it wrote to copied), its published port
 //! and its hotplug; every source exits 0. A cancel and a target that dies leave the guest
 //! running on the source; and it goes back and forth (`VMLAUNCHER_MIGRATION_ROUNDS`, 2 here, 20 in
-//! `scripts/soak.sh`).
+//! `scripts/soak.sh`), paused and running, with a persistent vTPM whose state moves with it.
 
 mod common;
 
@@ -379,6 +379,19 @@ fn a_source_killed_mid_migration_is_followed_by_its_successor_never_booted_again
     assert_eq!(again.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
+/// The vTPM's permanent state (its seeds and keys), as libvirt's swtpm keeps it in a launcher's
+/// runtime dir.
+fn tpm_state(launcher: &Launched) -> Vec<u8> {
+    let dir = launcher.dir().join("libvirt/lib/swtpm");
+    let by_uuid = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .next()
+        .expect("a TPM's state")
+        .unwrap()
+        .path();
+    std::fs::read(by_uuid.join("tpm2/tpm2-00.permall")).unwrap()
+}
+
 #[test]
 fn a_guest_goes_back_and_forth() {
     let rounds: usize = std::env::var("VMLAUNCHER_MIGRATION_ROUNDS")
@@ -386,7 +399,15 @@ fn a_guest_goes_back_and_forth() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(2);
     let name = "mig-rounds";
-    let spec = with_claims(common::guest_spec(name, "", &[]), &[]);
+    // With a persistent vTPM, whose state (seeds, keys) lives in the launcher's runtime dir:
+    // the migration carries it.
+    let spec_with = |claims: &[(&str, &str)]| {
+        with_claims(common::guest_spec(name, "", &[]), claims).replace(
+            "    devices:\n",
+            "    devices:\n      tpm: {persistent: true}\n",
+        )
+    };
+    let spec = spec_with(&[]);
     let mut here = Launched::start(&spec, &[]);
     let mut console = here.boot();
     let uptime = |console: &mut ConsoleLog| {
@@ -404,6 +425,7 @@ fn a_guest_goes_back_and_forth() {
     for hop in 0..rounds * 2 {
         let mut there = Launched::incoming(|_| {}, &[]);
         there.wait_stdout("waiting for an incoming migration", BOOT_DEADLINE);
+        let tpm = tpm_state(&here);
         let (code, answer, stderr) = migrate(&here.socket(), &there.socket(), &[]);
         assert_eq!(code, Some(0), "hop {hop}: {stderr}");
         assert_eq!(
@@ -412,6 +434,11 @@ fn a_guest_goes_back_and_forth() {
         );
         left_by_migration(&mut here);
         here = there;
+        // The same TPM: a fresh one would have been manufactured with seeds of its own.
+        assert!(
+            tpm_state(&here) == tpm,
+            "hop {hop}: the vTPM's state did not move"
+        );
         let status = cli_status(&here.socket());
         let paused = hop < 2;
         assert_eq!(status["phase"], "Running", "hop {hop}: {status}");
@@ -435,7 +462,7 @@ fn a_guest_goes_back_and_forth() {
     cli_sync(
         here.socket().as_path(),
         here.scratch(),
-        &with_claims(common::guest_spec(name, "", &[]), &[("late", "LATE-1")]),
+        &spec_with(&[("late", "LATE-1")]),
     );
     let line = uptime(&mut console);
     assert_eq!(
