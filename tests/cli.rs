@@ -229,6 +229,22 @@ fn run_refuses_a_host_disk_that_leads_into_the_runtime_dir() {
     assert!(!rt.join("last-sync.1.json").exists());
 }
 
+/// A persistent TPM on a libvirtd shared with other VMs (`--connect`): its state would be kept
+/// there by the domain's UUID, which any spec may name. Refused as a bad spec, naming the field,
+/// before anything connects; the same spec on the launcher's own libvirtd is another test's.
+#[test]
+fn run_refuses_a_persistent_tpm_on_a_shared_libvirtd() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = dir.path().join("rt");
+    let spec = "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: tpm}\nspec:\n  domain:\n    memory: {guest: 128Mi}\n    devices:\n      tpm: {persistent: true}\n";
+    let (code, stderr) = run_spec(spec, &rt, &["--connect", "test:///default"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("spec.domain.devices.tpm.persistent: a persistent TPM needs the launcher's own libvirtd"),
+        "{stderr}"
+    );
+}
+
 /// `--host-disk-root DIR`: a hostDisk elsewhere, or a link from inside the root to elsewhere,
 /// is refused as a bad spec, naming the roots; a relative root is a usage error.
 #[test]

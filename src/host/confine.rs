@@ -21,6 +21,8 @@ pub struct HostPathPolicy {
     host_disk_roots: Vec<PathBuf>,
     /// Who must reach each path: QEMU's user (root reaches everything).
     qemu: crate::host::qemu_user::QemuUser,
+    /// libvirtd is not the launcher's own (`--connect`): its places are shared with other VMs.
+    shared_libvirt: bool,
 }
 
 impl HostPathPolicy {
@@ -46,7 +48,15 @@ impl HostPathPolicy {
                 .map(|r| resolve(r).unwrap_or_else(|_| r.clone()))
                 .collect(),
             qemu: Default::default(),
+            shared_libvirt: false,
         }
+    }
+
+    /// libvirtd is shared with other VMs (`--connect`): what it keeps by a spec-given identity
+    /// (a persistent TPM's state, by the domain's UUID) may not be asked for.
+    pub fn on_shared_libvirt(mut self, shared: bool) -> HostPathPolicy {
+        self.shared_libvirt = shared;
+        self
     }
 
     /// Also refuses a path QEMU's (unprivileged) user cannot reach: QEMU would fail to open it
@@ -89,6 +99,19 @@ impl HostPathPolicy {
                     ));
                 }
             }
+        }
+        let persistent_tpm = vmi
+            .spec
+            .domain
+            .devices
+            .tpm
+            .as_ref()
+            .and_then(|t| t.persistent);
+        if self.shared_libvirt && persistent_tpm == Some(true) {
+            problems.push(FieldError::new(
+                "spec.domain.devices.tpm.persistent",
+                HostPathError::TpmStateShared,
+            ));
         }
         if problems.is_empty() {
             Ok(())
@@ -322,6 +345,27 @@ mod tests {
                 "spec.volumes[0].hostDisk.path",
                 "spec.domain.firmware.kernelBoot.container.initrdPath"
             ]
+        );
+    }
+
+    #[test]
+    fn a_persistent_tpm_is_refused_on_a_shared_libvirtd_only() {
+        let vmi = |tpm: &str| {
+            let text =
+                crate::testing::minimal_vmi("a", &format!("    devices: {{tpm: {tpm}}}"), "");
+            crate::spec::parse(&text).unwrap()
+        };
+        let own = policy(&[], &[]);
+        assert!(own.check(&vmi("{persistent: true}")).is_ok());
+        let shared = policy(&[], &[]).on_shared_libvirt(true);
+        assert!(shared.check(&vmi("{}")).is_ok());
+        let errors = shared.check(&vmi("{persistent: true}")).unwrap_err();
+        assert_eq!(
+            errors.0,
+            [FieldError::new(
+                "spec.domain.devices.tpm.persistent",
+                HostPathError::TpmStateShared
+            )]
         );
     }
 }

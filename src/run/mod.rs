@@ -196,7 +196,8 @@ pub async fn run(opts: RunOptions) -> ExitCode {
         opts.qemu_cache_dir.as_deref(),
         &opts.host_disk_roots,
     )
-    .reached_by(&qemu_user);
+    .reached_by(&qemu_user)
+    .on_shared_libvirt(opts.connect.is_some());
     if let Some(Err(errors)) = opts.spec.as_ref().map(|spec| host_paths.check(spec)) {
         for e in &errors.0 {
             eprintln!("vmlauncher: {e}");

@@ -397,6 +397,11 @@ pub enum HostPathError {
         owner: u32,
         group: u32,
     },
+    /// libvirt keeps a persistent TPM's state by the domain's UUID, in a directory of the
+    /// libvirtd's own: a shared libvirtd keeps it after the VM is gone, for whichever spec
+    /// names that UUID next.
+    #[error("a persistent TPM needs the launcher's own libvirtd: the shared one (--connect) keeps its state by the domain's UUID, which another VM's spec may claim")]
+    TpmStateShared,
 }
 
 /// Where no spec may point: the kernel's and the host's configuration and secrets.
