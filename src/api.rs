@@ -318,6 +318,7 @@ impl proto::launcher_server::Launcher for Service {
             spec: req.spec,
             dry_run: req.dry_run,
             persist: req.persist.into_iter().collect(),
+            ..launcher::SyncInput::default()
         };
         let launcher = self.front.launcher()?;
         let outcome = detached(async move { launcher.sync(input).await }).await?;

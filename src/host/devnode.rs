@@ -161,6 +161,21 @@ pub fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
     Ok(DevNumber::from_rdev(meta.rdev()))
 }
 
+/// The kernel's sequence number of the disk that has device number `dev` now (`diskseq`, Linux
+/// 5.15 and later), if `known` is a sysfs directory that shows it: a number is reused when its
+/// disk goes (a loop device detached, a device-mapper table removed), a disk sequence never is,
+/// within one boot. For a partition, its disk's. `None` where it cannot be read (inside a
+/// container, whose sysfs lists no block devices; an older kernel).
+pub fn disk_sequence(known: &Path, dev: DevNumber) -> Option<u64> {
+    if !known.is_dir() {
+        return None;
+    }
+    let sysfs = known.join(dev.to_string());
+    [sysfs.join("diskseq"), sysfs.join("../diskseq")]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
+}
+
 /// The kernel knows block device `dev`. `known` is either a sysfs directory of device numbers
 /// (`/sys/dev/block` on a host: `<major>:<minor>` exists) or a `/proc/partitions` table — inside
 /// a container sysfs lists no block devices, while `/proc/partitions` lists the host's.
@@ -542,5 +557,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, DevNodeError::NotListed { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_disk_sequence_is_read_for_a_disk_and_a_partitions_disk_and_not_from_a_table() {
+        let sys = tempfile::tempdir().unwrap();
+        std::fs::create_dir(sys.path().join("7:0")).unwrap();
+        std::fs::write(sys.path().join("7:0/diskseq"), "926\n").unwrap();
+        assert_eq!(disk_sequence(sys.path(), LOOP0), Some(926));
+        // A partition's sysfs dir sits in its disk's, as /sys/dev/block's links lead.
+        let disk = sys.path().join("devices/nvme0n1");
+        std::fs::create_dir_all(disk.join("nvme0n1p1")).unwrap();
+        std::fs::write(disk.join("diskseq"), "3").unwrap();
+        std::os::unix::fs::symlink(disk.join("nvme0n1p1"), sys.path().join("259:1")).unwrap();
+        assert_eq!(
+            disk_sequence(
+                sys.path(),
+                DevNumber {
+                    major: 259,
+                    minor: 1
+                }
+            ),
+            Some(3)
+        );
+        assert_eq!(
+            disk_sequence(sys.path(), DevNumber { major: 7, minor: 9 }),
+            None
+        );
+        let table = sys.path().join("partitions");
+        std::fs::write(&table, "   7        0      16384 loop0\n").unwrap();
+        assert_eq!(disk_sequence(&table, LOOP0), None);
     }
 }

@@ -547,6 +547,14 @@ impl Launcher {
             "adopted the running VM with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)"
         ));
         tracing::warn!("restored the last Sync over the spec file");
+        // A device number is reused once its disk is gone: one whose disk changed since the
+        // Sync was accepted is left out, never attached as the volume.
+        let sys = &self.options.hotplug.sys_dev_block;
+        let (input, replaced) =
+            input.without_replaced_devices(|dev| devnode::disk_sequence(sys, dev));
+        for volume in replaced {
+            tracing::warn!(%volume, "the block device the last Sync gave this volume is another disk now (its number was reused): left out; a Sync naming its device attaches it");
+        }
         self.update(|s| s.spec = vmi);
         self.last_sync.restored(input);
         true

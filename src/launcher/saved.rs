@@ -74,6 +74,9 @@ struct SavedSync {
     spec: String,
     block_devices: BTreeMap<String, BlockSource>,
     persist: BTreeSet<String>,
+    /// Absent from files written before it: no number is checked then.
+    #[serde(default)]
+    block_identities: BTreeMap<String, u64>,
     generation_end: u64,
 }
 
@@ -132,6 +135,7 @@ impl SavedSyncs {
             spec: input.spec.clone(),
             block_devices: input.block_devices.clone(),
             persist: input.persist.clone(),
+            block_identities: input.block_identities.clone(),
             generation_end: generation,
         };
         // Only strings, maps and numbers: serializing cannot fail.
@@ -191,6 +195,7 @@ fn input_of(saved: &SavedSync) -> SyncInput {
         dry_run: false,
         block_devices: saved.block_devices.clone(),
         persist: saved.persist.clone(),
+        block_identities: saved.block_identities.clone(),
     }
 }
 
@@ -214,6 +219,7 @@ mod tests {
             ]
             .into(),
             persist: ["blk".to_string()].into(),
+            block_identities: [("blk".to_string(), 926)].into(),
         }
     }
 
@@ -342,5 +348,18 @@ mod tests {
             found_with(&vec![b' '; MAX_FILE as usize + 1]),
             Err(SavedSyncError::TooBig { .. })
         ));
+    }
+
+    #[test]
+    fn a_request_saved_before_disk_sequences_were_kept_reads_without_them() {
+        let (_dir, base) = crate::testing::temp_path("last-sync");
+        let old = r#"{"generation":1,"version":2,"spec":"s","block_devices":{},"persist":[],"generation_end":1}"#;
+        fs::write(base.with_extension("1.json"), old).unwrap();
+        let (_, found) = SavedSyncs::open(&base);
+        let found = found.unwrap().unwrap();
+        assert_eq!(
+            (found.spec.as_str(), found.block_identities.len()),
+            ("s", 0)
+        );
     }
 }

@@ -62,6 +62,36 @@ pub struct SyncInput {
     pub block_devices: BTreeMap<String, BlockSource>,
     /// Volumes whose attach also goes to the persistent definition.
     pub persist: BTreeSet<String>,
+    /// The disk sequence (`devnode::disk_sequence`) of each block device given by number, as
+    /// it was when the request was accepted: a restored request attaches a number only while
+    /// it is still that disk. Filled by the launcher, not by the client.
+    pub block_identities: BTreeMap<String, u64>,
+}
+
+impl SyncInput {
+    /// The request without the block devices given by number whose disk is no longer the one
+    /// it was accepted with (`now`: a number's disk sequence now), and those volumes' names:
+    /// the kernel reuses a number once its disk is gone, and a restored request must not
+    /// attach whatever disk has it next.
+    pub fn without_replaced_devices(
+        mut self,
+        now: impl Fn(DevNumber) -> Option<u64>,
+    ) -> (SyncInput, Vec<String>) {
+        let mut replaced = Vec::new();
+        for (volume, accepted) in std::mem::take(&mut self.block_identities) {
+            match self.block_devices.get(&volume) {
+                Some(BlockSource::Number(dev)) if now(*dev) != Some(accepted) => {
+                    self.block_devices.remove(&volume);
+                    replaced.push(volume);
+                }
+                Some(BlockSource::Number(_)) => {
+                    self.block_identities.insert(volume, accepted);
+                }
+                _ => {}
+            }
+        }
+        (self, replaced)
+    }
 }
 
 /// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
@@ -362,8 +392,20 @@ impl Launcher {
     /// The spec becomes the current one too (what a restart boots), even if the Sync is then
     /// interrupted.
     fn accept(&self, input: &SyncInput, vmi: &Validated) -> Result<(), LauncherError> {
+        let sys = &self.options.hotplug.sys_dev_block;
+        let block_identities = input
+            .block_devices
+            .iter()
+            .filter_map(|(volume, source)| match source {
+                BlockSource::Number(dev) => {
+                    Some((volume.clone(), devnode::disk_sequence(sys, *dev)?))
+                }
+                BlockSource::Path(_) => None,
+            })
+            .collect();
         let input = SyncInput {
             dry_run: false,
+            block_identities,
             ..input.clone()
         };
         // The same request again (a no-op Sync, a retry) is saved already.
@@ -681,6 +723,46 @@ pub(super) async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_restored_request_keeps_a_number_only_while_it_is_the_same_disk() {
+        let number = |minor| BlockSource::Number(DevNumber { major: 7, minor });
+        let input = SyncInput {
+            block_devices: BTreeMap::from([
+                ("same".to_string(), number(1)),
+                ("reused".to_string(), number(2)),
+                ("gone".to_string(), number(3)),
+                ("unread".to_string(), number(4)),
+                (
+                    "by-path".to_string(),
+                    BlockSource::Path("/dev/loop5".into()),
+                ),
+            ]),
+            block_identities: BTreeMap::from([
+                ("same".to_string(), 10),
+                ("reused".to_string(), 20),
+                ("gone".to_string(), 30),
+            ]),
+            ..SyncInput::default()
+        };
+        // Now: loop1 is still disk 10, loop2 is another disk, loop3 is no disk at all.
+        let now = |dev: DevNumber| match dev.minor {
+            1 => Some(10),
+            2 => Some(21),
+            4 => Some(40),
+            _ => None,
+        };
+        let (kept, replaced) = input.without_replaced_devices(now);
+        assert_eq!(replaced, ["gone", "reused"]);
+        assert_eq!(
+            kept.block_devices.keys().collect::<Vec<_>>(),
+            ["by-path", "same", "unread"]
+        );
+        assert_eq!(
+            kept.block_identities,
+            BTreeMap::from([("same".to_string(), 10)])
+        );
+    }
     use crate::domain::Bus;
 
     #[test]
