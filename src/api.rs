@@ -64,9 +64,9 @@ impl ApiError {
     }
 }
 
-fn to_status(e: LauncherError) -> tonic::Status {
+pub(crate) fn to_status(e: &LauncherError) -> tonic::Status {
     use tonic::Code;
-    let code = match &e {
+    let code = match e {
         _ if e.is_unavailable() => Code::Unavailable,
         LauncherError::InvalidSpec(_)
         | LauncherError::WrongInstance { .. }
@@ -91,7 +91,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         LauncherError::MigrationTarget(_) => Code::Aborted,
         LauncherError::MigrationAborted { .. } => Code::Cancelled,
     };
-    tonic::Status::new(code, crate::error_chain(&e))
+    tonic::Status::new(code, crate::error_chain(e))
 }
 
 fn volume_to_proto(v: &launcher::VolumeStatus) -> proto::VolumeStatus {
@@ -301,7 +301,7 @@ async fn detached<T: Send + 'static>(
     crate::run_to_end::run_to_end(call)
         .await
         .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
-        .map_err(to_status)
+        .map_err(|e| to_status(&e))
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;
@@ -508,7 +508,7 @@ impl proto::launcher_server::Launcher for Service {
         _: Request<proto::CommandRequest>,
     ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
         let launcher = self.front.launcher()?;
-        launcher.cancel_migration().map_err(to_status)?;
+        launcher.cancel_migration().map_err(|e| to_status(&e))?;
         Ok(Response::new(proto::CommandResponse {
             task_id: launcher.status().task.map(|t| t.id).unwrap_or_default(),
             status: Some(status_to_proto(&launcher.status())),
