@@ -202,9 +202,9 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     // Held until the launcher exits: one launcher per runtime dir.
     let (rt, _lock) = RuntimeDir::claim(&opts.runtime_dir).map_err(RunError::RuntimeDir)?;
     // The API socket's path before anything starts: a `--socket` that would be refused (a file
-    // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo
-    //. It is bound once the VM is up, as before: until then a client finds no
-    // socket and fails at once, instead of waiting unanswered through the start.
+    // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo.
+    // It is bound only once the VM is up: until then a client finds no socket and fails at
+    // once, instead of waiting unanswered through the start.
     let socket = opts.socket.clone().unwrap_or_else(|| rt.socket());
     api::check_socket_path(&socket).map_err(RunError::Socket)?;
     // Where the spec's host paths lead, before anything is started: never into the launcher's
