@@ -118,7 +118,7 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
     let now = Instant::now();
     proto::Status {
         phase: s.phase.as_str().into(),
-        printable_status: s.printable_status.into(),
+        printable_status: s.printable_status.as_str().into(),
         power_state: s
             .power_state
             .as_ref()
@@ -176,7 +176,7 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
         }),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
-        phase_reason: s.phase_reason.unwrap_or_default().into(),
+        phase_reason: s.phase_reason.map_or("", |r| r.as_str()).into(),
         run_strategy: s.run_strategy.as_str().into(),
         restart_count: s.restart_count,
         next_restart_in_ms: s
@@ -666,7 +666,7 @@ const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vmlauncher_de
 /// from the moment the launcher is terminating or the VM is final.
 pub fn serving(status: &launcher::Status) -> bool {
     status.phase == crate::lifecycle::Phase::Running
-        && status.printable_status != "Terminating"
+        && status.printable_status != crate::lifecycle::PrintableStatus::Terminating
         && !status.finished
 }
 

@@ -7,7 +7,7 @@
 
 use crate::kubevirt::VirtLauncherError;
 use crate::launcher::LauncherError;
-use crate::lifecycle::Phase;
+use crate::lifecycle::{Phase, PhaseReason};
 use crate::run::{RunError, SpecFileError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +45,7 @@ pub enum Ended {
     /// The launcher's VM reached a final phase (or was never started), with the reason it gives.
     VmFinal {
         phase: Phase,
-        reason: Option<&'static str>,
+        reason: Option<PhaseReason>,
     },
     /// A Sync was answered and reported a part of it that failed (a volume, a resize, an
     /// interface): printed, and told to scripts through the exit code.
@@ -144,13 +144,13 @@ impl From<&MainError> for ExitCode {
 
 impl ExitCode {
     /// How a launcher whose VM reached a final phase exits.
-    pub fn from_final_phase(phase: Phase, reason: Option<&str>) -> ExitCode {
+    pub fn from_final_phase(phase: Phase, reason: Option<PhaseReason>) -> ExitCode {
         match (phase, reason) {
             (Phase::Succeeded, _) => ExitCode::Succeeded,
             // Stopped before it ever ran (run strategy Manual or Halted): nothing failed.
             (Phase::Scheduled, _) => ExitCode::Succeeded,
-            (Phase::Failed, Some("GracePeriodExpired")) => ExitCode::GracePeriodExpired,
-            (Phase::Failed, Some("MigrationFailed")) => ExitCode::MigrationFailed,
+            (Phase::Failed, Some(PhaseReason::GracePeriodExpired)) => ExitCode::GracePeriodExpired,
+            (Phase::Failed, Some(PhaseReason::MigrationFailed)) => ExitCode::MigrationFailed,
             (Phase::Failed, _) => ExitCode::GuestFailed,
             (Phase::Unknown, _) => ExitCode::HypervisorUnavailable,
             (Phase::Running, _) => ExitCode::Internal,
@@ -284,27 +284,27 @@ mod tests {
     #[test]
     fn final_phases_map_to_codes() {
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Succeeded, Some("GuestShutdown")),
+            ExitCode::from_final_phase(Phase::Succeeded, Some(PhaseReason::GuestShutdown)),
             ExitCode::Succeeded
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("GracePeriodExpired")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::GracePeriodExpired)),
             ExitCode::GracePeriodExpired
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("Crashed")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::Crashed)),
             ExitCode::GuestFailed
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("MigrationFailed")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::MigrationFailed)),
             ExitCode::MigrationFailed
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Succeeded, Some("Migrated")),
+            ExitCode::from_final_phase(Phase::Succeeded, Some(PhaseReason::Migrated)),
             ExitCode::Succeeded
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("DomainLost")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::DomainLost)),
             ExitCode::GuestFailed
         );
         assert_eq!(
@@ -420,7 +420,7 @@ mod tests {
             (
                 Ended::VmFinal {
                     phase: Phase::Failed,
-                    reason: Some("GracePeriodExpired"),
+                    reason: Some(PhaseReason::GracePeriodExpired),
                 },
                 ExitCode::GracePeriodExpired,
             ),

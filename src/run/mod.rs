@@ -14,7 +14,7 @@ use crate::domain::VirtType;
 use crate::exit::Ended;
 use crate::launcher::{Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
-use crate::lifecycle::{Phase, RunStrategy};
+use crate::lifecycle::{Phase, PrintableStatus, RunStrategy};
 pub use crate::runtime_dir::RuntimeDir;
 
 use crate::spec::{self, Validated};
@@ -425,7 +425,7 @@ pub(super) async fn follow(
     signals: &mut StopSignals,
 ) -> Result<Ended, RunError> {
     let mut changes = launcher.subscribe_course();
-    let mut last: Option<(Phase, &'static str)> = None;
+    let mut last: Option<(Phase, PrintableStatus)> = None;
     let terminate = async {
         let which = signals.recv().await;
         say(format_args!(
