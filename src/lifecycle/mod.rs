@@ -145,55 +145,58 @@ pub fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
     }
 }
 
-/// The reason that goes with a final phase. Its name is the wire's (KubeVirt's CamelCase): the
-/// API, `status` and `run`'s lines show `as_str`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PhaseReason {
-    GuestShutdown,
-    /// The launcher destroyed the guest that ignored ACPI for its whole grace period.
-    GracePeriodExpired,
-    Destroyed,
-    Crashed,
-    StartFailed,
-    Saved,
-    FromSnapshot,
-    /// Shut off for a reason libvirt gives and the launcher does not know.
-    Unknown,
-    /// The domain went away without the launcher's doing.
-    DomainLost,
-    HypervisorUnreachable,
-    /// The VM left for another launcher by live migration.
-    Migrated,
-    /// A migration target whose guest never arrived.
-    MigrationFailed,
-}
-
-impl PhaseReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PhaseReason::GuestShutdown => "GuestShutdown",
-            PhaseReason::GracePeriodExpired => "GracePeriodExpired",
-            PhaseReason::Destroyed => "Destroyed",
-            PhaseReason::Crashed => "Crashed",
-            PhaseReason::StartFailed => "StartFailed",
-            PhaseReason::Saved => "Saved",
-            PhaseReason::FromSnapshot => "FromSnapshot",
-            PhaseReason::Unknown => "Unknown",
-            PhaseReason::DomainLost => "DomainLost",
-            PhaseReason::HypervisorUnreachable => "HypervisorUnreachable",
-            PhaseReason::Migrated => "Migrated",
-            PhaseReason::MigrationFailed => "MigrationFailed",
+/// An enum whose variants' names are their wire form (KubeVirt's CamelCase): `as_str` and
+/// `Display` give the name, so that the string the API, `status` and `run`'s lines show cannot
+/// drift from the variant the code matches on.
+macro_rules! wire_names {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)*
         }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => stringify!($variant),)*
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+wire_names! {
+    /// The reason that goes with a final phase.
+    pub enum PhaseReason {
+        GuestShutdown,
+        /// The launcher destroyed the guest that ignored ACPI for its whole grace period.
+        GracePeriodExpired,
+        Destroyed,
+        Crashed,
+        StartFailed,
+        Saved,
+        FromSnapshot,
+        /// Shut off for a reason libvirt gives and the launcher does not know.
+        Unknown,
+        /// The domain went away without the launcher's doing.
+        DomainLost,
+        HypervisorUnreachable,
+        /// The VM left for another launcher by live migration.
+        Migrated,
+        /// A migration target whose guest never arrived.
+        MigrationFailed,
     }
 }
 
-impl fmt::Display for PhaseReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The reason that goes with a final phase.
+/// The reason that goes with the phase of an observation; `None` for a domain not created or one
+/// that runs.
 pub fn phase_reason(observation: &Observation, destroyed_after_grace: bool) -> Option<PhaseReason> {
     match observation {
         Observation::Vanished => Some(PhaseReason::DomainLost),
@@ -228,52 +231,27 @@ pub struct Progress {
     pub finished: bool,
 }
 
-/// What a person reads in `status`: the phase, refined by what the launcher is doing. Its name
-/// is the wire's: the API, `status` and `run`'s lines show `as_str`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PrintableStatus {
-    Starting,
-    CrashLoopBackOff,
-    /// The launcher itself is shutting down (SIGTERM).
-    Terminating,
-    Unknown,
-    Stopping,
-    Migrating,
-    /// A migration target before any source has come.
-    WaitingForMigration,
-    Succeeded,
-    Failed,
-    Stopped,
-    Paused,
-    Running,
-}
-
-impl PrintableStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PrintableStatus::Starting => "Starting",
-            PrintableStatus::CrashLoopBackOff => "CrashLoopBackOff",
-            PrintableStatus::Terminating => "Terminating",
-            PrintableStatus::Unknown => "Unknown",
-            PrintableStatus::Stopping => "Stopping",
-            PrintableStatus::Migrating => "Migrating",
-            PrintableStatus::WaitingForMigration => "WaitingForMigration",
-            PrintableStatus::Succeeded => "Succeeded",
-            PrintableStatus::Failed => "Failed",
-            PrintableStatus::Stopped => "Stopped",
-            PrintableStatus::Paused => "Paused",
-            PrintableStatus::Running => "Running",
-        }
+wire_names! {
+    /// What a person reads in `status`: the phase, refined by what the launcher is doing.
+    pub enum PrintableStatus {
+        Starting,
+        CrashLoopBackOff,
+        /// The launcher itself is shutting down (SIGTERM).
+        Terminating,
+        Unknown,
+        Stopping,
+        Migrating,
+        /// A migration target before any source has come.
+        WaitingForMigration,
+        Succeeded,
+        Failed,
+        Stopped,
+        Paused,
+        Running,
     }
 }
 
-impl fmt::Display for PrintableStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What a person reads in `status`: the phase, refined by what the launcher is doing.
+/// The printable status of an observation in `phase`, given what the launcher is doing.
 pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> PrintableStatus {
     use PrintableStatus as S;
     if p.task == Some(TaskKind::Starting) {
