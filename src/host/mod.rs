@@ -577,10 +577,7 @@ mod tests {
     #[test]
     fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
         // What the launcher writes on top of a backing is exactly such an image.
-        let (dir, base) = crate::testing::temp_path("base.img");
-        fs::File::create(&base).unwrap().set_len(1 << 20).unwrap();
-        let pointing = dir.path().join("pointing.qcow2");
-        create_qcow2(&pointing, 1 << 20, Some((&base, "raw"))).unwrap();
+        let (dir, _base, pointing) = qcow2::tests::overlay_on_a_raw_base("pointing.qcow2", 1 << 20);
 
         let container_disk = resolved(
             dir.path().join("cd.qcow2"),

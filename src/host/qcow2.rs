@@ -95,20 +95,31 @@ pub(super) fn create_qcow2(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::fs;
+    use std::path::PathBuf;
     use std::process::Command;
 
     use super::*;
+
+    /// A raw `base.img` of `size` bytes in a temp dir, and a qcow2 `overlay` on it there: the
+    /// temp dir, the base and the overlay.
+    pub(in crate::host) fn overlay_on_a_raw_base(
+        overlay: &str,
+        size: u64,
+    ) -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let (dir, base) = crate::testing::temp_path("base.img");
+        fs::File::create(&base).unwrap().set_len(size).unwrap();
+        let overlay = dir.path().join(overlay);
+        create_qcow2(&overlay, size, Some((&base, "raw"))).unwrap();
+        (dir, base, overlay)
+    }
 
     /// QEMU itself opens what `create_qcow2` writes, with the size and backing file we meant.
     #[test]
     fn qemu_reads_our_qcow2_overlay() {
         use std::io::Write;
-        let (dir, base) = crate::testing::temp_path("base.img");
-        fs::File::create(&base).unwrap().set_len(7 << 20).unwrap();
-        let overlay = dir.path().join("overlay.qcow2");
-        create_qcow2(&overlay, 7 << 20, Some((&base, "raw"))).unwrap();
+        let (_dir, base, overlay) = overlay_on_a_raw_base("overlay.qcow2", 7 << 20);
         let mut qemu = Command::new("qemu-system-x86_64")
             .args([
                 "-machine",
