@@ -8,7 +8,7 @@
 use crate::kubevirt::VirtLauncherError;
 use crate::launcher::LauncherError;
 use crate::lifecycle::{Phase, PhaseReason};
-use crate::run::{RunError, SpecFileError};
+use crate::run::{RunError, SetupError, SpecFileError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -190,15 +190,18 @@ impl ExitCode {
     /// How `run` (and `warm-cache`) exits when it fails before its VM ends.
     fn from_run_error(e: &RunError) -> ExitCode {
         match e {
-            RunError::QemuUser(_) | RunError::GuestLoopback(_) => ExitCode::Usage,
-            RunError::RuntimeDir(e) => ExitCode::from_runtime_dir_error(e),
+            // `--qemu-user` names a user the host does not have.
+            RunError::Setup(SetupError::QemuUser(_)) | RunError::GuestLoopback(_) => {
+                ExitCode::Usage
+            }
+            RunError::Setup(SetupError::RuntimeDir(e)) => ExitCode::from_runtime_dir_error(e),
             RunError::Socket(e) => ExitCode::from_bind_error(e),
             RunError::HostPaths(_) => ExitCode::BadSpec,
             RunError::Start(e) | RunError::Resumed(e) | RunError::Incoming(e) => {
                 ExitCode::from_launcher_error(e)
             }
             RunError::Daemons(_) | RunError::WarmCache(_) => ExitCode::HypervisorUnavailable,
-            RunError::Signals
+            RunError::Setup(SetupError::Signals)
             | RunError::Panicked(_)
             | RunError::WarmCachePanicked(_)
             | RunError::NoOffers
@@ -209,12 +212,14 @@ impl ExitCode {
     /// How `virt-launcher` exits when it fails before its VM ends.
     fn from_virt_launcher_error(e: &VirtLauncherError) -> ExitCode {
         match e {
-            VirtLauncherError::RuntimeDir(e) => ExitCode::from_runtime_dir_error(e),
+            VirtLauncherError::Setup(SetupError::RuntimeDir(e)) => {
+                ExitCode::from_runtime_dir_error(e)
+            }
             VirtLauncherError::Serve(e) => ExitCode::from_bind_error(e),
             VirtLauncherError::Libvirtd(_) => ExitCode::HypervisorUnavailable,
             VirtLauncherError::NoDomain { .. } => ExitCode::GuestFailed,
-            VirtLauncherError::Signals
-            | VirtLauncherError::QemuUser(_)
+            // KubeVirt's QEMU user is the image's own: its lack is the launcher's failure.
+            VirtLauncherError::Setup(SetupError::Signals | SetupError::QemuUser(_))
             | VirtLauncherError::Panicked(_)
             | VirtLauncherError::StatusClosed => ExitCode::Internal,
         }
@@ -246,21 +251,9 @@ impl ExitCode {
         match code {
             tonic::Code::InvalidArgument => ExitCode::BadSpec,
             tonic::Code::Unavailable => ExitCode::HypervisorUnavailable,
-            tonic::Code::Ok
-            | tonic::Code::Cancelled
-            | tonic::Code::Unknown
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::NotFound
-            | tonic::Code::AlreadyExists
-            | tonic::Code::PermissionDenied
-            | tonic::Code::ResourceExhausted
-            | tonic::Code::FailedPrecondition
-            | tonic::Code::Aborted
-            | tonic::Code::OutOfRange
-            | tonic::Code::Unimplemented
-            | tonic::Code::Internal
-            | tonic::Code::DataLoss
-            | tonic::Code::Unauthenticated => ExitCode::RequestFailed,
+            // gRPC's fixed set of codes, not this project's errors: every other one is a refused
+            // request.
+            _ => ExitCode::RequestFailed,
         }
     }
 }

@@ -104,7 +104,7 @@ fn report(error: &MainError) {
         // never said.
         MainError::Run(RunError::Panicked(_) | RunError::NoOffers | RunError::StatusClosed)
         | MainError::VirtLauncher(
-            VirtLauncherError::Signals
+            VirtLauncherError::Setup(vmlauncher::run::SetupError::Signals)
             | VirtLauncherError::Panicked(_)
             | VirtLauncherError::StatusClosed,
         ) => {}

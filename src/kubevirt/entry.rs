@@ -24,7 +24,7 @@ use super::proto::cmd_info::cmd_info_server::CmdInfoServer;
 use super::server::{CmdService, InfoService};
 use crate::exit::Ended;
 use crate::launcher::{EventKind, Launcher};
-use crate::run::{self, HostRequest, RuntimeDir};
+use crate::run::{self, HostRequest, RuntimeDir, SetupError};
 use crate::volumes::HostPaths;
 
 /// Socket names of KubeVirt's handler/launcher contract.
@@ -38,13 +38,8 @@ const FINAL_DELETE_WAIT: Duration = Duration::from_secs(30);
 /// Why `virt-launcher` failed before its VM ended.
 #[derive(Debug, thiserror::Error)]
 pub enum VirtLauncherError {
-    /// Said nothing before; it cannot fail in practice.
-    #[error("cannot install signal handlers")]
-    Signals,
     #[error(transparent)]
-    QemuUser(crate::host::qemu_user::QemuUserError),
-    #[error(transparent)]
-    RuntimeDir(crate::runtime_dir::RuntimeDirError),
+    Setup(#[from] run::SetupError),
     #[error("cannot start libvirtd")]
     Libvirtd(#[source] crate::libvirt::ConnectError),
     /// Its panic message is on stderr already.
@@ -68,14 +63,13 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
             "--{flag}={value}: accepted, not built (does nothing)"
         ));
     }
-    let mut term = signal(SignalKind::terminate()).map_err(|_| VirtLauncherError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|_| VirtLauncherError::Signals)?;
+    let mut term = signal(SignalKind::terminate()).map_err(|_| SetupError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|_| SetupError::Signals)?;
     // KubeVirt's QEMU user (107 in its images and in vmlauncher's): it owns what virt-handler
     // hot-plugs for the pod.
-    let qemu_user = run::qemu_user(None).map_err(VirtLauncherError::QemuUser)?;
+    let qemu_user = run::qemu_user(None).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
-    let (rt, _lock) =
-        RuntimeDir::claim(&flags.runtime_dir).map_err(VirtLauncherError::RuntimeDir)?;
+    let (rt, _lock) = RuntimeDir::claim(&flags.runtime_dir).map_err(SetupError::RuntimeDir)?;
     let paths = HostPaths {
         container_disk_dir: flags.container_disk_dir.clone(),
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),

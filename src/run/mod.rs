@@ -21,7 +21,9 @@ use crate::spec::{self, Validated};
 
 mod host;
 mod incoming;
-pub use host::{host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared};
+pub use host::{
+    host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared, SetupError,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -154,12 +156,8 @@ impl StopSignals {
 /// Why `run` (or `warm-cache`) failed before its VM ended.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("cannot install signal handlers")]
-    Signals,
     #[error(transparent)]
-    QemuUser(crate::host::qemu_user::QemuUserError),
-    #[error(transparent)]
-    RuntimeDir(crate::runtime_dir::RuntimeDirError),
+    Setup(#[from] SetupError),
     /// `--socket` refused, or the socket cannot be listened on.
     #[error(transparent)]
     Socket(api::ApiError),
@@ -196,11 +194,11 @@ pub enum RunError {
 /// Runs the VM until it is final or the launcher is told to stop.
 pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     let started = Instant::now();
-    let mut signals = StopSignals::install().map_err(|_| RunError::Signals)?;
-    let qemu_user = host::qemu_user(opts.qemu_user.as_deref()).map_err(RunError::QemuUser)?;
+    let mut signals = StopSignals::install().map_err(|_| SetupError::Signals)?;
+    let qemu_user = host::qemu_user(opts.qemu_user.as_deref()).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
     // Held until the launcher exits: one launcher per runtime dir.
-    let (rt, _lock) = RuntimeDir::claim(&opts.runtime_dir).map_err(RunError::RuntimeDir)?;
+    let (rt, _lock) = RuntimeDir::claim(&opts.runtime_dir).map_err(SetupError::RuntimeDir)?;
     // The API socket's path before anything starts: a `--socket` that would be refused (a file
     // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo.
     // It is bound only once the VM is up: until then a client finds no socket and fails at
@@ -387,7 +385,7 @@ fn close_guest_loopback(
 /// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
 pub async fn warm_cache(cache: &Path) -> Result<Ended, RunError> {
     let cache = cache.to_path_buf();
-    let qemu_user = host::qemu_user(None).map_err(RunError::QemuUser)?;
+    let qemu_user = host::qemu_user(None).map_err(SetupError::QemuUser)?;
     let started = Instant::now();
     let warmed = tokio::task::spawn_blocking(move || {
         let dir = tempfile::Builder::new()
