@@ -35,7 +35,7 @@
 //! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`); `run --incoming`, a migration target (`incoming`) | — |
 //! | [`runtime_dir`], [`owned_dir`] | the runtime dir: the launcher's own, one launcher at a time (flock); whether a directory is the launcher's own | — |
-//! | [`exit`] | every exit code and every mapping to one | — |
+//! | [`exit`] | every exit code and every mapping to one: from how a command ended (`Ended`) and from why it failed (`MainError`, gathering each front end's error) | print |
 //! | [`console`], [`init`] | the serial console follower (`run --console`, tests); PID-1 duties | — |
 //! | [`allocator`] | glibc malloc's settings for a launcher: one arena, no per-thread cache (a second start) | — |
 //! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |

@@ -91,10 +91,7 @@ fn report(error: &MainError) {
         }
         MainError::VirtLauncherFlags(FlagsError::Help) => print!("{USAGE}"),
         MainError::VirtLauncherFlags(e) => eprintln!("virt-launcher: {e}\n{USAGE}"),
-        MainError::Spec(SpecFileError::Unreadable { .. }) => {
-            eprintln!("vmlauncher: {}", vmlauncher::error_chain(error));
-        }
-        MainError::Spec(e) => eprintln!("{e}"),
+        MainError::Spec(e) if !matches!(e, SpecFileError::Unreadable { .. }) => eprintln!("{e}"),
         MainError::Run(RunError::HostPaths(errors)) => {
             for e in &errors.0 {
                 eprintln!("vmlauncher: {e}");
