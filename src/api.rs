@@ -64,9 +64,9 @@ impl ApiError {
     }
 }
 
-fn to_status(e: LauncherError) -> tonic::Status {
+pub(crate) fn to_status(e: &LauncherError) -> tonic::Status {
     use tonic::Code;
-    let code = match &e {
+    let code = match e {
         _ if e.is_unavailable() => Code::Unavailable,
         LauncherError::InvalidSpec(_)
         | LauncherError::WrongInstance { .. }
@@ -91,7 +91,7 @@ fn to_status(e: LauncherError) -> tonic::Status {
         LauncherError::MigrationTarget(_) => Code::Aborted,
         LauncherError::MigrationAborted { .. } => Code::Cancelled,
     };
-    tonic::Status::new(code, crate::error_chain(&e))
+    tonic::Status::new(code, crate::error_chain(e))
 }
 
 fn volume_to_proto(v: &launcher::VolumeStatus) -> proto::VolumeStatus {
@@ -118,7 +118,7 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
     let now = Instant::now();
     proto::Status {
         phase: s.phase.as_str().into(),
-        printable_status: s.printable_status.into(),
+        printable_status: s.printable_status.as_str().into(),
         power_state: s
             .power_state
             .as_ref()
@@ -176,7 +176,7 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
         }),
         domain_name: s.domain_name.clone(),
         libvirt_uri: s.libvirt_uri.clone(),
-        phase_reason: s.phase_reason.unwrap_or_default().into(),
+        phase_reason: s.phase_reason.map_or("", |r| r.as_str()).into(),
         run_strategy: s.run_strategy.as_str().into(),
         restart_count: s.restart_count,
         next_restart_in_ms: s
@@ -301,7 +301,7 @@ async fn detached<T: Send + 'static>(
     crate::run_to_end::run_to_end(call)
         .await
         .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
-        .map_err(to_status)
+        .map_err(|e| to_status(&e))
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;
@@ -509,7 +509,7 @@ impl proto::launcher_server::Launcher for Service {
         _: Request<proto::CommandRequest>,
     ) -> Result<Response<proto::CommandResponse>, tonic::Status> {
         let launcher = self.front.launcher()?;
-        launcher.cancel_migration().map_err(to_status)?;
+        launcher.cancel_migration().map_err(|e| to_status(&e))?;
         Ok(Response::new(proto::CommandResponse {
             task_id: launcher.status().task.map(|t| t.id).unwrap_or_default(),
             status: Some(status_to_proto(&launcher.status())),
@@ -667,7 +667,7 @@ const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vmlauncher_de
 /// from the moment the launcher is terminating or the VM is final.
 pub fn serving(status: &launcher::Status) -> bool {
     status.phase == crate::lifecycle::Phase::Running
-        && status.printable_status != "Terminating"
+        && status.printable_status != crate::lifecycle::PrintableStatus::Terminating
         && !status.finished
 }
 

@@ -1,10 +1,14 @@
 //! The launcher's exit codes: one enum, derived from how the VM and the process ended. The README
 //! tabulates them; scripts and node daemons depend on the numbers. Every mapping to a code lives
-//! here: from a final phase, from a launcher error, from a gRPC status a client verb received, and
-//! from the signal that killed the launcher (what PID 1 reports).
+//! here: from how a command ended ([`Ended`]: a final phase, a Sync that reported a failed part),
+//! from why it failed ([`MainError`], which gathers the launcher's, `run`'s, `virt-launcher`'s and
+//! the client verbs' errors), and from the signal that killed the launcher (what PID 1 reports).
+//! Each mapping is an exhaustive match: a new error does not compile until its code is decided.
 
+use crate::kubevirt::VirtLauncherError;
 use crate::launcher::LauncherError;
-use crate::lifecycle::Phase;
+use crate::lifecycle::{Phase, PhaseReason};
+use crate::run::{RunError, SetupError, SpecFileError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -32,15 +36,121 @@ pub enum ExitCode {
     Usage = 64,
 }
 
+/// How a command that ran to its end ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// It did what it was asked: a client call answered, a spec valid, a migration target stopped
+    /// before any migration came, a capability cache warmed, a VM stopped on SIGTERM.
+    Done,
+    /// The launcher's VM reached a final phase (or was never started), with the reason it gives.
+    VmFinal {
+        phase: Phase,
+        reason: Option<PhaseReason>,
+    },
+    /// A Sync was answered and reported a part of it that failed (a volume, a resize, an
+    /// interface): printed, and told to scripts through the exit code.
+    PartFailed,
+}
+
+/// Why a command failed: the error of each front end, gathered so that `main` prints it once
+/// and one function picks the exit code. The variants say what failed, not which code it gets.
+#[derive(Debug, thiserror::Error)]
+pub enum MainError {
+    // The command line.
+    /// clap's own error, or the help it prints (clap reports help as an error too).
+    #[error(transparent)]
+    CommandLine(clap::Error),
+    /// `virt-launcher`'s flags, or its help.
+    #[error(transparent)]
+    VirtLauncherFlags(crate::kubevirt::flags::FlagsError),
+    #[error(transparent)]
+    Publish(crate::convert::PublishError),
+    #[error("addvolume needs --path or --major and --minor")]
+    NoVolumeSource,
+
+    // The process itself.
+    #[error("cannot drop capabilities")]
+    Capabilities(#[source] crate::host::caps::CapsError),
+    #[error("cannot start the async runtime: {0}")]
+    AsyncRuntime(std::io::Error),
+    /// Said without its cause, as `convert` always has.
+    #[error("{0}")]
+    OwnCpus(crate::host::cpus::CpusError),
+    /// What a verb printed could not all be written (a full disk under `> file`; a reader that
+    /// has gone is not a failure).
+    #[error("cannot write to stdout: {0}")]
+    Stdout(std::io::Error),
+
+    // A spec file given on the command line.
+    #[error(transparent)]
+    Spec(#[from] SpecFileError),
+
+    // The client verbs' calls to a launcher.
+    #[error(transparent)]
+    Connect(crate::api::ApiError),
+    /// The launcher refused the call; it chose the gRPC code from its own typed error, in `api`.
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Refused(tonic::Status),
+    #[error("the launcher's spec does not parse: {0}")]
+    LaunchersSpec(serde_yaml_ng::Error),
+    /// `addvolume` / `removevolume` cannot make the edit on the launcher's spec.
+    #[error("{0}")]
+    Edit(String),
+    #[error("cannot write the edited spec: {0}")]
+    EditedSpec(serde_yaml_ng::Error),
+
+    // The launcher proper.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    VirtLauncher(#[from] VirtLauncherError),
+}
+
+impl From<Ended> for ExitCode {
+    fn from(ended: Ended) -> ExitCode {
+        match ended {
+            Ended::Done => ExitCode::Succeeded,
+            Ended::VmFinal { phase, reason } => ExitCode::from_final_phase(phase, reason),
+            Ended::PartFailed => ExitCode::RequestFailed,
+        }
+    }
+}
+
+impl From<&MainError> for ExitCode {
+    fn from(e: &MainError) -> ExitCode {
+        use crate::kubevirt::flags::FlagsError;
+        match e {
+            MainError::CommandLine(e) if !e.use_stderr() => ExitCode::Succeeded,
+            MainError::VirtLauncherFlags(FlagsError::Help) => ExitCode::Succeeded,
+            MainError::CommandLine(_)
+            | MainError::VirtLauncherFlags(_)
+            | MainError::Publish(_)
+            | MainError::NoVolumeSource => ExitCode::Usage,
+            MainError::Capabilities(_)
+            | MainError::AsyncRuntime(_)
+            | MainError::OwnCpus(_)
+            | MainError::Stdout(_)
+            | MainError::EditedSpec(_) => ExitCode::Internal,
+            MainError::Spec(_) => ExitCode::BadSpec,
+            MainError::Connect(_) | MainError::LaunchersSpec(_) | MainError::Edit(_) => {
+                ExitCode::RequestFailed
+            }
+            MainError::Refused(status) => ExitCode::from_rpc_code(status.code()),
+            MainError::Run(e) => ExitCode::from_run_error(e),
+            MainError::VirtLauncher(e) => ExitCode::from_virt_launcher_error(e),
+        }
+    }
+}
+
 impl ExitCode {
     /// How a launcher whose VM reached a final phase exits.
-    pub fn from_final_phase(phase: Phase, reason: Option<&str>) -> ExitCode {
+    pub fn from_final_phase(phase: Phase, reason: Option<PhaseReason>) -> ExitCode {
         match (phase, reason) {
             (Phase::Succeeded, _) => ExitCode::Succeeded,
             // Stopped before it ever ran (run strategy Manual or Halted): nothing failed.
             (Phase::Scheduled, _) => ExitCode::Succeeded,
-            (Phase::Failed, Some("GracePeriodExpired")) => ExitCode::GracePeriodExpired,
-            (Phase::Failed, Some("MigrationFailed")) => ExitCode::MigrationFailed,
+            (Phase::Failed, Some(PhaseReason::GracePeriodExpired)) => ExitCode::GracePeriodExpired,
+            (Phase::Failed, Some(PhaseReason::MigrationFailed)) => ExitCode::MigrationFailed,
             (Phase::Failed, _) => ExitCode::GuestFailed,
             (Phase::Unknown, _) => ExitCode::HypervisorUnavailable,
             (Phase::Running, _) => ExitCode::Internal,
@@ -51,9 +161,67 @@ impl ExitCode {
     pub fn from_launcher_error(e: &LauncherError) -> ExitCode {
         match e {
             LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
+            // As the API's `Unavailable`: the same test decides both.
             e if e.is_unavailable() => ExitCode::HypervisorUnavailable,
+            LauncherError::Unreachable | LauncherError::Connect(_) => {
+                ExitCode::HypervisorUnavailable
+            }
             LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
-            _ => ExitCode::Internal,
+            LauncherError::WrongInstance { .. }
+            | LauncherError::FrozenFieldsChanged { .. }
+            | LauncherError::Plan(_)
+            | LauncherError::BlockDevice { .. }
+            | LauncherError::NotAHotplugVolume { .. }
+            | LauncherError::Refused(_)
+            | LauncherError::Terminating { .. }
+            | LauncherError::Preempted
+            | LauncherError::InterfaceStuck { .. }
+            | LauncherError::SyncInterrupted
+            | LauncherError::LiveXml(_)
+            | LauncherError::Join(_)
+            | LauncherError::SaveSync(_)
+            | LauncherError::NoMigration
+            | LauncherError::MigrationTarget(_)
+            | LauncherError::BlockVolume { .. }
+            | LauncherError::MigrationAborted { .. } => ExitCode::Internal,
+        }
+    }
+
+    /// How `run` (and `warm-cache`) exits when it fails before its VM ends.
+    fn from_run_error(e: &RunError) -> ExitCode {
+        match e {
+            // `--qemu-user` names a user the host does not have.
+            RunError::Setup(SetupError::QemuUser(_)) | RunError::GuestLoopback(_) => {
+                ExitCode::Usage
+            }
+            RunError::Setup(SetupError::RuntimeDir(e)) => ExitCode::from_runtime_dir_error(e),
+            RunError::Socket(e) => ExitCode::from_bind_error(e),
+            RunError::HostPaths(_) => ExitCode::BadSpec,
+            RunError::Start(e) | RunError::Resumed(e) | RunError::Incoming(e) => {
+                ExitCode::from_launcher_error(e)
+            }
+            RunError::Daemons(_) | RunError::WarmCache(_) => ExitCode::HypervisorUnavailable,
+            RunError::Setup(SetupError::Signals)
+            | RunError::Panicked(_)
+            | RunError::WarmCachePanicked(_)
+            | RunError::NoOffers
+            | RunError::StatusClosed => ExitCode::Internal,
+        }
+    }
+
+    /// How `virt-launcher` exits when it fails before its VM ends.
+    fn from_virt_launcher_error(e: &VirtLauncherError) -> ExitCode {
+        match e {
+            VirtLauncherError::Setup(SetupError::RuntimeDir(e)) => {
+                ExitCode::from_runtime_dir_error(e)
+            }
+            VirtLauncherError::Serve(e) => ExitCode::from_bind_error(e),
+            VirtLauncherError::Libvirtd(_) => ExitCode::HypervisorUnavailable,
+            VirtLauncherError::NoDomain { .. } => ExitCode::GuestFailed,
+            // KubeVirt's QEMU user is the image's own: its lack is the launcher's failure.
+            VirtLauncherError::Setup(SetupError::Signals | SetupError::QemuUser(_))
+            | VirtLauncherError::Panicked(_)
+            | VirtLauncherError::StatusClosed => ExitCode::Internal,
         }
     }
 
@@ -83,6 +251,8 @@ impl ExitCode {
         match code {
             tonic::Code::InvalidArgument => ExitCode::BadSpec,
             tonic::Code::Unavailable => ExitCode::HypervisorUnavailable,
+            // gRPC's fixed set of codes, not this project's errors: every other one is a refused
+            // request.
             _ => ExitCode::RequestFailed,
         }
     }
@@ -107,27 +277,27 @@ mod tests {
     #[test]
     fn final_phases_map_to_codes() {
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Succeeded, Some("GuestShutdown")),
+            ExitCode::from_final_phase(Phase::Succeeded, Some(PhaseReason::GuestShutdown)),
             ExitCode::Succeeded
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("GracePeriodExpired")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::GracePeriodExpired)),
             ExitCode::GracePeriodExpired
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("Crashed")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::Crashed)),
             ExitCode::GuestFailed
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("MigrationFailed")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::MigrationFailed)),
             ExitCode::MigrationFailed
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Succeeded, Some("Migrated")),
+            ExitCode::from_final_phase(Phase::Succeeded, Some(PhaseReason::Migrated)),
             ExitCode::Succeeded
         );
         assert_eq!(
-            ExitCode::from_final_phase(Phase::Failed, Some("DomainLost")),
+            ExitCode::from_final_phase(Phase::Failed, Some(PhaseReason::DomainLost)),
             ExitCode::GuestFailed
         );
         assert_eq!(
@@ -232,6 +402,75 @@ mod tests {
         ];
         for (error, code) in table {
             assert_eq!(ExitCode::from_launcher_error(&error), code, "{error}");
+        }
+    }
+
+    #[test]
+    fn how_a_command_ended_maps_to_codes() {
+        let table = [
+            (Ended::Done, ExitCode::Succeeded),
+            (Ended::PartFailed, ExitCode::RequestFailed),
+            (
+                Ended::VmFinal {
+                    phase: Phase::Failed,
+                    reason: Some(PhaseReason::GracePeriodExpired),
+                },
+                ExitCode::GracePeriodExpired,
+            ),
+        ];
+        for (ended, code) in table {
+            assert_eq!(ExitCode::from(ended), code, "{ended:?}");
+        }
+    }
+
+    #[test]
+    fn why_a_command_failed_maps_to_codes() {
+        use crate::kubevirt::flags::FlagsError;
+        let io = || std::io::Error::from(std::io::ErrorKind::Other);
+        let table = [
+            (
+                MainError::VirtLauncherFlags(FlagsError::Help),
+                ExitCode::Succeeded,
+            ),
+            (
+                MainError::VirtLauncherFlags(FlagsError::NotUtf8),
+                ExitCode::Usage,
+            ),
+            (MainError::NoVolumeSource, ExitCode::Usage),
+            (MainError::Stdout(io()), ExitCode::Internal),
+            (
+                MainError::Spec(SpecFileError::Unreadable {
+                    path: "/s".into(),
+                    source: io(),
+                }),
+                ExitCode::BadSpec,
+            ),
+            (
+                MainError::Refused(tonic::Status::unavailable("down")),
+                ExitCode::HypervisorUnavailable,
+            ),
+            (
+                MainError::Edit("no such volume".into()),
+                ExitCode::RequestFailed,
+            ),
+            (
+                MainError::Run(RunError::Start(LauncherError::Unreachable)),
+                ExitCode::HypervisorUnavailable,
+            ),
+            (
+                MainError::Run(RunError::WarmCache(io())),
+                ExitCode::HypervisorUnavailable,
+            ),
+            (MainError::Run(RunError::StatusClosed), ExitCode::Internal),
+            (
+                MainError::VirtLauncher(VirtLauncherError::NoDomain {
+                    qemu_timeout: std::time::Duration::from_secs(5),
+                }),
+                ExitCode::GuestFailed,
+            ),
+        ];
+        for (error, code) in table {
+            assert_eq!(ExitCode::from(&error), code, "{error:?}");
         }
     }
 

@@ -1,10 +1,11 @@
 //! The `vmlauncher` command line (`docs/DESIGN.md` §6). Each verb translates its arguments into
-//! one library call; exit codes come from `vmlauncher::exit::ExitCode`.
+//! one library call and ends how it ran ([`Ended`]) or why it failed ([`MainError`]); `main` says
+//! the failure, once, and `vmlauncher::exit` alone turns either into the exit code.
 
 use clap::Parser;
 use vmlauncher::api::proto;
 use vmlauncher::convert::{self, ConvertOptions};
-use vmlauncher::exit::ExitCode;
+use vmlauncher::exit::{Ended, ExitCode, MainError};
 use vmlauncher::lifecycle::RunStrategy;
 use vmlauncher::run::{self, RunOptions};
 
@@ -46,8 +47,8 @@ enum Mode {
     VirtLauncher(vmlauncher::kubevirt::flags::VirtLauncherFlags),
 }
 
-/// Reads the command line; `Err` is the exit code of a usage error or of a help request.
-fn mode() -> Result<Mode, ExitCode> {
+/// Reads the command line; `Err` is a usage error or a help request.
+fn mode() -> Result<Mode, MainError> {
     // OS strings: a path that is not UTF-8 is clap's to refuse, naming it, not a panic here.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let flags = if args
@@ -62,45 +63,77 @@ fn mode() -> Result<Mode, ExitCode> {
         None
     };
     if let Some(flags) = flags {
-        use vmlauncher::kubevirt::flags::{parse, FlagsError, USAGE};
-        let Some(flags) = flags
+        use vmlauncher::kubevirt::flags::{parse, FlagsError};
+        let flags = flags
             .iter()
             .map(|a| a.to_str().map(str::to_string))
             .collect::<Option<Vec<String>>>()
-        else {
-            eprintln!("virt-launcher: an argument is not UTF-8\n{USAGE}");
-            return Err(ExitCode::Usage);
-        };
-        return match parse(flags) {
-            Ok(flags) => Ok(Mode::VirtLauncher(flags)),
-            Err(FlagsError::Help) => {
-                print!("{USAGE}");
-                Err(ExitCode::Succeeded)
-            }
-            Err(e) => {
-                eprintln!("virt-launcher: {e}\n{USAGE}");
-                Err(ExitCode::Usage)
-            }
-        };
+            .ok_or(FlagsError::NotUtf8)
+            .and_then(parse)
+            .map_err(MainError::VirtLauncherFlags)?;
+        return Ok(Mode::VirtLauncher(flags));
     }
-    Cli::try_parse().map(Mode::Cli).map_err(|e| {
-        let code = if e.use_stderr() {
-            ExitCode::Usage
-        } else {
-            ExitCode::Succeeded
-        };
-        let _ = e.print();
-        code
-    })
+    Cli::try_parse()
+        .map(Mode::Cli)
+        .map_err(MainError::CommandLine)
+}
+
+/// Says why a command failed, once: `vmlauncher: <what>: <why>`, except where the message names
+/// its own subject (a spec file's problems after the file's path, as a compiler names the file of
+/// its diagnostics) or has its own form (clap's; `virt-launcher`'s, with its usage).
+fn report(error: &MainError) {
+    use vmlauncher::kubevirt::flags::{FlagsError, USAGE};
+    use vmlauncher::kubevirt::VirtLauncherError;
+    use vmlauncher::run::{RunError, SpecFileError};
+    match error {
+        MainError::CommandLine(e) => {
+            let _ = e.print();
+        }
+        MainError::VirtLauncherFlags(FlagsError::Help) => print!("{USAGE}"),
+        MainError::VirtLauncherFlags(e) => eprintln!("virt-launcher: {e}\n{USAGE}"),
+        MainError::Spec(e) if !matches!(e, SpecFileError::Unreadable { .. }) => eprintln!("{e}"),
+        MainError::Run(RunError::HostPaths(errors)) => {
+            for e in &errors.0 {
+                eprintln!("vmlauncher: {e}");
+            }
+        }
+        // A panic has said itself; the others cannot happen while the launcher lives, and were
+        // never said.
+        MainError::Run(RunError::Panicked(_) | RunError::NoOffers | RunError::StatusClosed)
+        | MainError::VirtLauncher(
+            VirtLauncherError::Setup(vmlauncher::run::SetupError::Signals)
+            | VirtLauncherError::Panicked(_)
+            | VirtLauncherError::StatusClosed,
+        ) => {}
+        _ => eprintln!("vmlauncher: {}", vmlauncher::error_chain(error)),
+    }
 }
 
 fn main() -> std::process::ExitCode {
     // Before any thread exists (`vmlauncher::allocator` says why and what was measured).
     vmlauncher::allocator::one_arena();
-    let mode = match mode() {
-        Ok(mode) => mode,
-        Err(code) => return code.into(),
+    // Dropped only once the failure is said: its drop waits for the blocking tasks.
+    let mut runtime = None;
+    let outcome = launch(&mut runtime);
+    // Output cut short outranks how the verb ended.
+    let outcome = match cli::stdout_failure() {
+        Some(failed) => Err(failed),
+        None => outcome,
     };
+    let code = match &outcome {
+        Ok(ended) => ExitCode::from(*ended),
+        Err(error) => {
+            report(error);
+            ExitCode::from(error)
+        }
+    };
+    drop(runtime);
+    code.into()
+}
+
+/// Everything of `main` but saying a failure: sets up the process and runs the verb on `runtime`.
+fn launch(runtime: &mut Option<tokio::runtime::Runtime>) -> Result<Ended, MainError> {
+    let mode = mode()?;
     // The launcher proper, which lives as long as the VM; the client verbs are short.
     let (runs_a_vm, log_format) = match &mode {
         Mode::Cli(cli) => (matches!(cli.command, Command::Run { .. }), cli.log_format),
@@ -121,41 +154,28 @@ fn main() -> std::process::ExitCode {
     init_logging(log_format);
     if runs_a_vm {
         // Capabilities are per thread: drop them while this is the only thread.
-        match vmlauncher::host::caps::drop_unneeded() {
-            Ok(dropped) => tracing::info!(?dropped, "dropped capabilities"),
-            Err(e) => {
-                eprintln!(
-                    "vmlauncher: cannot drop capabilities: {}",
-                    vmlauncher::error_chain(&e)
-                );
-                return ExitCode::Internal.into();
-            }
-        }
+        let dropped = vmlauncher::host::caps::drop_unneeded().map_err(MainError::Capabilities)?;
+        tracing::info!(?dropped, "dropped capabilities");
     }
     // One VM's worth of work: the API, the reconciler and the event stream are light, and every
     // libvirt call and host step runs off the async worker (`block_in_place`, which a
     // multi-thread runtime needs, or `spawn_blocking`), so one worker thread does; each thread
     // costs stack and a malloc arena (measured: RssAnon 4.8 MiB with the default, a worker per
     // core).
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .max_blocking_threads(16)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("vmlauncher: cannot start the async runtime: {e}");
-            return ExitCode::Internal.into();
-        }
-    };
-    let outcome = match mode {
+    let runtime = runtime.insert(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(16)
+            .enable_all()
+            .build()
+            .map_err(MainError::AsyncRuntime)?,
+    );
+    match mode {
         Mode::Cli(cli) => runtime.block_on(dispatch(cli.command)),
         Mode::VirtLauncher(flags) => {
-            Ok(runtime.block_on(vmlauncher::kubevirt::virt_launcher(flags)))
+            Ok(runtime.block_on(vmlauncher::kubevirt::virt_launcher(flags))?)
         }
-    };
-    outcome.unwrap_or_else(|code| code).into()
+    }
 }
 
 async fn dispatch(command: Command) -> Outcome {
@@ -193,10 +213,9 @@ async fn dispatch(command: Command) -> Outcome {
                 .or(spec.as_ref().and_then(|s| s.run_strategy))
                 .unwrap_or(RunStrategy::Once);
             let host_ports = match &spec {
-                Some(spec) => vmlauncher::convert::moved_ports(spec, &publish).map_err(|e| {
-                    eprintln!("vmlauncher: {e}");
-                    ExitCode::Usage
-                })?,
+                Some(spec) => {
+                    vmlauncher::convert::moved_ports(spec, &publish).map_err(MainError::Publish)?
+                }
                 None => Default::default(),
             };
             let ended = run::run(RunOptions {
@@ -226,10 +245,10 @@ async fn dispatch(command: Command) -> Outcome {
                 allow_block_devices,
                 guest_loopback,
             })
-            .await;
+            .await?;
             Ok(ended)
         }
-        Command::WarmCache { qemu_cache_dir } => Ok(run::warm_cache(&qemu_cache_dir).await),
+        Command::WarmCache { qemu_cache_dir } => Ok(run::warm_cache(&qemu_cache_dir).await?),
         Command::Convert {
             spec,
             emulation,
@@ -237,18 +256,20 @@ async fn dispatch(command: Command) -> Outcome {
         } => {
             let (vmi, _) = run::load_spec(&spec)?;
             let mut opts = ConvertOptions::new(emulation.resolve(), console_log);
-            opts.cpus = vmlauncher::host::cpus::own_cpus().map_err(|e| {
-                eprintln!("vmlauncher: {e}");
-                ExitCode::Internal
-            })?;
-            let def = convert::convert(&vmi, &opts).map_err(|e| {
-                eprintln!("{}: {e}", spec.display());
-                ExitCode::BadSpec
+            opts.cpus = vmlauncher::host::cpus::own_cpus().map_err(MainError::OwnCpus)?;
+            let def = convert::convert(&vmi, &opts).map_err(|errors| {
+                run::SpecFileError::NotConvertible {
+                    path: spec.clone(),
+                    errors,
+                }
             })?;
             out!("{}", def.to_xml());
-            Ok(ExitCode::Succeeded)
+            Ok(Ended::Done)
         }
-        Command::Validate { spec } => run::load_spec(&spec).map(|_| ExitCode::Succeeded),
+        Command::Validate { spec } => {
+            run::load_spec(&spec)?;
+            Ok(Ended::Done)
+        }
         Command::Sync {
             spec,
             socket,
@@ -270,10 +291,7 @@ async fn dispatch(command: Command) -> Outcome {
                 (None, Some(major), Some(minor)) => {
                     proto::block_device::Source::Number(proto::DeviceNumber { major, minor })
                 }
-                _ => {
-                    eprintln!("vmlauncher: addvolume needs --path or --major and --minor");
-                    return Err(ExitCode::Usage);
-                }
+                _ => return Err(MainError::NoVolumeSource),
             };
             let serial = serial.unwrap_or_else(|| name.clone());
             edit_volumes(&socket, output, |spec, req| {

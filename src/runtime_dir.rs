@@ -2,9 +2,8 @@
 //! libvirtd, hotplug records, the last Sync). Root acts on what is in it — writes config files,
 //! signals pids, unlinks nodes — so it must be the launcher's own: a directory, not a
 //! symlink, owned by the launcher's user, writable by no one else, under directories no one else
-//! can rename it out of (`owned_dir`). And one launcher at a time
-//!: a second `run` on the same dir would adopt the first one's VM and stop it on
-//! exit. The lock is an `flock` held for the launcher's life, released by the kernel when it dies
+//! can rename it out of (`owned_dir`). And one launcher at a time: a second `run` on the same
+//! dir would adopt the first one's VM and stop it on exit. The lock is an `flock` held for the launcher's life, released by the kernel when it dies
 //! (kill -9 included), so a restarted launcher never finds a stale lock.
 
 use std::fs;

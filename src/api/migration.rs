@@ -10,13 +10,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::proto;
 use crate::launcher::{
-    self, IncomingOffer, IncomingPlan, Launcher, LauncherError, MigrateRequest, MigrationStatus,
+    self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, MigrationStatus,
 };
 
-/// A source's offer and where the target's answer goes.
+/// A source's offer and where the target's answer goes (a refusal as the source's call returns
+/// it, so that the target keeps its typed error for its own exit).
 pub type Offer = (
     IncomingOffer,
-    oneshot::Sender<Result<IncomingPlan, LauncherError>>,
+    oneshot::Sender<Result<IncomingPlan, tonic::Status>>,
 );
 
 /// What the API serves: the launcher once there is one. Before that (a migration target waiting
@@ -119,8 +120,7 @@ impl Front {
             .map_err(|_| tonic::Status::unavailable("the launcher is going away"))?;
         let plan = rx
             .await
-            .map_err(|_| tonic::Status::unavailable("the launcher is going away"))?
-            .map_err(super::to_status)?;
+            .map_err(|_| tonic::Status::unavailable("the launcher is going away"))??;
         Ok(proto::PrepareMigrationTargetResponse {
             libvirt_uri: plan.libvirt_uri,
             migration_uri: plan.migration_uri,

@@ -1,11 +1,11 @@
 //! The client verbs: each talks to a running launcher over its socket and turns the answer into
-//! output and an exit code.
+//! output and how the verb ended.
 
 use std::path::Path;
 
 use vmlauncher::api::{self, proto};
-use vmlauncher::exit::ExitCode;
-use vmlauncher::run;
+use vmlauncher::exit::{Ended, MainError};
+use vmlauncher::run::{self, SpecFileError};
 
 use super::args::{Output, Target};
 use super::output::{
@@ -17,13 +17,15 @@ use super::{outln, write_stdout, Outcome};
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
 
-pub(crate) async fn connect(socket: &Path) -> Result<Client, ExitCode> {
-    api::connect(socket).await.map_err(|e| request_failed(&e))
+pub(crate) async fn connect(socket: &Path) -> Result<Client, MainError> {
+    api::connect(socket).await.map_err(MainError::Connect)
 }
 
-/// The launcher's answer to one call, or the exit code its refusal maps to.
-pub(crate) fn answer<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> Result<T, ExitCode> {
-    reply.map(tonic::Response::into_inner).map_err(rpc_failed)
+/// The launcher's answer to one call, or its refusal.
+pub(crate) fn answer<T>(reply: Result<tonic::Response<T>, tonic::Status>) -> Result<T, MainError> {
+    reply
+        .map(tonic::Response::into_inner)
+        .map_err(MainError::Refused)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -70,7 +72,7 @@ pub(crate) async fn send_command(target: &Target, verb: Verb) -> Outcome {
             status.vm_state
         ),
     }
-    Ok(ExitCode::Succeeded)
+    Ok(Ended::Done)
 }
 
 pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
@@ -79,8 +81,8 @@ pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
     let mut stream = answer(client.watch_events(proto::WatchEventsRequest {}).await)?;
     loop {
         // `None`: the launcher went away, the stream is over.
-        let Some(event) = stream.message().await.map_err(rpc_failed)? else {
-            return Ok(ExitCode::Succeeded);
+        let Some(event) = stream.message().await.map_err(MainError::Refused)? else {
+            return Ok(Ended::Done);
         };
         let (kind, body, text) = match event.kind {
             Some(Kind::Resync(s)) => (
@@ -123,19 +125,9 @@ pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
             Output::Text => format!("{:>6} {kind:<13} {text}", event.seq),
         };
         if !write_stdout(format_args!("{line}\n")) {
-            return Ok(ExitCode::Succeeded);
+            return Ok(Ended::Done);
         }
     }
-}
-
-fn request_failed(e: &(dyn std::error::Error + 'static)) -> ExitCode {
-    eprintln!("vmlauncher: {}", vmlauncher::error_chain(e));
-    ExitCode::RequestFailed
-}
-
-fn rpc_failed(status: tonic::Status) -> ExitCode {
-    eprintln!("vmlauncher: {:?}: {}", status.code(), status.message());
-    ExitCode::from_rpc_code(status.code())
 }
 
 /// `addvolume` / `removevolume`: the launcher's current spec, edited, synced back.
@@ -146,24 +138,16 @@ pub(crate) async fn edit_volumes(
 ) -> Outcome {
     let mut client = connect(socket).await?;
     let current = answer(client.get_spec(proto::GetSpecRequest {}).await)?;
-    let mut spec: SpecValue = serde_yaml_ng::from_str(&current.spec).map_err(|e| {
-        eprintln!("vmlauncher: the launcher's spec does not parse: {e}");
-        ExitCode::RequestFailed
-    })?;
+    let mut spec: SpecValue =
+        serde_yaml_ng::from_str(&current.spec).map_err(MainError::LaunchersSpec)?;
     let mut req = proto::SyncRequest {
         spec: String::new(),
         dry_run: false,
         block_devices: current.block_devices,
         persist: current.persist,
     };
-    edit(&mut spec, &mut req).map_err(|why| {
-        eprintln!("vmlauncher: {why}");
-        ExitCode::RequestFailed
-    })?;
-    req.spec = serde_yaml_ng::to_string(&spec).map_err(|e| {
-        eprintln!("vmlauncher: cannot write the edited spec: {e}");
-        ExitCode::Internal
-    })?;
+    edit(&mut spec, &mut req).map_err(MainError::Edit)?;
+    req.spec = serde_yaml_ng::to_string(&spec).map_err(MainError::EditedSpec)?;
     sync_request(client, req, output).await
 }
 
@@ -172,16 +156,18 @@ pub(crate) async fn sync(spec: &Path, socket: &Path, dry_run: bool, output: Outp
     let text = match run::read_spec(spec).map(String::from_utf8) {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
-            eprintln!(
-                "{}: (document): not UTF-8 (invalid byte at offset {})",
-                spec.display(),
-                e.utf8_error().valid_up_to()
-            );
-            return Err(ExitCode::BadSpec);
+            return Err(SpecFileError::NotUtf8 {
+                path: spec.into(),
+                valid_up_to: e.utf8_error().valid_up_to(),
+            }
+            .into())
         }
-        Err(e) => {
-            eprintln!("{}: {e}", spec.display());
-            return Err(ExitCode::BadSpec);
+        Err(source) => {
+            return Err(SpecFileError::NotSendable {
+                path: spec.into(),
+                source,
+            }
+            .into())
         }
     };
     let client = connect(socket).await?;
@@ -278,9 +264,9 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
         || response.resources.iter().any(|c| !c.error.is_empty())
         || response.interfaces.iter().any(|c| !c.error.is_empty());
     Ok(if failed {
-        ExitCode::RequestFailed
+        Ended::PartFailed
     } else {
-        ExitCode::Succeeded
+        Ended::Done
     })
 }
 
@@ -331,5 +317,5 @@ pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
             print_volumes(&s.volumes);
         }
     }
-    Ok(ExitCode::Succeeded)
+    Ok(Ended::Done)
 }

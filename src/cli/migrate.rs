@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use vmlauncher::api::{self, proto};
-use vmlauncher::exit::ExitCode;
+use vmlauncher::exit::Ended;
 
 use super::args::Output;
 use super::client::{answer, connect};
@@ -57,7 +57,7 @@ pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
             )
         ),
     }
-    Ok(ExitCode::Succeeded)
+    Ok(Ended::Done)
 }
 
 pub(crate) async fn cancel(socket: &Path, output: Output) -> Outcome {
@@ -67,7 +67,7 @@ pub(crate) async fn cancel(socket: &Path, output: Output) -> Outcome {
         Output::Json => outln!("{}", serde_json::json!({"taskId": reply.task_id})),
         Output::Text => outln!("cancelling the migration (task {})", reply.task_id),
     }
-    Ok(ExitCode::Succeeded)
+    Ok(Ended::Done)
 }
 
 /// How long the target may take to finish its side after the source's ended.

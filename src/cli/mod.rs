@@ -7,13 +7,11 @@ pub(crate) mod migrate;
 pub(crate) mod output;
 pub(crate) mod spec_edit;
 
-use vmlauncher::exit::ExitCode;
+use vmlauncher::exit::{Ended, MainError};
 
-/// How a verb ends: `Ok` with the code the verb ran to (which may tell of a failure it printed,
-/// such as a Failed volume, or of how a VM ended), or `Err` with the code of a step that failed,
-/// its message already on stderr, so that each step can end the verb with `?`. Both are the
-/// process's exit code.
-pub(crate) type Outcome = Result<ExitCode, ExitCode>;
+/// How a verb ends: how it ran to its end, or why it failed; `main` says the failure and picks
+/// the exit code (`vmlauncher::exit`).
+pub(crate) type Outcome = Result<Ended, MainError>;
 
 /// `println!` for what a verb prints: a reader that has gone (`vmlauncher status | head -1`)
 /// silences the rest of the output, where std's `println!` panics; the verb still ends with its
@@ -33,12 +31,15 @@ macro_rules! out {
 }
 pub(crate) use out;
 
-/// Set once stdout's reader has gone: nothing more is written.
+/// Set once nothing more is written to stdout: its reader has gone, or writing failed.
 static STDOUT_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Why writing to stdout failed, other than its reader going: what `main` ends the verb with.
+static STDOUT_FAILED: std::sync::Mutex<Option<std::io::Error>> = std::sync::Mutex::new(None);
 
-/// Writes `text` and flushes it; `false` once stdout's reader has gone (so that `events` stops
-/// reading its stream for nobody). Any other failure to write (a full disk under `> file`) ends
-/// the process with a message and `Internal`.
+/// Writes `text` and flushes it; `false` once nothing more is written (so that `events` stops
+/// reading its stream for nobody). A failure other than a reader that has gone (a full disk
+/// under `> file`) is kept for [`stdout_failure`]: the verb's output is cut there, and it ends as
+/// that failure.
 pub(crate) fn write_stdout(text: std::fmt::Arguments) -> bool {
     use std::io::Write;
     use std::sync::atomic::Ordering;
@@ -47,12 +48,21 @@ pub(crate) fn write_stdout(text: std::fmt::Arguments) -> bool {
     }
     let mut stdout = std::io::stdout().lock();
     if let Err(e) = stdout.write_fmt(text).and_then(|()| stdout.flush()) {
-        if e.kind() == std::io::ErrorKind::BrokenPipe {
-            STDOUT_GONE.store(true, Ordering::Relaxed);
-            return false;
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            *STDOUT_FAILED.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
         }
-        eprintln!("vmlauncher: cannot write to stdout: {e}");
-        std::process::exit(ExitCode::Internal as i32);
+        return false;
     }
     true
+}
+
+/// The failure that cut a verb's output short, if one did: it outranks how the verb ended,
+/// since what it printed is incomplete.
+pub(crate) fn stdout_failure() -> Option<MainError> {
+    let failed = STDOUT_FAILED
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    failed.map(MainError::Stdout)
 }

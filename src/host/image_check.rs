@@ -8,7 +8,7 @@
 /// The largest virtual size accepted from an image: the largest capacity a spec may ask for.
 pub const MAX_VIRTUAL_SIZE: u64 = crate::spec::MAX_CAPACITY;
 
-const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
+pub(super) const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
 /// Incompatible feature bits QEMU 7.2 knows: dirty, corrupt, external data file, compression
 /// type, extended L2 entries. Anything else means a format we cannot vouch for.
 const KNOWN_INCOMPATIBLE: u64 = 0b1_1111;

@@ -1,8 +1,8 @@
 //! Host-side preparation of volume sources: checks that a disk's source is there and of the right
 //! kind, and makes what the launcher owns: `DiskOrCreate` images, empty qcow2 disks and qcow2
-//! overlays (written natively), cloud-init `cidata` ISOs (with `genisoimage`). Where each file goes is decided by
-//! `volumes`; paths come in as parameters, so the same code runs on real files in a temp dir in
-//! unit tests.
+//! overlays (written natively, `qcow2`), cloud-init `cidata` ISOs (with `genisoimage`, `cidata`).
+//! Where each file goes is decided by `volumes`; paths come in as parameters, so the same code
+//! runs on real files in a temp dir in unit tests.
 //!
 //! Submodules: `block` (the owner of hot-plugged block volumes' host side), `block_allow`
 //! (which block devices a Sync may attach), `devnode` (block
@@ -18,11 +18,13 @@ pub(crate) mod block;
 pub mod block_allow;
 pub mod caps;
 pub mod cgroup;
+mod cidata;
 pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
 pub mod loopback;
+mod qcow2;
 pub mod qemu_user;
 pub(crate) mod records;
 pub mod watch;
@@ -32,11 +34,12 @@ pub use devnode::DevNumber;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::volumes::{Backing, HostPaths, Preparation, ResolvedVolume};
+use cidata::build_cidata;
+use qcow2::create_qcow2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -325,7 +328,7 @@ pub fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<
         .collect()
 }
 
-fn make_parent(path: &Path) -> Result<(), HostError> {
+pub(super) fn make_parent(path: &Path) -> Result<(), HostError> {
     match path.parent() {
         Some(parent) => fs::create_dir_all(parent).map_err(|source| HostError::Create {
             path: parent.into(),
@@ -334,26 +337,6 @@ fn make_parent(path: &Path) -> Result<(), HostError> {
         None => Ok(()),
     }
 }
-
-fn run_tool(tool: &'static str, path: &Path, cmd: &mut Command) -> Result<Vec<u8>, HostError> {
-    let out = cmd.output().map_err(|source| HostError::ToolMissing {
-        tool,
-        path: path.into(),
-        source,
-    })?;
-    if !out.status.success() {
-        return Err(HostError::Tool {
-            tool,
-            path: path.into(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(out.stdout)
-}
-
-const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
-const CLUSTER_BITS: u32 = 16;
-const CLUSTER: u64 = 1 << CLUSTER_BITS;
 
 /// The format and virtual size of an overlay's backing image, as `trust` allows knowing them: a
 /// claim is raw, always; a container disk's header is read, and refused when it points anywhere.
@@ -392,115 +375,6 @@ fn image_format(
     // A block device's length is where its end is, not its metadata's.
     let size = file.seek(SeekFrom::End(0)).map_err(inspect)?;
     Ok(("raw", size))
-}
-
-/// Writes an empty qcow2 (version 3, 64 KiB clusters) of `size` bytes, on top of `backing` when
-/// given. Written natively, so that the launcher needs no `qemu-img`: the layout is the one
-/// `qemu-img create` makes — header (with the backing format extension and backing name),
-/// refcount table, one refcount block, and the L1 table, each in a cluster of its own.
-fn create_qcow2(path: &Path, size: u64, backing: Option<(&Path, &str)>) -> Result<(), HostError> {
-    let create = |source| HostError::Create {
-        path: path.into(),
-        source,
-    };
-    let l2_coverage = CLUSTER * (CLUSTER / 8);
-    let l1_entries = size.div_ceil(l2_coverage).max(1);
-    let l1_clusters = (l1_entries * 8).div_ceil(CLUSTER);
-    let (refcount_table, refcount_block, l1_table) = (CLUSTER, 2 * CLUSTER, 3 * CLUSTER);
-    let clusters = 3 + l1_clusters;
-    // One refcount block (16-bit entries) counts 32,768 clusters: the metadata of any size up to
-    // the spec's 2Pi capacity bound takes 515 (refused, never a panic).
-    if clusters >= CLUSTER / 2 {
-        return Err(create(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{size} bytes is too large for a qcow2 the launcher writes"),
-        )));
-    }
-
-    let mut header = Vec::with_capacity(512);
-    let backing_name = backing.map(|(p, _)| p.to_string_lossy().into_owned());
-    let be32 = |v: u32| v.to_be_bytes();
-    let be64 = |v: u64| v.to_be_bytes();
-    header.extend_from_slice(QCOW2_MAGIC);
-    header.extend_from_slice(&be32(3)); // version
-    header.extend_from_slice(&be64(0)); // backing file offset, set below
-    header.extend_from_slice(&be32(backing_name.as_ref().map_or(0, |n| n.len() as u32)));
-    header.extend_from_slice(&be32(CLUSTER_BITS));
-    header.extend_from_slice(&be64(size));
-    header.extend_from_slice(&be32(0)); // no encryption
-    header.extend_from_slice(&be32(l1_entries as u32));
-    header.extend_from_slice(&be64(l1_table));
-    header.extend_from_slice(&be64(refcount_table));
-    header.extend_from_slice(&be32(1)); // refcount table clusters
-    header.extend_from_slice(&be32(0)); // snapshots
-    header.extend_from_slice(&be64(0));
-    header.extend_from_slice(&be64(0)); // incompatible features
-    header.extend_from_slice(&be64(0)); // compatible features
-    header.extend_from_slice(&be64(0)); // autoclear features
-    header.extend_from_slice(&be32(4)); // refcount order: 16-bit refcounts
-    header.extend_from_slice(&be32(104)); // header length
-    if let Some((_, format)) = backing {
-        // Backing file format extension.
-        header.extend_from_slice(&be32(0xE279_2ACA));
-        header.extend_from_slice(&be32(format.len() as u32));
-        header.extend_from_slice(format.as_bytes());
-        header.resize(header.len().next_multiple_of(8), 0);
-    }
-    header.extend_from_slice(&be32(0)); // end of extensions
-    header.extend_from_slice(&be32(0));
-    if let Some(name) = &backing_name {
-        let offset = header.len() as u64;
-        header[8..16].copy_from_slice(&be64(offset));
-        header.extend_from_slice(name.as_bytes());
-    }
-    if header.len() as u64 > CLUSTER {
-        return Err(HostError::Create {
-            path: path.into(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "backing file name too long"),
-        });
-    }
-
-    let mut image = vec![0u8; (clusters * CLUSTER) as usize];
-    image[..header.len()].copy_from_slice(&header);
-    image[refcount_table as usize..refcount_table as usize + 8]
-        .copy_from_slice(&be64(refcount_block));
-    for cluster in 0..clusters as usize {
-        let at = refcount_block as usize + cluster * 2;
-        image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
-    }
-    // Written aside under a fresh random name (O_EXCL: never through a symlink someone planted)
-    // and renamed: a half-written image is never used.
-    crate::durable::write_atomically(path, &image).map_err(create)
-}
-
-/// Builds the NoCloud ISO: volume label `cidata`, the given files at its root. Written next to
-/// its final path and renamed, so a half-written ISO is never attached.
-fn build_cidata(path: &Path, files: &[(String, Vec<u8>)]) -> Result<(), HostError> {
-    make_parent(path)?;
-    let create = |source| HostError::Create {
-        path: path.into(),
-        source,
-    };
-    let parent = path.parent().unwrap_or(Path::new("/"));
-    let staging = tempfile::Builder::new()
-        .prefix(".cidata-")
-        .tempdir_in(parent)
-        .map_err(create)?;
-    for (name, content) in files {
-        fs::write(staging.path().join(name), content).map_err(create)?;
-    }
-    let tmp = staging.path().join("cidata.iso");
-    let mut cmd = Command::new("genisoimage");
-    cmd.args(["-quiet", "-volid", "cidata", "-joliet", "-rock", "-output"])
-        .arg(&tmp);
-    for (name, _) in files {
-        cmd.arg(staging.path().join(name));
-    }
-    run_tool("genisoimage", path, &mut cmd)?;
-    // User data may hold secrets: only the ISO's owner reads it (root; QEMU's user while the VM
-    // runs, which libvirt hands it to).
-    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o600)).map_err(create)?;
-    fs::rename(&tmp, path).map_err(create)
 }
 
 #[cfg(test)]
@@ -546,7 +420,7 @@ mod tests {
             backing_info(&empty, Backing::ContainerDisk).unwrap(),
             ("qcow2", 3 << 20)
         );
-        assert_eq!(fs::metadata(&empty).unwrap().len(), 4 * CLUSTER);
+        assert_eq!(fs::metadata(&empty).unwrap().len(), 4 * qcow2::CLUSTER);
 
         let base = dir.path().join("base.img");
         fs::File::create(&base).unwrap().set_len(5 << 20).unwrap();
@@ -703,10 +577,7 @@ mod tests {
     #[test]
     fn an_image_that_points_elsewhere_is_refused_or_read_as_raw() {
         // What the launcher writes on top of a backing is exactly such an image.
-        let (dir, base) = crate::testing::temp_path("base.img");
-        fs::File::create(&base).unwrap().set_len(1 << 20).unwrap();
-        let pointing = dir.path().join("pointing.qcow2");
-        create_qcow2(&pointing, 1 << 20, Some((&base, "raw"))).unwrap();
+        let (dir, _base, pointing) = qcow2::tests::overlay_on_a_raw_base("pointing.qcow2", 1 << 20);
 
         let container_disk = resolved(
             dir.path().join("cd.qcow2"),
@@ -737,84 +608,6 @@ mod tests {
         assert_eq!(&bytes[ext + 8..ext + 11], b"raw");
         let size = fs::metadata(&pointing).unwrap().len();
         assert_eq!(u64::from_be_bytes(bytes[24..32].try_into().unwrap()), size);
-    }
-
-    /// QEMU itself opens what `create_qcow2` writes, with the size and backing file we meant.
-    #[test]
-    fn qemu_reads_our_qcow2_overlay() {
-        use std::io::Write;
-        let (dir, base) = crate::testing::temp_path("base.img");
-        fs::File::create(&base).unwrap().set_len(7 << 20).unwrap();
-        let overlay = dir.path().join("overlay.qcow2");
-        create_qcow2(&overlay, 7 << 20, Some((&base, "raw"))).unwrap();
-        let mut qemu = Command::new("qemu-system-x86_64")
-            .args([
-                "-machine",
-                "none",
-                "-nodefaults",
-                "-display",
-                "none",
-                "-qmp",
-                "stdio",
-            ])
-            .arg("-blockdev")
-            .arg(format!(
-                "driver=qcow2,node-name=d,file.driver=file,file.filename={}",
-                overlay.display()
-            ))
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        qemu.stdin
-            .take()
-            .unwrap()
-            .write_all(
-                br#"{"execute":"qmp_capabilities"}
-{"execute":"query-named-block-nodes"}
-{"execute":"quit"}
-"#,
-            )
-            .unwrap();
-        let out = qemu.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let reply: serde_json::Value = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .find(|v| v["return"].is_array())
-            .unwrap_or_else(|| panic!("no block nodes from QEMU: {text}"));
-        let node = reply["return"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["node-name"] == "d")
-            .unwrap_or_else(|| panic!("{reply}"));
-        assert_eq!(node["image"]["format"], "qcow2", "{node}");
-        assert_eq!(node["image"]["virtual-size"], 7 << 20, "{node}");
-        assert_eq!(
-            node["image"]["backing-filename"],
-            base.to_string_lossy().as_ref(),
-            "{node}"
-        );
-    }
-
-    #[test]
-    fn cidata_iso_has_the_label_and_files() {
-        let (dir, iso) = crate::testing::temp_path("ci/cidata.iso");
-        let files = vec![
-            ("meta-data".to_string(), b"instance-id: a.b\n".to_vec()),
-            ("user-data".to_string(), b"#cloud-config\n".to_vec()),
-        ];
-        prepare_volume(&resolved(iso.clone(), Preparation::CloudInit { files })).unwrap();
-        let bytes = fs::read(&iso).unwrap();
-        // The primary volume descriptor (sector 16) holds the volume label at offset 40.
-        assert_eq!(&bytes[16 * 2048 + 1..16 * 2048 + 6], b"CD001");
-        assert_eq!(&bytes[16 * 2048 + 40..16 * 2048 + 46], b"cidata");
-        assert_eq!(
-            fs::read_dir(dir.path().join("ci")).unwrap().count(),
-            1,
-            "no staging files left"
-        );
     }
 
     #[test]

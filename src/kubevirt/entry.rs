@@ -22,9 +22,9 @@ use super::notify::{self, DomainEvent, Notifier};
 use super::proto::cmd::cmd_server::CmdServer;
 use super::proto::cmd_info::cmd_info_server::CmdInfoServer;
 use super::server::{CmdService, InfoService};
-use crate::exit::ExitCode;
+use crate::exit::Ended;
 use crate::launcher::{EventKind, Launcher};
-use crate::run::{self, HostRequest, RuntimeDir};
+use crate::run::{self, HostRequest, RuntimeDir, SetupError};
 use crate::volumes::HostPaths;
 
 /// Socket names of KubeVirt's handler/launcher contract.
@@ -35,37 +35,41 @@ pub const NOTIFY_SOCKET: &str = "domain-notify-pipe.sock";
 /// (KubeVirt's launcher waits for its final notification about as long).
 const FINAL_DELETE_WAIT: Duration = Duration::from_secs(30);
 
+/// Why `virt-launcher` failed before its VM ended.
+#[derive(Debug, thiserror::Error)]
+pub enum VirtLauncherError {
+    #[error(transparent)]
+    Setup(#[from] run::SetupError),
+    #[error("cannot start libvirtd")]
+    Libvirtd(#[source] crate::libvirt::ConnectError),
+    /// Its panic message is on stderr already.
+    #[error("a libvirt call panicked")]
+    Panicked(tokio::task::JoinError),
+    /// The cmd socket; said without its cause, as always.
+    #[error("{0}")]
+    Serve(crate::api::ApiError),
+    #[error("no domain was created within --qemu-timeout {}s", .qemu_timeout.as_secs())]
+    NoDomain { qemu_timeout: Duration },
+    /// The launcher's status is no longer published (it has gone).
+    #[error("the launcher's status went away")]
+    StatusClosed,
+}
+
 /// Runs the launcher until its VM is over, or until SIGTERM has stopped it.
-pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
+pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLauncherError> {
     for (flag, value) in &flags.not_built {
         tracing::warn!(flag = %format!("--{flag}"), %value, "accepted; this feature is not built into vmlauncher, the flag does nothing");
         crate::run::say(format_args!(
             "--{flag}={value}: accepted, not built (does nothing)"
         ));
     }
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        return ExitCode::Internal;
-    };
-    let Ok(mut int) = signal(SignalKind::interrupt()) else {
-        return ExitCode::Internal;
-    };
+    let mut term = signal(SignalKind::terminate()).map_err(|_| SetupError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|_| SetupError::Signals)?;
     // KubeVirt's QEMU user (107 in its images and in vmlauncher's): it owns what virt-handler
     // hot-plugs for the pod.
-    let qemu_user = match run::qemu_user(None) {
-        Ok(user) => user,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::Internal;
-        }
-    };
+    let qemu_user = run::qemu_user(None).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
-    let (rt, _lock) = match RuntimeDir::claim(&flags.runtime_dir) {
-        Ok(claimed) => claimed,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::from_runtime_dir_error(&e);
-        }
-    };
+    let (rt, _lock) = RuntimeDir::claim(&flags.runtime_dir).map_err(SetupError::RuntimeDir)?;
     let paths = HostPaths {
         container_disk_dir: flags.container_disk_dir.clone(),
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
@@ -107,17 +111,10 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync
     // then only defines and starts.
     let c = prepared.connector.clone();
-    match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            eprintln!(
-                "vmlauncher: cannot start libvirtd: {}",
-                crate::error_chain(&e)
-            );
-            return ExitCode::HypervisorUnavailable;
-        }
-        Err(_) => return ExitCode::Internal,
-    }
+    tokio::task::spawn_blocking(move || c.ensure_daemons())
+        .await
+        .map_err(VirtLauncherError::Panicked)?
+        .map_err(VirtLauncherError::Libvirtd)?;
     let share = flags.kubevirt_share_dir.clone();
     let front = Arc::new(Front::new(
         flags,
@@ -133,9 +130,8 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     }) {
         Ok(server) => server,
         Err(e) => {
-            eprintln!("vmlauncher: {e}");
             prepared.connector.stop_daemon();
-            return ExitCode::from_bind_error(&e);
+            return Err(VirtLauncherError::Serve(e));
         }
     };
     let notifier = Notifier::start(share.join(NOTIFY_SOCKET));
@@ -155,12 +151,12 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
         }
     };
     tokio::pin!(signalled);
-    let code = tokio::select! {
+    let ended = tokio::select! {
         which = &mut signalled => {
             graceful_stop(&front, &notifier, which).await;
-            ExitCode::Succeeded
+            Ok(Ended::Done)
         }
-        code = vm_over(&front, started, qemu_timeout) => {
+        ended = vm_over(&front, started, qemu_timeout) => {
             // The VM is over: virt-handler deletes the domain once it has seen it off; a
             // SIGTERM meanwhile ends the wait.
             tokio::select! {
@@ -168,7 +164,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
                 _ = tokio::time::sleep(FINAL_DELETE_WAIT) => {}
                 _ = &mut signalled => {}
             }
-            code
+            ended
         }
     };
     if let Some(launcher) = front.launcher() {
@@ -189,7 +185,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> ExitCode {
     let _ = stop_server.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = fs::remove_file(sockets.join(READY_SOCKET));
-    code
+    ended
 }
 
 /// Binds `launcher-init-sock`, serves, and renames it `launcher-sock` once it serves.
@@ -235,9 +231,12 @@ fn serve(
     Ok(server)
 }
 
-/// Resolves with the exit code once the VM is over: finished, or never created within
-/// `--qemu-timeout`.
-async fn vm_over(front: &Front, started: Instant, qemu_timeout: Duration) -> ExitCode {
+/// Resolves once the VM is over: finished, or never created within `--qemu-timeout`.
+async fn vm_over(
+    front: &Front,
+    started: Instant,
+    qemu_timeout: Duration,
+) -> Result<Ended, VirtLauncherError> {
     let mut meta = front.subscribe_meta();
     let launcher = loop {
         if let Some(l) = front.launcher() {
@@ -245,11 +244,7 @@ async fn vm_over(front: &Front, started: Instant, qemu_timeout: Duration) -> Exi
         }
         let left = qemu_timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
-            eprintln!(
-                "vmlauncher: no domain was created within --qemu-timeout {}s",
-                qemu_timeout.as_secs()
-            );
-            return ExitCode::GuestFailed;
+            return Err(VirtLauncherError::NoDomain { qemu_timeout });
         }
         let _ = tokio::time::timeout(left, meta.changed()).await;
     };
@@ -257,11 +252,15 @@ async fn vm_over(front: &Front, started: Instant, qemu_timeout: Duration) -> Exi
     loop {
         let status = changes.borrow_and_update().clone();
         if status.finished {
-            return ExitCode::from_final_phase(status.phase, status.phase_reason);
+            return Ok(Ended::VmFinal {
+                phase: status.phase,
+                reason: status.phase_reason,
+            });
         }
-        if changes.changed().await.is_err() {
-            return ExitCode::Internal;
-        }
+        changes
+            .changed()
+            .await
+            .map_err(|_| VirtLauncherError::StatusClosed)?;
     }
 }
 

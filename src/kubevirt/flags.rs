@@ -83,6 +83,8 @@ pub enum FlagsError {
     Positional(String),
     #[error("help requested")]
     Help,
+    #[error("an argument is not UTF-8")]
+    NotUtf8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

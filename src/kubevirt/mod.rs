@@ -15,7 +15,8 @@ mod server;
 pub mod vmi;
 
 pub use entry::{
-    invoked_as_virt_launcher, virt_launcher, INIT_SOCKET, NOTIFY_SOCKET, READY_SOCKET,
+    invoked_as_virt_launcher, virt_launcher, VirtLauncherError, INIT_SOCKET, NOTIFY_SOCKET,
+    READY_SOCKET,
 };
 
 /// The generated protobuf and gRPC types of KubeVirt's protocol.

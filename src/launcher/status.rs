@@ -6,7 +6,8 @@ use std::time::Instant;
 use super::{Launcher, State};
 use crate::domain::LiveResources;
 use crate::lifecycle::{
-    self, Command, Observation, Phase, PowerState, Progress, RunStrategy, VmState,
+    self, Command, Observation, Phase, PhaseReason, PowerState, PrintableStatus, Progress,
+    RunStrategy, VmState,
 };
 use crate::spec::Validated;
 
@@ -104,8 +105,8 @@ pub struct Condition {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
     pub phase: Phase,
-    pub phase_reason: Option<&'static str>,
-    pub printable_status: &'static str,
+    pub phase_reason: Option<PhaseReason>,
+    pub printable_status: PrintableStatus,
     pub power_state: Option<PowerState>,
     pub vm_state: VmState,
     pub task: Option<TaskInfo>,
@@ -134,9 +135,9 @@ impl Status {
         &self,
     ) -> (
         Phase,
-        &'static str,
+        PrintableStatus,
         &Option<PowerState>,
-        Option<&'static str>,
+        Option<PhaseReason>,
         bool,
     ) {
         (
@@ -235,9 +236,9 @@ impl Launcher {
             .is_some_and(super::MigrationStatus::is_outgoing);
         let gone = super::migration::left_by_migration(&s.observation);
         let (phase, phase_reason) = if s.migrated_away || (following && gone) {
-            (Phase::Succeeded, Some("Migrated"))
+            (Phase::Succeeded, Some(PhaseReason::Migrated))
         } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
-            (Phase::Failed, Some("MigrationFailed"))
+            (Phase::Failed, Some(PhaseReason::MigrationFailed))
         } else if incoming {
             (Phase::Scheduled, None)
         } else {
@@ -290,7 +291,7 @@ impl Launcher {
             phase,
             phase_reason,
             printable_status: if incoming && phase == Phase::Scheduled {
-                "Migrating"
+                PrintableStatus::Migrating
             } else {
                 lifecycle::printable_status(&s.observation, phase, progress)
             },
@@ -386,7 +387,7 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
     Status {
         phase: Phase::Scheduled,
         phase_reason: None,
-        printable_status: "Starting",
+        printable_status: PrintableStatus::Starting,
         power_state: None,
         vm_state: VmState::Building,
         task: None,
@@ -408,7 +409,7 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
 /// What a migration target shows before a source has come: no VM, waiting for one.
 pub fn waiting_status(uri: &str) -> Status {
     Status {
-        printable_status: "WaitingForMigration",
+        printable_status: PrintableStatus::WaitingForMigration,
         migration: Some(super::MigrationStatus::new(
             super::MigrationRole::Target,
             super::MigrationState::Waiting,
@@ -492,7 +493,12 @@ mod tests {
         let s = placeholder_status("ns_vm", "qemu:///system", RunStrategy::Always);
         assert_eq!(
             (s.phase, s.printable_status, s.vm_state, s.finished),
-            (Phase::Scheduled, "Starting", VmState::Building, false)
+            (
+                Phase::Scheduled,
+                PrintableStatus::Starting,
+                VmState::Building,
+                false
+            )
         );
         assert_eq!(
             (
@@ -518,7 +524,7 @@ mod tests {
                 ..base.clone()
             },
             Status {
-                printable_status: "Running",
+                printable_status: PrintableStatus::Running,
                 ..base.clone()
             },
             Status {

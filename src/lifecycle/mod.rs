@@ -145,25 +145,73 @@ pub fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
     }
 }
 
-/// The reason that goes with a final phase, in KubeVirt's CamelCase.
-pub fn phase_reason(
-    observation: &Observation,
-    destroyed_after_grace: bool,
-) -> Option<&'static str> {
+/// An enum whose variants' names are their wire form (KubeVirt's CamelCase): `as_str` and
+/// `Display` give the name, so that the string the API, `status` and `run`'s lines show cannot
+/// drift from the variant the code matches on.
+macro_rules! wire_names {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => stringify!($variant),)*
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+wire_names! {
+    /// The reason that goes with a final phase.
+    pub enum PhaseReason {
+        GuestShutdown,
+        /// The launcher destroyed the guest that ignored ACPI for its whole grace period.
+        GracePeriodExpired,
+        Destroyed,
+        Crashed,
+        StartFailed,
+        Saved,
+        FromSnapshot,
+        /// Shut off for a reason libvirt gives and the launcher does not know.
+        Unknown,
+        /// The domain went away without the launcher's doing.
+        DomainLost,
+        HypervisorUnreachable,
+        /// The VM left for another launcher by live migration.
+        Migrated,
+        /// A migration target whose guest never arrived.
+        MigrationFailed,
+    }
+}
+
+/// The reason that goes with the phase of an observation; `None` for a domain not created or one
+/// that runs.
+pub fn phase_reason(observation: &Observation, destroyed_after_grace: bool) -> Option<PhaseReason> {
     match observation {
-        Observation::Vanished => Some("DomainLost"),
-        Observation::Unreachable => Some("HypervisorUnreachable"),
-        Observation::Domain(p) if p.state == DomainState::Crashed => Some("Crashed"),
+        Observation::Vanished => Some(PhaseReason::DomainLost),
+        Observation::Unreachable => Some(PhaseReason::HypervisorUnreachable),
+        Observation::Domain(p) if p.state == DomainState::Crashed => Some(PhaseReason::Crashed),
         Observation::Domain(p) if p.state == DomainState::Shutoff => {
             Some(match p.reason.as_str() {
-                "shutdown" => "GuestShutdown",
-                "destroyed" if destroyed_after_grace => "GracePeriodExpired",
-                "destroyed" => "Destroyed",
-                "crashed" => "Crashed",
-                "failed" => "StartFailed",
-                "saved" => "Saved",
-                "from-snapshot" => "FromSnapshot",
-                _ => "Unknown",
+                "shutdown" => PhaseReason::GuestShutdown,
+                "destroyed" if destroyed_after_grace => PhaseReason::GracePeriodExpired,
+                "destroyed" => PhaseReason::Destroyed,
+                "crashed" => PhaseReason::Crashed,
+                "failed" => PhaseReason::StartFailed,
+                "saved" => PhaseReason::Saved,
+                "from-snapshot" => PhaseReason::FromSnapshot,
+                _ => PhaseReason::Unknown,
             })
         }
         _ => None,
@@ -183,35 +231,56 @@ pub struct Progress {
     pub finished: bool,
 }
 
-/// What a person reads in `status`: the phase, refined by what the launcher is doing.
-pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> &'static str {
+wire_names! {
+    /// What a person reads in `status`: the phase, refined by what the launcher is doing.
+    pub enum PrintableStatus {
+        Starting,
+        CrashLoopBackOff,
+        /// The launcher itself is shutting down (SIGTERM).
+        Terminating,
+        Unknown,
+        Stopping,
+        Migrating,
+        /// A migration target before any source has come.
+        WaitingForMigration,
+        Succeeded,
+        Failed,
+        Stopped,
+        Paused,
+        Running,
+    }
+}
+
+/// The printable status of an observation in `phase`, given what the launcher is doing.
+pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> PrintableStatus {
+    use PrintableStatus as S;
     if p.task == Some(TaskKind::Starting) {
-        return "Starting";
+        return S::Starting;
     }
     if p.restart_pending {
-        return "CrashLoopBackOff";
+        return S::CrashLoopBackOff;
     }
     if p.terminating && !p.finished {
-        return "Terminating";
+        return S::Terminating;
     }
     match (phase, p.task) {
-        (Phase::Unknown, _) => return "Unknown",
-        (_, Some(TaskKind::PoweringOff)) => return "Stopping",
-        (Phase::Running, Some(TaskKind::Migrating)) => return "Migrating",
+        (Phase::Unknown, _) => return S::Unknown,
+        (_, Some(TaskKind::PoweringOff)) => return S::Stopping,
+        (Phase::Running, Some(TaskKind::Migrating)) => return S::Migrating,
         _ => {}
     }
     match (phase, observation) {
-        (Phase::Succeeded, _) if p.finished => "Succeeded",
-        (Phase::Failed, _) => "Failed",
-        (Phase::Scheduled | Phase::Succeeded, _) if p.vm_state == VmState::Stopped => "Stopped",
-        (Phase::Scheduled, _) => "Starting",
-        (Phase::Succeeded, _) => "Succeeded",
-        (Phase::Unknown, _) => "Unknown",
+        (Phase::Succeeded, _) if p.finished => S::Succeeded,
+        (Phase::Failed, _) => S::Failed,
+        (Phase::Scheduled | Phase::Succeeded, _) if p.vm_state == VmState::Stopped => S::Stopped,
+        (Phase::Scheduled, _) => S::Starting,
+        (Phase::Succeeded, _) => S::Succeeded,
+        (Phase::Unknown, _) => S::Unknown,
         (Phase::Running, Observation::Domain(d)) if d.state == DomainState::ShuttingDown => {
-            "Stopping"
+            S::Stopping
         }
-        (Phase::Running, Observation::Domain(d)) if d.state == DomainState::Paused => "Paused",
-        (Phase::Running, _) => "Running",
+        (Phase::Running, Observation::Domain(d)) if d.state == DomainState::Paused => S::Paused,
+        (Phase::Running, _) => S::Running,
     }
 }
 
@@ -299,15 +368,15 @@ pub(crate) mod tests {
     fn final_phases_have_reasons() {
         assert_eq!(
             phase_reason(&Observation::Vanished, false),
-            Some("DomainLost")
+            Some(PhaseReason::DomainLost)
         );
         assert_eq!(
             phase_reason(&dom(DomainState::Shutoff, "destroyed"), true),
-            Some("GracePeriodExpired")
+            Some(PhaseReason::GracePeriodExpired)
         );
         assert_eq!(
             phase_reason(&dom(DomainState::Shutoff, "shutdown"), false),
-            Some("GuestShutdown")
+            Some(PhaseReason::GuestShutdown)
         );
         assert_eq!(
             phase_reason(&dom(DomainState::Running, "booted"), false),
@@ -338,14 +407,14 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Paused"
+            PrintableStatus::Paused
         );
         let stopping = Progress {
             task: Some(TaskKind::PoweringOff),
             ..base
         };
-        assert_eq!(p(&paused, stopping), "Stopping");
-        assert_eq!(p(&running, base), "Running");
+        assert_eq!(p(&paused, stopping), PrintableStatus::Stopping);
+        assert_eq!(p(&running, base), PrintableStatus::Running);
         assert_eq!(
             p(
                 &running,
@@ -354,7 +423,7 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Terminating"
+            PrintableStatus::Terminating
         );
         assert_eq!(
             p(
@@ -364,7 +433,7 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Starting"
+            PrintableStatus::Starting
         );
         assert_eq!(
             p(
@@ -374,7 +443,7 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Stopped"
+            PrintableStatus::Stopped
         );
         assert_eq!(
             p(
@@ -384,9 +453,9 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "CrashLoopBackOff"
+            PrintableStatus::CrashLoopBackOff
         );
-        assert_eq!(p(&crashed, base), "Failed");
+        assert_eq!(p(&crashed, base), PrintableStatus::Failed);
         assert_eq!(
             p(
                 &off,
@@ -395,7 +464,7 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Stopped"
+            PrintableStatus::Stopped
         );
         assert_eq!(
             p(
@@ -406,14 +475,14 @@ pub(crate) mod tests {
                     ..base
                 }
             ),
-            "Succeeded"
+            PrintableStatus::Succeeded
         );
         let starting = Progress {
             task: Some(TaskKind::Starting),
             ..base
         };
-        assert_eq!(p(&off, starting), "Starting");
-        assert_eq!(p(&Observation::Unreachable, base), "Unknown");
+        assert_eq!(p(&off, starting), PrintableStatus::Starting);
+        assert_eq!(p(&Observation::Unreachable, base), PrintableStatus::Unknown);
     }
 
     #[test]

@@ -25,6 +25,18 @@ use crate::logs::{Bounded, LogBound};
 use crate::spec::Validated;
 use crate::volumes::HostPaths;
 
+/// What stops a launcher, `run` or `virt-launcher`, in its first steps, before it starts
+/// anything: each front end decides what each means for its exit (`exit`).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot install signal handlers")]
+    Signals,
+    #[error(transparent)]
+    QemuUser(QemuUserError),
+    #[error(transparent)]
+    RuntimeDir(crate::runtime_dir::RuntimeDirError),
+}
+
 /// What the host side is asked for.
 #[derive(Debug)]
 pub struct HostRequest<'a> {

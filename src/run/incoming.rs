@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use tokio::sync::mpsc;
 
-use super::{follow, say, LaunchBase, RunOptions, RuntimeDir, Served, StopSignals};
+use super::{follow, say, LaunchBase, RunError, RunOptions, RuntimeDir, Served, StopSignals};
 use crate::api;
-use crate::exit::ExitCode;
+use crate::exit::Ended;
 use crate::launcher::{self, IncomingOffer, IncomingPlan, Launcher, LauncherError};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::Connector;
@@ -34,27 +34,22 @@ impl Target<'_> {
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
         started: Instant,
         signals: &mut StopSignals,
-    ) -> ExitCode {
+    ) -> Result<Ended, RunError> {
         let uri = self.connector.uri();
         // The private libvirtd now, not when a source comes: its start would otherwise be on
         // every migration's path (0.2–0.3 s, the bench's rows), and a target that cannot start
         // one says so before anyone relies on it.
         let c = self.connector.clone();
-        match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                eprintln!("vmlauncher: {}", crate::error_chain(&e));
-                return ExitCode::HypervisorUnavailable;
-            }
-            Err(_) => return ExitCode::Internal,
-        }
+        tokio::task::spawn_blocking(move || c.ensure_daemons())
+            .await
+            .map_err(RunError::Panicked)?
+            .map_err(RunError::Daemons)?;
         let (front, mut offers) = api::Front::incoming(&uri);
         let listener = match api::bind(self.socket) {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("vmlauncher: {}", crate::error_chain(&e));
                 self.stop_daemon().await;
-                return ExitCode::from_bind_error(&e);
+                return Err(RunError::Socket(e));
             }
         };
         let api = Served::start(front.clone(), listener, self.qemu_uid);
@@ -73,10 +68,9 @@ impl Target<'_> {
                 let (spec, options) = match self.check(&offer) {
                     Ok(checked) => checked,
                     Err(e) => {
-                        eprintln!("vmlauncher: {}", crate::error_chain(&e));
                         self.stop_daemon().await;
                         api.stop(self.socket).await;
-                        return ExitCode::from_launcher_error(&e);
+                        return Err(RunError::Resumed(e));
                     }
                 };
                 let events = events.take().expect("the first start");
@@ -86,23 +80,22 @@ impl Target<'_> {
                         break launcher;
                     }
                     Err(e) => {
-                        eprintln!("vmlauncher: {}", crate::error_chain(&e));
                         self.stop_daemon().await;
                         api.stop(self.socket).await;
-                        return ExitCode::from_launcher_error(&e);
+                        return Err(RunError::Resumed(e));
                     }
                 }
             }
             let (offer, reply) = tokio::select! {
                 offer = offers.recv() => match offer {
                     Some(offer) => offer,
-                    None => return ExitCode::Internal,
+                    None => return Err(RunError::NoOffers),
                 },
                 which = signals.recv() => {
                     say(format_args!("{which}: no migration came; stopping"));
                     self.stop_daemon().await;
                     api.stop(self.socket).await;
-                    return ExitCode::Succeeded;
+                    return Ok(Ended::Done);
                 }
             };
             let (spec, options) = match self.check(&offer) {
@@ -112,7 +105,7 @@ impl Target<'_> {
                         "refused a migration: {}",
                         crate::error_chain(&e)
                     ));
-                    let _ = reply.send(Err(e));
+                    let _ = reply.send(Err(api::to_status(&e)));
                     continue;
                 }
             };
@@ -126,15 +119,10 @@ impl Target<'_> {
                     break launcher;
                 }
                 Err(e) => {
-                    eprintln!(
-                        "vmlauncher: cannot prepare for the migration: {}",
-                        crate::error_chain(&e)
-                    );
-                    let code = ExitCode::from_launcher_error(&e);
-                    let _ = reply.send(Err(e));
+                    let _ = reply.send(Err(api::to_status(&e)));
                     self.stop_daemon().await;
                     api.stop(self.socket).await;
-                    return code;
+                    return Err(RunError::Incoming(e));
                 }
             }
         };
@@ -142,10 +130,10 @@ impl Target<'_> {
             "prepared for the incoming migration of domain {}",
             launcher.domain_name()
         ));
-        let code = follow(&launcher, started, signals).await;
+        let ended = follow(&launcher, started, signals).await;
         launcher.shut_down().await;
         api.stop(self.socket).await;
-        code
+        ended
     }
 
     /// The source's spec, checked as a start would check it, and the same as this launcher's

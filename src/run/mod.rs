@@ -11,17 +11,19 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::api;
 use crate::domain::VirtType;
-use crate::exit::ExitCode;
+use crate::exit::Ended;
 use crate::launcher::{Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
-use crate::lifecycle::{Phase, RunStrategy};
+use crate::lifecycle::{Phase, PrintableStatus, RunStrategy};
 pub use crate::runtime_dir::RuntimeDir;
 
 use crate::spec::{self, Validated};
 
 mod host;
 mod incoming;
-pub use host::{host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared};
+pub use host::{
+    host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared, SetupError,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -151,38 +153,58 @@ impl StopSignals {
     }
 }
 
+/// Why `run` (or `warm-cache`) failed before its VM ended.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    /// `--socket` refused, or the socket cannot be listened on.
+    #[error(transparent)]
+    Socket(api::ApiError),
+    /// Host paths of the spec that lead where they may not; each said on its own line.
+    #[error("{0}")]
+    HostPaths(spec::SpecErrors),
+    #[error("--guest-loopback closed")]
+    GuestLoopback(#[source] crate::host::loopback::LoopbackError),
+    #[error("cannot start the VM")]
+    Start(#[source] crate::launcher::LauncherError),
+    /// A migration target's private libvirtd.
+    #[error(transparent)]
+    Daemons(crate::libvirt::ConnectError),
+    /// Its panic message is on stderr already.
+    #[error("a libvirt call panicked")]
+    Panicked(tokio::task::JoinError),
+    /// The migration a predecessor on this runtime dir took cannot go on.
+    #[error(transparent)]
+    Resumed(crate::launcher::LauncherError),
+    #[error("cannot prepare for the migration")]
+    Incoming(#[source] crate::launcher::LauncherError),
+    /// The API that hands a migration target its offers has gone.
+    #[error("no migration can come any more")]
+    NoOffers,
+    /// The launcher's status is no longer published (it has gone).
+    #[error("the launcher's status went away")]
+    StatusClosed,
+    #[error("cannot warm the capability cache: {0}")]
+    WarmCache(std::io::Error),
+    #[error("cannot warm the capability cache: {0}")]
+    WarmCachePanicked(tokio::task::JoinError),
+}
+
 /// Runs the VM until it is final or the launcher is told to stop.
-pub async fn run(opts: RunOptions) -> ExitCode {
+pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     let started = Instant::now();
-    let Ok(mut signals) = StopSignals::install() else {
-        eprintln!("vmlauncher: cannot install signal handlers");
-        return ExitCode::Internal;
-    };
-    let qemu_user = match host::qemu_user(opts.qemu_user.as_deref()) {
-        Ok(user) => user,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::Usage;
-        }
-    };
+    let mut signals = StopSignals::install().map_err(|_| SetupError::Signals)?;
+    let qemu_user = host::qemu_user(opts.qemu_user.as_deref()).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
     // Held until the launcher exits: one launcher per runtime dir.
-    let (rt, _lock) = match RuntimeDir::claim(&opts.runtime_dir) {
-        Ok(claimed) => claimed,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::from_runtime_dir_error(&e);
-        }
-    };
+    let (rt, _lock) = RuntimeDir::claim(&opts.runtime_dir).map_err(SetupError::RuntimeDir)?;
     // The API socket's path before anything starts: a `--socket` that would be refused (a file
-    // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo
-    //. It is bound once the VM is up, as before: until then a client finds no
-    // socket and fails at once, instead of waiting unanswered through the start.
+    // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo.
+    // It is bound only once the VM is up: until then a client finds no socket and fails at
+    // once, instead of waiting unanswered through the start.
     let socket = opts.socket.clone().unwrap_or_else(|| rt.socket());
-    if let Err(e) = api::check_socket_path(&socket) {
-        eprintln!("vmlauncher: {}", crate::error_chain(&e));
-        return ExitCode::from_bind_error(&e);
-    }
+    api::check_socket_path(&socket).map_err(RunError::Socket)?;
     // Where the spec's host paths lead, before anything is started: never into the launcher's
     // own places, wherever this command line put them (its saved Sync, records, libvirt's and
     // the vTPM's state, the capability cache), and only under the host disk roots if named.
@@ -198,18 +220,12 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     )
     .reached_by(&qemu_user)
     .on_shared_libvirt(opts.connect.is_some());
-    if let Some(Err(errors)) = opts.spec.as_ref().map(|spec| host_paths.check(spec)) {
-        for e in &errors.0 {
-            eprintln!("vmlauncher: {e}");
-        }
-        return ExitCode::BadSpec;
+    if let Some(spec) = &opts.spec {
+        host_paths.check(spec).map_err(RunError::HostPaths)?;
     }
 
     // Before libvirtd, and so QEMU, start in this cgroup.
-    let _loopback = match close_guest_loopback(&opts, &rt, qemu_uid) {
-        Ok(closed) => closed,
-        Err(code) => return code,
-    };
+    let _loopback = close_guest_loopback(&opts, &rt, qemu_uid)?;
     let Prepared {
         connector,
         events,
@@ -259,13 +275,9 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     {
         Ok(started) => started,
         Err(e) => {
-            eprintln!(
-                "vmlauncher: cannot start the VM: {}",
-                crate::error_chain(&e)
-            );
             let c = connector.clone();
             let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-            return ExitCode::from_launcher_error(&e);
+            return Err(RunError::Start(e));
         }
     };
     say(format_args!("libvirt {}", connector.uri()));
@@ -286,18 +298,17 @@ pub async fn run(opts: RunOptions) -> ExitCode {
     let listener = match api::bind(&socket) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
             launcher.terminate().await;
             launcher.shut_down().await;
-            return ExitCode::from_bind_error(&e);
+            return Err(RunError::Socket(e));
         }
     };
     let api = Served::start(api::Front::ready(launcher.clone()), listener, qemu_uid);
     say(format_args!("api unix:{}", socket.display()));
-    let code = follow(&launcher, started, &mut signals).await;
+    let ended = follow(&launcher, started, &mut signals).await;
     launcher.shut_down().await;
     api.stop(&socket).await;
-    code
+    ended
 }
 
 /// The API, served until `stop`.
@@ -340,7 +351,7 @@ fn close_guest_loopback(
     opts: &RunOptions,
     rt: &RuntimeDir,
     qemu_uid: u32,
-) -> Result<Option<crate::host::loopback::LoopbackClosed>, ExitCode> {
+) -> Result<Option<crate::host::loopback::LoopbackClosed>, RunError> {
     use crate::host::loopback::{self, GuestLoopback};
     let in_pod = opts.network == crate::convert::NetworkMode::Pod;
     // A migration target without a spec decides without the VMI's annotation.
@@ -360,13 +371,7 @@ fn close_guest_loopback(
             tracing::info!(cgroup = %closed.cgroup.display(), "the guest cannot reach the host's loopback");
             Ok(Some(closed))
         }
-        Err(e) if opts.guest_loopback.is_some() => {
-            eprintln!(
-                "vmlauncher: --guest-loopback closed: {}",
-                crate::error_chain(&e)
-            );
-            Err(ExitCode::Usage)
-        }
+        Err(e) if opts.guest_loopback.is_some() => Err(RunError::GuestLoopback(e)),
         Err(e) => {
             say(format_args!(
                 "the guest can reach the pod's loopback: {}",
@@ -379,15 +384,9 @@ fn close_guest_loopback(
 
 /// `vmlauncher warm-cache`: starts a private libvirtd in a temporary dir with the shared cache
 /// `cache`, has it load (probe) QEMU's capabilities, publishes them, and stops it.
-pub async fn warm_cache(cache: &Path) -> ExitCode {
+pub async fn warm_cache(cache: &Path) -> Result<Ended, RunError> {
     let cache = cache.to_path_buf();
-    let qemu_user = match host::qemu_user(None) {
-        Ok(user) => user,
-        Err(e) => {
-            eprintln!("vmlauncher: {}", crate::error_chain(&e));
-            return ExitCode::Usage;
-        }
-    };
+    let qemu_user = host::qemu_user(None).map_err(SetupError::QemuUser)?;
     let started = Instant::now();
     let warmed = tokio::task::spawn_blocking(move || {
         let dir = tempfile::Builder::new()
@@ -408,23 +407,14 @@ pub async fn warm_cache(cache: &Path) -> ExitCode {
         std::fs::read_dir(&cache).map(|d| d.count())
     })
     .await;
-    match warmed {
-        Ok(Ok(files)) => {
-            say(format_args!(
-                "QEMU capability cache warm: {files} file(s) after {:.2}s",
-                started.elapsed().as_secs_f64()
-            ));
-            ExitCode::Succeeded
-        }
-        Ok(Err(e)) => {
-            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
-            ExitCode::HypervisorUnavailable
-        }
-        Err(e) => {
-            eprintln!("vmlauncher: cannot warm the capability cache: {e}");
-            ExitCode::Internal
-        }
-    }
+    let files = warmed
+        .map_err(RunError::WarmCachePanicked)?
+        .map_err(RunError::WarmCache)?;
+    say(format_args!(
+        "QEMU capability cache warm: {files} file(s) after {:.2}s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(Ended::Done)
 }
 
 /// Prints status changes until the VM is final, terminating it on SIGTERM, SIGINT or SIGHUP.
@@ -432,9 +422,9 @@ pub(super) async fn follow(
     launcher: &Launcher,
     started: Instant,
     signals: &mut StopSignals,
-) -> ExitCode {
+) -> Result<Ended, RunError> {
     let mut changes = launcher.subscribe_course();
-    let mut last: Option<(Phase, &'static str)> = None;
+    let mut last: Option<(Phase, PrintableStatus)> = None;
     let terminate = async {
         let which = signals.recv().await;
         say(format_args!(
@@ -464,13 +454,14 @@ pub(super) async fn follow(
             last = Some(shown);
         }
         if status.finished {
-            return ExitCode::from_final_phase(status.phase, status.phase_reason);
+            return Ok(Ended::VmFinal {
+                phase: status.phase,
+                reason: status.phase_reason,
+            });
         }
         tokio::select! {
             changed = changes.changed() => {
-                if changed.is_err() {
-                    return ExitCode::Internal;
-                }
+                changed.map_err(|_| RunError::StatusClosed)?;
             }
             () = &mut terminate, if terminating => terminating = false,
         }
@@ -526,23 +517,60 @@ pub fn read_spec(path: &Path) -> Result<Vec<u8>, ReadSpecError> {
     Ok(bytes)
 }
 
-/// Reads (once), parses and validates, printing every problem with its field path; the spec and
-/// its text.
-pub fn load_spec(path: &Path) -> Result<(Validated, String), ExitCode> {
-    let report = |errors: &spec::SpecErrors| {
-        for e in &errors.0 {
-            eprintln!("{}: {e}", path.display());
-        }
-        ExitCode::BadSpec
+/// Why a spec file given on the command line is refused. Except `Unreadable`, each says the
+/// file's path first, as a compiler names the file of its diagnostics.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecFileError {
+    /// Every problem, one per line, each with its field path.
+    #[error("{}", each_after(path, errors))]
+    Invalid {
+        path: PathBuf,
+        errors: spec::SpecErrors,
+    },
+    #[error("cannot read {}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Read for a Sync, which leaves the validation to the launcher.
+    #[error("{}: {source}", path.display())]
+    NotSendable {
+        path: PathBuf,
+        source: ReadSpecError,
+    },
+    #[error("{}: (document): not UTF-8 (invalid byte at offset {valid_up_to})", path.display())]
+    NotUtf8 { path: PathBuf, valid_up_to: usize },
+    /// Valid, and still not a domain (the problems after the path, not each).
+    #[error("{}: {errors}", path.display())]
+    NotConvertible {
+        path: PathBuf,
+        errors: spec::SpecErrors,
+    },
+}
+
+fn each_after(path: &Path, errors: &spec::SpecErrors) -> String {
+    let lines: Vec<String> = errors
+        .0
+        .iter()
+        .map(|e| format!("{}: {e}", path.display()))
+        .collect();
+    lines.join("\n")
+}
+
+/// Reads (once), parses and validates; the spec and its text.
+pub fn load_spec(path: &Path) -> Result<(Validated, String), SpecFileError> {
+    let invalid = |errors| SpecFileError::Invalid {
+        path: path.into(),
+        errors,
     };
     let bytes = read_spec(path).map_err(|e| match e {
-        ReadSpecError::TooLarge(errors) => report(&errors),
-        ReadSpecError::Io(e) => {
-            eprintln!("vmlauncher: cannot read {}: {e}", path.display());
-            ExitCode::BadSpec
-        }
+        ReadSpecError::TooLarge(errors) => invalid(errors),
+        ReadSpecError::Io(source) => SpecFileError::Unreadable {
+            path: path.into(),
+            source,
+        },
     })?;
-    let validated = spec::parse_bytes(&bytes).map_err(|errors| report(&errors))?;
+    let validated = spec::parse_bytes(&bytes).map_err(invalid)?;
     // parse_bytes checked that it is UTF-8.
     Ok((validated, String::from_utf8(bytes).unwrap_or_default()))
 }
