@@ -6,7 +6,8 @@
 use std::sync::Mutex;
 
 use super::saved::{SavedSyncError, SavedSyncs};
-use super::SyncInput;
+use super::{BlockSource, SyncInput};
+use crate::host::devnode::DevNumber;
 
 #[derive(Debug)]
 pub(super) struct LastSync {
@@ -49,9 +50,76 @@ impl LastSync {
     }
 }
 
+impl SyncInput {
+    /// The request without the block devices given by number whose disk is no longer the one
+    /// it was accepted with (`now`: a number's disk sequence now), and those volumes' names:
+    /// the kernel reuses a number once its disk is gone, and a restored request must not
+    /// attach whatever disk has it next.
+    pub fn without_replaced_devices(
+        mut self,
+        now: impl Fn(DevNumber) -> Option<u64>,
+    ) -> (SyncInput, Vec<String>) {
+        let mut replaced = Vec::new();
+        for (volume, accepted) in std::mem::take(&mut self.block_identities) {
+            match self.block_devices.get(&volume) {
+                Some(BlockSource::Number(dev)) if now(*dev) != Some(accepted) => {
+                    self.block_devices.remove(&volume);
+                    replaced.push(volume);
+                }
+                Some(BlockSource::Number(_)) => {
+                    self.block_identities.insert(volume, accepted);
+                }
+                _ => {}
+            }
+        }
+        (self, replaced)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn a_restored_request_keeps_a_number_only_while_it_is_the_same_disk() {
+        let number = |minor| BlockSource::Number(DevNumber { major: 7, minor });
+        let input = SyncInput {
+            block_devices: BTreeMap::from([
+                ("same".to_string(), number(1)),
+                ("reused".to_string(), number(2)),
+                ("gone".to_string(), number(3)),
+                ("unread".to_string(), number(4)),
+                (
+                    "by-path".to_string(),
+                    BlockSource::Path("/dev/loop5".into()),
+                ),
+            ]),
+            block_identities: BTreeMap::from([
+                ("same".to_string(), 10),
+                ("reused".to_string(), 20),
+                ("gone".to_string(), 30),
+            ]),
+            ..SyncInput::default()
+        };
+        // Now: loop1 is still disk 10, loop2 is another disk, loop3 is no disk at all.
+        let now = |dev: DevNumber| match dev.minor {
+            1 => Some(10),
+            2 => Some(21),
+            4 => Some(40),
+            _ => None,
+        };
+        let (kept, replaced) = input.without_replaced_devices(now);
+        assert_eq!(replaced, ["gone", "reused"]);
+        assert_eq!(
+            kept.block_devices.keys().collect::<Vec<_>>(),
+            ["by-path", "same", "unread"]
+        );
+        assert_eq!(
+            kept.block_identities,
+            BTreeMap::from([("same".to_string(), 10)])
+        );
+    }
 
     fn input(spec: &str) -> SyncInput {
         SyncInput {
