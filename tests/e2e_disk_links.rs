@@ -209,7 +209,8 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
 /// An overlay's backing (a container disk's `disk_N.img`, an ephemeral volume's claim) lies
 /// where a tenant or an image author writes: libvirt is given the chain with the backing not to
 /// be relabelled (its chown as root would follow a link put there after the launcher's check),
-/// and the launcher gives the file to QEMU's user through the descriptor it checked.
+/// and QEMU gets the descriptor the launcher opened and checked, never the path: the file stays
+/// root's, where QEMU's user cannot open it.
 #[test]
 fn overlay_backings_are_given_by_the_launcher_and_never_relabelled_by_libvirt() {
     use std::os::unix::fs::PermissionsExt;
@@ -241,11 +242,7 @@ fn overlay_backings_are_given_by_the_launcher_and_never_relabelled_by_libvirt() 
     });
     let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
     let doc = roxmltree::Document::parse(&live).unwrap();
-    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
-        .unwrap()
-        .unwrap()
-        .uid
-        .as_raw();
+    let cmdline = command_line(vm.qemu_pid(name));
     for backing in ["container-disks/disk_0.img", "vmi-disks/scratch/disk.img"] {
         let path = vm.dir().join(backing);
         let source = doc
@@ -261,8 +258,14 @@ fn overlay_backings_are_given_by_the_launcher_and_never_relabelled_by_libvirt() 
             .find(|n| n.has_tag_name("seclabel"))
             .unwrap_or_else(|| panic!("{backing}: no seclabel in {live}"));
         assert_eq!(seclabel.attribute("relabel"), Some("no"), "{backing}");
-        assert_eq!(owner_and_mode(&path), (qemu_uid, 0o600), "{backing}");
+        assert!(source.attribute("fdgroup").is_some(), "{backing}: {live}");
+        assert!(
+            !cmdline.contains(path.to_str().unwrap()),
+            "{backing}: {cmdline}"
+        );
+        assert_eq!(owner_and_mode(&path), (0, 0o600), "{backing}");
     }
+    assert!(cmdline.contains("/dev/fdset/"), "{cmdline}");
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));

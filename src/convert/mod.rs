@@ -578,6 +578,8 @@ fn disks(
                 crate::volumes::Backing::Claim { .. } => Some("raw"),
                 crate::volumes::Backing::ContainerDisk => None,
             },
+            fd_group: (opts.claims_by_fd && !block && !hotpluggable)
+                .then(|| format!("vml-{}-backing", disk.name)),
         });
         disks.push(DiskDef {
             volume: disk.name.clone(),

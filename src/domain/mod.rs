@@ -99,6 +99,9 @@ pub struct BackingDef {
     /// `raw` or `qcow2`. A container disk's is read from its header before the start
     /// (`host::open_for_qemu`): `None` until then, and libvirt reads the chain itself.
     pub format: Option<&'static str>,
+    /// Passed to QEMU as a descriptor the launcher opened, under this libvirt fd group (as
+    /// `DiskDef::fd_group`), rather than opened by QEMU through its path.
+    pub fd_group: Option<String>,
 }
 
 /// A virtio-mem device: `size_kib` of hot-pluggable memory, `requested_kib` of it asked to be

@@ -114,8 +114,14 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
                     .with_attribute(("type", backing_type))
                     .write_inner_content(|w| {
                         empty(w, "format", &[("type", format)])?;
+                        let mut source = vec![(attr, path.as_ref())];
+                        if let Some(group) =
+                            &disk.backing.as_ref().and_then(|b| b.fd_group.as_deref())
+                        {
+                            source.push(("fdgroup", group));
+                        }
                         w.create_element("source")
-                            .with_attribute((attr, path.as_ref()))
+                            .with_attributes(source)
                             .write_inner_content(|w| {
                                 empty(w, "seclabel", &[("model", "dac"), ("relabel", "no")])
                             })?;

@@ -243,7 +243,10 @@ pub fn open_for_qemu(
                     .map_err(|e| (disk.volume.clone(), e))?;
                 backing.format = Some(format);
             }
-            give_to(&file, path, owner).map_err(|e| (disk.volume.clone(), e))?;
+            match &backing.fd_group {
+                Some(group) => fds.push((group.clone(), file)),
+                None => give_to(&file, path, owner).map_err(|e| (disk.volume.clone(), e))?,
+            }
         }
     }
     Ok(fds)

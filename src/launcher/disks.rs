@@ -77,6 +77,9 @@ impl Launcher {
         if !fd_groups {
             for disk in &mut def.disks {
                 disk.given_to_qemu |= disk.fd_group.take().is_some();
+                if let Some(backing) = disk.backing.as_mut() {
+                    backing.fd_group = None;
+                }
             }
         }
         let (mut disks, owner) = (
