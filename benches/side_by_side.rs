@@ -874,6 +874,68 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
     (rows, memory)
 }
 
+/// The rows as a markdown table, then the memory of the VM's processes.
+fn print_tables(rows: &[Row], memory: &[ProcessMemory]) {
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    println!("| what | n | raw median | raw p90 | launcher median | launcher p90 | launcher / raw (median) |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{}", row.markdown());
+    }
+    let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
+    if !memory.is_empty() {
+        println!(
+            "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
+        );
+        println!("|---|---|---|---|---|");
+        for p in memory {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                p.name,
+                p.pid,
+                mib(p.rss),
+                mib(p.anon),
+                mib(p.pss)
+            );
+        }
+        println!(
+            "| all non-QEMU processes of the VM | | {} | {} | {} |",
+            mib(total(|p| p.rss)),
+            mib(total(|p| p.anon)),
+            mib(total(|p| p.pss))
+        );
+    }
+}
+
+/// `--plain VALUE ...`: the first VM's rows (start, disks, memory) once for each value of
+/// `VMLAUNCHER_PLAIN` (`src/tricks.rs`), in the order given, in this one run: each trick's rows
+/// with and without it (`0`: every trick played; `1`: none; else the tricks named off).
+/// `VALUE@BINARY` runs another build's launcher binary (a trick of the build: link order, say).
+fn plain_rows(rt: &Runtime, work: &Path, values: &[String]) {
+    for (i, value) in values.iter().enumerate() {
+        eprintln!("side_by_side: VMLAUNCHER_PLAIN={value}");
+        // Inherited by every launcher this run starts from now on.
+        match value.split_once('@') {
+            Some((plain, binary)) => {
+                std::env::set_var(vmlauncher::tricks::PLAIN, plain);
+                std::env::set_var("VMLAUNCHER_BENCH_BIN", binary);
+            }
+            None => {
+                std::env::set_var(vmlauncher::tricks::PLAIN, value);
+                std::env::remove_var("VMLAUNCHER_BENCH_BIN");
+            }
+        }
+        let dir = work.join(format!("plain-{i}"));
+        let caps = dir.join("caps-warm");
+        std::fs::create_dir_all(&caps).unwrap();
+        let (rows, memory) = first_vm_rows(rt, &dir, &caps);
+        let date = shell("date -u '+%Y-%m-%d %H:%M:%S UTC'");
+        let load = shell("cut -d' ' -f1-3 /proc/loadavg");
+        println!("\nVMLAUNCHER_PLAIN={value}, ended {date}, load average {load}\n");
+        print_tables(&rows, &memory);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if !args.iter().any(|a| a == "--bench") {
@@ -906,6 +968,15 @@ fn main() {
     let work = common::disk_dir("vml-bench-");
     let warm_caps = work.path().join("caps-warm");
     std::fs::create_dir_all(&warm_caps).unwrap();
+    let plain: Vec<String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--plain")
+        .map(|w| w[1].clone())
+        .collect();
+    if !plain.is_empty() {
+        plain_rows(&rt, work.path(), &plain);
+        return;
+    }
     let (mut rows, memory) = if only_migration {
         (Vec::new(), Vec::new())
     } else {
@@ -931,36 +1002,9 @@ fn main() {
             "release"
         }
     );
-    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
     println!("\nvmlauncher beside raw libvirt, {date}, {host}, TCG guest\n");
-    println!("| what | n | raw median | raw p90 | launcher median | launcher p90 | launcher / raw (median) |");
-    println!("|---|---|---|---|---|---|---|");
-    for row in &rows {
-        println!("{}", row.markdown());
-    }
+    print_tables(&rows, &memory);
     let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
-    if !memory.is_empty() {
-        println!(
-            "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
-        );
-        println!("|---|---|---|---|---|");
-        for p in &memory {
-            println!(
-                "| {} | {} | {} | {} | {} |",
-                p.name,
-                p.pid,
-                mib(p.rss),
-                mib(p.anon),
-                mib(p.pss)
-            );
-        }
-        println!(
-            "| all non-QEMU processes of the VM | | {} | {} | {} |",
-            mib(total(|p| p.rss)),
-            mib(total(|p| p.anon)),
-            mib(total(|p| p.pss))
-        );
-    }
 
     if let Some(path) = json_path {
         let json = serde_json::json!({

@@ -18,9 +18,16 @@
 //!   20.39 → 19.95 / 19.95 MiB, RssAnon 3.62 / 3.71 → 3.39 / 3.35, no-op Sync 0.52 / 0.54 →
 //!   0.45 / 0.50 ms, attach ratio 1.081 / 1.118 → 1.088 / 1.132 (unchanged builds spread over
 //!   1.075–1.137 the same day).
+//! - **Free memory given back while idle** ([`give_back_free_memory`]): a Sync of many disks
+//!   leaves freed memory scattered through the heap, which glibc keeps (it only trims the top),
+//!   so the launcher would stay at the size of its largest Sync for the rest of the VM's life.
+//!
+//! Each is a [`Trick`](crate::tricks::Trick): `VMLAUNCHER_PLAIN` turns it off.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
+
+use crate::tricks::{enabled, Trick};
 
 const TUNABLES: &str = "GLIBC_TUNABLES";
 const THREAD_CACHE: &str = "glibc.malloc.tcache_count";
@@ -30,6 +37,9 @@ const BEFORE: &str = "VMLAUNCHER_GLIBC_TUNABLES_BEFORE";
 
 /// One arena for all threads. Call first, before any thread exists.
 pub fn one_arena() {
+    if !enabled(Trick::OneMallocArena) {
+        return;
+    }
     // SAFETY: mallopt only sets a tunable of the allocator; called before any other thread runs.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
@@ -43,6 +53,9 @@ pub fn one_arena() {
 pub fn with_tuned_malloc() {
     if let Some(before) = std::env::var_os(BEFORE) {
         restore(&before);
+        return;
+    }
+    if !enabled(Trick::NoThreadCache) {
         return;
     }
     let current = std::env::var_os(TUNABLES);
@@ -74,6 +87,25 @@ pub fn with_tuned_malloc() {
         .env(TUNABLES, tunables)
         .env(BEFORE, current.unwrap_or_default())
         .exec();
+}
+
+/// Free heap memory kept for the next Sync rather than given back.
+const FREE_MEMORY_KEPT: usize = 512 << 10;
+
+/// Gives the allocator's free memory back to the kernel when there is much of it. For a quiet
+/// moment: not after every change, or the next Sync would fault the pages in again (a trim
+/// costs 40–100 µs on the bench machine, and the look at the free lists tens of µs).
+pub fn give_back_free_memory() {
+    if !enabled(Trick::IdleTrim) {
+        return;
+    }
+    // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only returns its free
+    // memory to the kernel.
+    unsafe {
+        if libc::mallinfo2().fordblks > FREE_MEMORY_KEPT {
+            libc::malloc_trim(0);
+        }
+    }
 }
 
 fn restore(before: &OsStr) {

@@ -298,8 +298,17 @@ impl Service {
 async fn detached<T: Send + 'static>(
     call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
 ) -> Result<T, tonic::Status> {
-    crate::run_to_end::run_to_end(call)
-        .await
+    let ended = if crate::tricks::enabled(crate::tricks::Trick::CallInPlace) {
+        crate::run_to_end::run_to_end(call).await
+    } else {
+        tokio::spawn(call)
+            .await
+            .map_err(|e| match e.try_into_panic() {
+                Ok(panic) => crate::run_to_end::panic_message(panic.as_ref()),
+                Err(e) => e.to_string(),
+            })
+    };
+    ended
         .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
         .map_err(to_status)
 }

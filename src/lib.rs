@@ -83,6 +83,7 @@ pub mod runtime_dir;
 pub mod spec;
 #[cfg(test)]
 mod testing;
+pub mod tricks;
 pub(crate) mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.
