@@ -23,8 +23,11 @@ use crate::launcher::{
 };
 use crate::lifecycle::Command;
 
+mod detached;
 mod migration;
 mod reflection;
+
+use detached::detached;
 
 pub use migration::{Front, Offer};
 
@@ -292,25 +295,6 @@ impl Service {
             status: Some(status_to_proto(&launcher.status())),
         }))
     }
-}
-
-/// Runs a launcher call to its end even if the client goes away (see `run_to_end`).
-async fn detached<T: Send + 'static>(
-    call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
-) -> Result<T, tonic::Status> {
-    let ended = if crate::tricks::enabled(crate::tricks::Trick::CallInPlace) {
-        crate::run_to_end::run_to_end(call).await
-    } else {
-        tokio::spawn(call)
-            .await
-            .map_err(|e| match e.try_into_panic() {
-                Ok(panic) => crate::run_to_end::panic_message(panic.as_ref()),
-                Err(e) => e.to_string(),
-            })
-    };
-    ended
-        .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
-        .map_err(to_status)
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;

@@ -113,9 +113,6 @@ fn main() -> std::process::ExitCode {
             },
         ),
     };
-    if runs_a_vm {
-        vmlauncher::allocator::with_tuned_malloc();
-    }
     // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
     vmlauncher::init::become_init_if_pid1();
     init_logging(log_format);

@@ -168,33 +168,6 @@ async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
-/// The launcher runs without glibc's per-thread malloc cache (`vmlauncher::allocator`: it starts
-/// itself again with the tunable), and puts its environment back before it starts anything: the
-/// libvirtd and QEMU it starts do not inherit the tunable or the launcher's marker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_launcher_runs_without_mallocs_thread_cache_and_its_children_do_not_inherit_it() {
-    let name = "no-tcache";
-    let (mut vm, qemu) = booted(name, "");
-    let launcher = vm.child.id() as i32;
-    let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
-    assert!(
-        mentions(
-            &environ(launcher),
-            "GLIBC_TUNABLES=glibc.malloc.tcache_count=0"
-        ),
-        "the launcher was started again with the tunable"
-    );
-    for (pid, who) in [(daemon, "libvirtd"), (qemu, "QEMU")] {
-        assert!(
-            !mentions(&environ(pid), "GLIBC_TUNABLES")
-                && !mentions(&environ(pid), "VMLAUNCHER_GLIBC_TUNABLES_BEFORE"),
-            "{who} inherits neither the tunable nor the marker"
-        );
-    }
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
-}
-
 /// A process (by pid) that a failing test must not leave behind.
 struct KilledOnDrop(i32);
 
