@@ -15,14 +15,15 @@ use std::sync::OnceLock;
 /// The environment variable: `1` turns every trick off, a comma-separated list of names those.
 pub const PLAIN: &str = "VMLAUNCHER_PLAIN";
 
-/// A trick kept, with why and the bench row it pays for (`docs/performance.md`, "Tricks").
+/// A trick kept, with why and the bench row it pays for (`docs/performance.md`, "The tricks, with and without").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trick {
     /// QEMU's capabilities probed once per machine and shared between launchers
-    /// (`libvirt::capcache`): start → Running, warm cache against an empty one.
+    /// (`libvirt::capcache`): start → Running, 7.7 s without against 1.2–1.8 s with (loaded
+    /// machine; 4.1 against 0.36 s idle).
     CapabilityCache,
     /// libvirtd started lean (`libvirt::lean`): the QEMU driver alone, jemalloc and
-    /// `no_ssh_crypto` preloaded through the dynamic loader: libvirtd's RSS and PSS.
+    /// `no_ssh_crypto` preloaded through the dynamic loader: libvirtd's RSS, 29.2 → 23.3 MiB.
     LeanLibvirtd,
     /// The live disks and power state kept between libvirt's events instead of read again by
     /// every Sync (`launcher::known`, `libvirt::delivered`): a Sync that changes nothing
@@ -30,7 +31,7 @@ pub enum Trick {
     /// restructuring will.
     LiveStateCache,
     /// glibc's malloc kept small (`allocator`): one arena, and free memory given back while the
-    /// launcher is idle: launcher RssAnon.
+    /// launcher is idle: launcher RssAnon, 5.2 → 3.5 MiB (either alone: 4.1).
     SmallHeap,
 }
 
