@@ -5,7 +5,6 @@ use prost::Message as _;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     no_ssh_crypto_preload()?;
-    hot_code_first();
     let descriptors = protox::compile(["vmlauncher/v1/launcher.proto"], ["proto"])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
@@ -29,7 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// Builds `OUT_DIR/no_ssh_crypto.so` from `src/libvirt/no_ssh_crypto.c`: the shared object the
-/// private libvirtd preloads (src/libvirt/daemon.rs embeds it).
+/// private libvirtd preloads (src/libvirt/lean.rs embeds it).
 fn no_ssh_crypto_preload() -> Result<(), Box<dyn std::error::Error>> {
     let source = "src/libvirt/no_ssh_crypto.c";
     println!("cargo:rerun-if-changed={source}");
@@ -46,29 +45,4 @@ fn no_ssh_crypto_preload() -> Result<(), Box<dyn std::error::Error>> {
         return Err(format!("compiling {source} failed: {status}").into());
     }
     Ok(())
-}
-
-/// Links a release binary with the functions a running launcher executes packed together ahead of
-/// the rest of its code. The kernel maps a binary's code in 64 KiB windows around each page a
-/// process touches; spread over 3.4 MB, the 1.7 MB a launcher runs kept all of it resident.
-/// `layout/hot-symbols.txt` names them exactly as this build names them (scripts/hot-symbols.sh
-/// writes it from a profile of the release binary); a name the build lacks is skipped, so a stale
-/// list costs pages, never correctness. Relative relocations are packed (DT_RELR, glibc 2.36):
-/// their table, which the loader reads whole at every start, shrinks from 218 KiB to 5.
-fn hot_code_first() {
-    let list = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("layout/hot-symbols.txt");
-    println!("cargo:rerun-if-changed={}", list.display());
-    // PROFILE is "release" for the bench profile too: it inherits release, and builds the same
-    // binary (Cargo.toml: the features criterion turns on).
-    if std::env::var("PROFILE").as_deref() != Ok("release") {
-        return;
-    }
-    println!("cargo:rustc-link-arg-bins=-Wl,-z,pack-relative-relocs");
-    if list.exists() {
-        println!(
-            "cargo:rustc-link-arg-bins=-Wl,--symbol-ordering-file={}",
-            list.display()
-        );
-        println!("cargo:rustc-link-arg-bins=-Wl,--no-warn-symbol-ordering");
-    }
 }

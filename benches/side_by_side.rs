@@ -76,6 +76,32 @@ const MANY_DISKS: usize = 64;
 const MANY_ROUNDS: usize = 5;
 const COLD_STARTS: usize = 3;
 const WARM_STARTS: usize = 5;
+
+/// How many samples the first VM's rows take.
+#[derive(Clone, Copy)]
+struct Counts {
+    one_disk_cycles: usize,
+    many_rounds: usize,
+    cold_starts: usize,
+    warm_starts: usize,
+}
+
+/// The whole run's.
+const FULL: Counts = Counts {
+    one_disk_cycles: ONE_DISK_CYCLES,
+    many_rounds: MANY_ROUNDS,
+    cold_starts: COLD_STARTS,
+    warm_starts: WARM_STARTS,
+};
+
+/// `--plain`'s, for each of several configurations in one run: half the one-disk cycles, three
+/// rounds of 64 disks, no cold start (the capability cache's row is its warm start turned off).
+const PLAIN_COUNTS: Counts = Counts {
+    one_disk_cycles: 30,
+    many_rounds: 3,
+    cold_starts: 0,
+    warm_starts: 4,
+};
 /// Disks attached while memory is read.
 const MEMORY_DISKS: usize = 16;
 const NAME: &str = "bench";
@@ -700,7 +726,18 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
 
 /// The rows of the VM the rest runs on (start, one disk, 64 disks), and the memory of its
 /// processes with 16 disks attached.
-fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<ProcessMemory>) {
+fn first_vm_rows(
+    rt: &Runtime,
+    work: &Path,
+    warm_caps: &Path,
+    counts: Counts,
+) -> (Vec<Row>, Vec<ProcessMemory>) {
+    let Counts {
+        one_disk_cycles,
+        many_rounds,
+        cold_starts,
+        warm_starts,
+    } = counts;
     let base = guest_spec(NAME, "", &[]);
     let mut rows = Vec::new();
 
@@ -723,7 +760,7 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
     // launcher's own domain definition on the launcher's running libvirtd (another name, no
     // uuid, its console and VNC socket elsewhere), then destroys and undefines it.
     eprintln!(
-        "side_by_side: start → running, {COLD_STARTS} cold and {WARM_STARTS} warm, alternating"
+        "side_by_side: start → running, {cold_starts} cold and {warm_starts} warm, alternating"
     );
     let raw_dir = work.join("raw-start");
     std::fs::create_dir_all(raw_dir.join("private")).unwrap();
@@ -734,8 +771,8 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
     }
     let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..COLD_STARTS.max(WARM_STARTS) {
-        if i < COLD_STARTS {
+    for i in 0..cold_starts.max(warm_starts) {
+        if i < cold_starts {
             let caps = work.join(format!("caps-cold-{i}"));
             std::fs::create_dir_all(&caps).unwrap();
             cold.push(time_to_running(&base, &caps));
@@ -748,18 +785,20 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
             warm.push(time_to_running(&base, warm_caps));
         }
     }
-    rows.push(Row {
-        what: "start → phase Running, empty capability cache (launcher only)",
-        launcher: cold,
-        raw: None,
-    });
+    if !cold.is_empty() {
+        rows.push(Row {
+            what: "start → phase Running, empty capability cache (launcher only)",
+            launcher: cold,
+            raw: None,
+        });
+    }
     rows.push(Row {
         what: "start → running: `vmlauncher run`, warm cache / `defineXML` + `create` on a running libvirtd",
         launcher: warm,
         raw: Some(raw_start),
     });
 
-    eprintln!("side_by_side: one disk, {ONE_DISK_CYCLES} alternating cycles");
+    eprintln!("side_by_side: one disk, {one_disk_cycles} alternating cycles");
     let launcher_image = work.join("launcher-one.img");
     let raw_image = work.join("raw-one.img");
     common::sparse_file(&launcher_image, 8);
@@ -770,7 +809,7 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
         vec![],
         vec![],
     );
-    for cycle in 0..ONE_DISK_CYCLES {
+    for cycle in 0..one_disk_cycles {
         for launcher_turn in [cycle % 2 == 0, cycle % 2 == 1] {
             if launcher_turn {
                 let serial = format!("BL-{cycle}");
@@ -821,11 +860,11 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
         raw: None,
     });
 
-    eprintln!("side_by_side: {MANY_DISKS} disks, {MANY_ROUNDS} alternating rounds");
+    eprintln!("side_by_side: {MANY_DISKS} disks, {many_rounds} alternating rounds");
     let launcher_images = sparse_files(work, "launcher-many", MANY_DISKS);
     let raw_images = sparse_files(work, "raw-many", MANY_DISKS);
     let (mut launcher, mut raw_side) = (DiskSamples::default(), DiskSamples::default());
-    for round in 0..MANY_ROUNDS {
+    for round in 0..many_rounds {
         for launcher_turn in [round % 2 == 0, round % 2 == 1] {
             if launcher_turn {
                 let serials: Vec<String> =
@@ -874,6 +913,68 @@ fn first_vm_rows(rt: &Runtime, work: &Path, warm_caps: &Path) -> (Vec<Row>, Vec<
     (rows, memory)
 }
 
+/// The rows as a markdown table, then the memory of the VM's processes.
+fn print_tables(rows: &[Row], memory: &[ProcessMemory]) {
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    println!("| what | n | raw median | raw p90 | launcher median | launcher p90 | launcher / raw (median) |");
+    println!("|---|---|---|---|---|---|---|");
+    for row in rows {
+        println!("{}", row.markdown());
+    }
+    let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
+    if !memory.is_empty() {
+        println!(
+            "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
+        );
+        println!("|---|---|---|---|---|");
+        for p in memory {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                p.name,
+                p.pid,
+                mib(p.rss),
+                mib(p.anon),
+                mib(p.pss)
+            );
+        }
+        println!(
+            "| all non-QEMU processes of the VM | | {} | {} | {} |",
+            mib(total(|p| p.rss)),
+            mib(total(|p| p.anon)),
+            mib(total(|p| p.pss))
+        );
+    }
+}
+
+/// `--plain VALUE ...`: the first VM's rows (start, disks, memory) once for each value of
+/// `VMLAUNCHER_PLAIN` (`src/tricks.rs`), in the order given, in this one run: each trick's rows
+/// with and without it (`0`: every trick played; `1`: none; else the tricks named off).
+/// `VALUE@BINARY` runs another build's launcher binary (a trick of the build: link order, say).
+fn plain_rows(rt: &Runtime, work: &Path, values: &[String]) {
+    for (i, value) in values.iter().enumerate() {
+        eprintln!("side_by_side: VMLAUNCHER_PLAIN={value}");
+        // Inherited by every launcher this run starts from now on.
+        match value.split_once('@') {
+            Some((plain, binary)) => {
+                std::env::set_var(vmlauncher::tricks::PLAIN, plain);
+                std::env::set_var("VMLAUNCHER_BENCH_BIN", binary);
+            }
+            None => {
+                std::env::set_var(vmlauncher::tricks::PLAIN, value);
+                std::env::remove_var("VMLAUNCHER_BENCH_BIN");
+            }
+        }
+        let dir = work.join(format!("plain-{i}"));
+        let caps = dir.join("caps-warm");
+        std::fs::create_dir_all(&caps).unwrap();
+        let (rows, memory) = first_vm_rows(rt, &dir, &caps, PLAIN_COUNTS);
+        let date = shell("date -u '+%Y-%m-%d %H:%M:%S UTC'");
+        let load = shell("cut -d' ' -f1-3 /proc/loadavg");
+        println!("\nVMLAUNCHER_PLAIN={value}, ended {date}, load average {load}\n");
+        print_tables(&rows, &memory);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if !args.iter().any(|a| a == "--bench") {
@@ -906,10 +1007,19 @@ fn main() {
     let work = common::disk_dir("vml-bench-");
     let warm_caps = work.path().join("caps-warm");
     std::fs::create_dir_all(&warm_caps).unwrap();
+    let plain: Vec<String> = args
+        .windows(2)
+        .filter(|w| w[0] == "--plain")
+        .map(|w| w[1].clone())
+        .collect();
+    if !plain.is_empty() {
+        plain_rows(&rt, work.path(), &plain);
+        return;
+    }
     let (mut rows, memory) = if only_migration {
         (Vec::new(), Vec::new())
     } else {
-        let (mut rows, memory) = first_vm_rows(&rt, work.path(), &warm_caps);
+        let (mut rows, memory) = first_vm_rows(&rt, work.path(), &warm_caps, FULL);
         // One TCG guest at a time: the resize VM boots once the first is gone.
         rows.extend(resize_rows(&rt, &warm_caps));
         (rows, memory)
@@ -931,36 +1041,9 @@ fn main() {
             "release"
         }
     );
-    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
     println!("\nvmlauncher beside raw libvirt, {date}, {host}, TCG guest\n");
-    println!("| what | n | raw median | raw p90 | launcher median | launcher p90 | launcher / raw (median) |");
-    println!("|---|---|---|---|---|---|---|");
-    for row in &rows {
-        println!("{}", row.markdown());
-    }
+    print_tables(&rows, &memory);
     let total = |f: fn(&ProcessMemory) -> u64| memory.iter().map(f).sum::<u64>();
-    if !memory.is_empty() {
-        println!(
-            "\n| process, {MEMORY_DISKS} disks attached | pid | RSS MiB | RssAnon MiB | PSS MiB |"
-        );
-        println!("|---|---|---|---|---|");
-        for p in &memory {
-            println!(
-                "| {} | {} | {} | {} | {} |",
-                p.name,
-                p.pid,
-                mib(p.rss),
-                mib(p.anon),
-                mib(p.pss)
-            );
-        }
-        println!(
-            "| all non-QEMU processes of the VM | | {} | {} | {} |",
-            mib(total(|p| p.rss)),
-            mib(total(|p| p.anon)),
-            mib(total(|p| p.pss))
-        );
-    }
 
     if let Some(path) = json_path {
         let json = serde_json::json!({

@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # qemu-utils is NOT listed: a newer one may be preinstalled, and naming it makes apt refuse the set.
 packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev qemu-system-x86
-          libjemalloc2           # the private libvirtd's allocator (src/libvirt/daemon.rs)
+          libjemalloc2           # the private libvirtd's allocator (src/libvirt/lean.rs)
           busybox-static cpio kmod libxml2-utils pkg-config genisoimage ovmf
           libelf-dev zlib1g-dev  # libbpf-sys (libcgroups cgroup v2 device programs) links them
           util-linux mount       # unshare and losetup, for the PID-1 and block-device tests

@@ -23,8 +23,11 @@ use crate::launcher::{
 };
 use crate::lifecycle::Command;
 
+mod detached;
 mod migration;
 mod reflection;
+
+use detached::detached;
 
 pub use migration::{Front, Offer};
 
@@ -292,16 +295,6 @@ impl Service {
             status: Some(status_to_proto(&launcher.status())),
         }))
     }
-}
-
-/// Runs a launcher call to its end even if the client goes away (see `run_to_end`).
-async fn detached<T: Send + 'static>(
-    call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
-) -> Result<T, tonic::Status> {
-    crate::run_to_end::run_to_end(call)
-        .await
-        .map_err(|panic| tonic::Status::internal(format!("the launcher call panicked: {panic}")))?
-        .map_err(|e| to_status(&e))
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<proto::Event, tonic::Status>> + Send>>;

@@ -26,18 +26,18 @@
 //! | [`domain`] | the domain XML model (`mod.rs`), its writer (`write`, quick-xml), the live-XML reader (`live`, roxmltree), a live domain's vCPUs and memory and the spare root ports of a definition (`resources`), the source's XML made a migration target's (`migratable`) | call libvirt |
 //! | `hotplug` | a Sync's plan: diff live vs desired scsi disks, targets, units | act on it |
 //! | [`host`] | host side of volume sources: checks (`mod.rs`), the qcow2 images it writes (`qcow2`), cidata ISOs (`cidata`); hot-plugged block volumes' owner (`block`: nodes, rules, records) and which devices a Sync may take (`block_allow`); block nodes (`devnode`), cgroup v1/v2 device rules (`cgroup`), the records file (`records`), capabilities (`caps`), path watches (`watch`), the launcher's own CPUs (`cpus`), a foreign image's header (`image_check`), where a spec's host paths lead (`confine`), QEMU's user (`qemu_user`), the guest kept off the host's loopback (`loopback`) | decide when |
-//! | [`libvirt`] | the only user of the `virt` crate: the connection and `Connector`, the private daemon (`daemon`) and its preload (`no_ssh_crypto.c`), which program a pid runs (`process`), the shared QEMU capability cache (`capcache`), the event FFI (`events`) and the log of delivered events (`delivered`), libvirt's state/event tables from `virt::sys` (`states`), bulk stats (`stats`), guest ports published through QEMU's monitor (`ports`), devices a killed libvirtd left in QEMU (`orphans`), peer-to-peer live migration and its job statistics (`migrate`) | hold policy |
+//! | [`libvirt`] | the only user of the `virt` crate: the connection and `Connector`, the private daemon (`daemon`) and how it is started lean (`lean`: the loader, its preloads, `no_ssh_crypto.c`), which program a pid runs (`process`), the shared QEMU capability cache (`capcache`), the event FFI (`events`) and the log of delivered events (`delivered`), libvirt's state/event tables from `virt::sys` (`states`), bulk stats (`stats`), guest ports published through QEMU's monitor (`ports`), devices a killed libvirtd left in QEMU (`orphans`), peer-to-peer live migration and its job statistics (`migrate`) | hold policy |
 //! | [`lifecycle`] | the state model's pure rules: phase, pause reason (`mod.rs`); commands, admit, settle, final stop (`tasks`); reconcile, run strategies, reboot window, back-off (`strategy`) | do I/O |
 //! | `launcher` | the core that executes them: the `Launcher`, a coordinator of owned parts, and its start (`mod.rs`); the parts, each with its own locks and unit tests: the link to libvirt (`link`), the status publisher and event stream (`status_hub`, with I/O errors at a bounded rate in `io_errors`), the task slot and the one request type `Work` (`task_slot`), the signals between tasks (`signals`), detach bookkeeping (`detaches`), the last accepted Sync (`last_sync`, on disk in `saved`), what it knows without asking libvirt (`live_view`); the jobs: status (`status`), lifecycle tasks (`tasks`), reconciler and reconnect (`reconciler`), disks made ready for QEMU (`disks`), Sync (`sync`) and its attaches a few at a time (`in_flight`), its vCPU and memory part (`resize`) and its interface part (`nics`), live migration, both ends (`migration`); unit tests against libvirt's `test:///default` (`tests.rs`) | implement a parser of its own |
 //! | [`api`] | the gRPC server (+ health; reflection built on its first call, `api/reflection.rs`) and client connection; what it serves before a migration target has a VM and the source's call to its target (`api/migration.rs`); maps errors to gRPC codes | hold state |
 //! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol over the launcher: its flags (`flags`), entrypoint (`entry`), cmd server (`server`), what each call does (`front`), the VMI as sent (`vmi`), notify client (`notify`), the `api.Domain` JSON and its stats (`domain_json/`), guest-agent answers (`guest_agent`) | hold VM state of its own |
 //! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
-//! | `run_to_end` | a call that a gRPC client's going away does not cut off | — |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`); `run --incoming`, a migration target (`incoming`) | — |
 //! | [`runtime_dir`], [`owned_dir`] | the runtime dir: the launcher's own, one launcher at a time (flock); whether a directory is the launcher's own | — |
 //! | [`exit`] | every exit code and every mapping to one: from how a command ended (`Ended`) and from why it failed (`MainError`, gathering each front end's error) | print |
 //! | [`console`], [`init`] | the serial console follower (`run --console`, tests); PID-1 duties | — |
-//! | [`allocator`] | glibc malloc's settings for a launcher: one arena, no per-thread cache (a second start) | — |
+//! | [`allocator`] | glibc malloc kept small for a launcher: one arena, free memory given back while idle | — |
+//! | [`tricks`] | the list of performance tricks, each with the bench row it pays for, and `VMLAUNCHER_PLAIN`, which turns them off | — |
 //! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |
 //! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
 //! | [`fuzzing`] | the fuzz targets' bodies (`fuzz/`), and the corpus replayed by `cargo test` | — |
@@ -52,8 +52,7 @@
 //! they share, by concern), `xml-fixtures/` (expected domain XML per spec), `benches/`
 //! (`side_by_side`: the launcher beside raw libvirt; `launch`; criterion's `convert` and
 //! `live_xml`), `fuzz/` (cargo fuzz targets and corpus), `scripts/` (setup, tests, soak, the test
-//! guest and the Debian image, the hot-symbol profile), `layout/hot-symbols.txt` (what a release
-//! build links first, `build.rs`), `Containerfile` and `deploy/` (the image and the pod),
+//! guest and the Debian image), `Containerfile` and `deploy/` (the image and the pod),
 //! `examples/` (the test guest's and the Debian VM's specs), `docs/` (design, pod, KubeVirt,
 //! performance).
 //!
@@ -78,11 +77,11 @@ pub mod lifecycle;
 pub mod logs;
 pub mod owned_dir;
 pub mod run;
-pub(crate) mod run_to_end;
 pub mod runtime_dir;
 pub mod spec;
 #[cfg(test)]
 mod testing;
+pub mod tricks;
 pub(crate) mod volumes;
 
 /// An error and its sources on one line: `a: b: c`. Printed once, at the top.

@@ -146,9 +146,6 @@ fn launch(runtime: &mut Option<tokio::runtime::Runtime>) -> Result<Ended, MainEr
             },
         ),
     };
-    if runs_a_vm {
-        vmlauncher::allocator::with_tuned_malloc();
-    }
     // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
     vmlauncher::init::become_init_if_pid1();
     init_logging(log_format);

@@ -17,6 +17,16 @@ use vmlauncher::host::watch::wait_for_change_in;
 use vmlauncher::libvirt::process::wait_process_exit;
 
 /// The test guest `name` launched and booted, and its QEMU's pid.
+/// The launcher started through `wrapper` in a runtime dir of its own, kept as long as the first.
+fn started_through(wrapper: &[&str], spec: &str, args: &[&str]) -> (tempfile::TempDir, Launched) {
+    let owned = tempfile::Builder::new()
+        .prefix("vml-e2e-")
+        .tempdir()
+        .unwrap();
+    let vm = Launched::start_wrapped(wrapper, owned.path(), spec, args);
+    (owned, vm)
+}
+
 fn booted(name: &str, kernel_args: &str) -> (Launched, i32) {
     let mut vm = Launched::start(&guest_spec(name, kernel_args, &[]), &[]);
     vm.boot();
@@ -168,29 +178,27 @@ async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
-/// The launcher runs without glibc's per-thread malloc cache (`vmlauncher::allocator`: it starts
-/// itself again with the tunable), and puts its environment back before it starts anything: the
-/// libvirtd and QEMU it starts do not inherit the tunable or the launcher's marker.
+/// `VMLAUNCHER_PLAIN=1` (`src/tricks.rs`) turns every performance trick off: libvirtd is started
+/// as it is (no loader, nothing preloaded, every driver), and the VM boots all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_launcher_runs_without_mallocs_thread_cache_and_its_children_do_not_inherit_it() {
-    let name = "no-tcache";
-    let (mut vm, qemu) = booted(name, "");
-    let launcher = vm.child.id() as i32;
-    let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
-    assert!(
-        mentions(
-            &environ(launcher),
-            "GLIBC_TUNABLES=glibc.malloc.tcache_count=0"
-        ),
-        "the launcher was started again with the tunable"
+async fn with_every_trick_off_libvirtd_starts_as_it_is_and_the_vm_boots() {
+    let name = "plain";
+    let (_owned, mut vm) = started_through(
+        &["env", "VMLAUNCHER_PLAIN=1"],
+        &guest_spec(name, "", &[]),
+        &[],
     );
-    for (pid, who) in [(daemon, "libvirtd"), (qemu, "QEMU")] {
-        assert!(
-            !mentions(&environ(pid), "GLIBC_TUNABLES")
-                && !mentions(&environ(pid), "VMLAUNCHER_GLIBC_TUNABLES_BEFORE"),
-            "{who} inherits neither the tunable nor the marker"
-        );
-    }
+    vm.boot();
+    let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
+    let maps = std::fs::read_to_string(format!("/proc/{daemon}/maps")).unwrap();
+    assert!(
+        !maps.contains("libjemalloc") && !maps.contains("no_ssh_crypto.so"),
+        "libvirtd preloads nothing"
+    );
+    assert!(
+        !mentions(&environ(daemon), "LIBVIRT_DRIVER_DIR"),
+        "libvirtd loads every driver"
+    );
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
@@ -572,14 +580,9 @@ fn qemu_host_pids(domain: &str) -> Vec<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
     let name = "pid-one";
-    let owned = tempfile::Builder::new()
-        .prefix("vml-e2e-")
-        .tempdir()
-        .unwrap();
     // A new PID namespace (with its own /proc) in which the launcher is PID 1, as in a pod.
-    let mut vm = Launched::start_wrapped(
+    let (owned, mut vm) = started_through(
         &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
-        owned.path(),
         &guest_spec(name, "vmltest.poweroff_after=1", &[]),
         &["--run-strategy", "manual"],
     );

@@ -421,7 +421,7 @@ impl Launcher {
                 },
             ),
             pending: watch::channel(BTreeMap::new()).0,
-            live: LiveView::new(true),
+            live: LiveView::new(crate::tricks::enabled(crate::tricks::Trick::LiveStateCache)),
         });
         launcher.update(|_| {});
         let n = name.clone();

@@ -15,10 +15,6 @@ use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::LibvirtError;
 use crate::lifecycle::{self, Command, Observation, Reaction, VmState};
 
-/// Free heap memory the launcher keeps for its next Sync rather than give back (see
-/// `release_free_memory_while_idle`).
-const FREE_MEMORY_KEPT: usize = 512 << 10;
-
 /// How long the reconciler must have been quiet before it looks at the free memory: the look
 /// walks the allocator's free lists (tens of µs), and a Sync that follows an event at once (a
 /// node daemon's next step) must not wait behind it.
@@ -106,24 +102,14 @@ impl Launcher {
         }
     }
 
-    /// Gives the allocator's free memory back to the kernel while no task runs, when there is
-    /// much of it: a Sync of many disks leaves freed memory scattered through the heap, which
-    /// glibc keeps (it only trims the top), so the launcher would stay at the size of its
-    /// largest Sync for the rest of the VM's life. Not after every change: the next Sync would
-    /// fault the pages in again (a trim costs 40–100 µs on the bench machine). Called once the
-    /// reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked, or at the
-    /// latest `LONGEST_BEFORE_RELEASE` after the first such pass.
+    /// Gives the allocator's free memory back while no task runs (`allocator` says why). Called
+    /// once the reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked,
+    /// or at the latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {
         let Some(_slot) = self.tasks.try_take() else {
             return;
         };
-        // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only returns its
-        // free memory to the kernel.
-        unsafe {
-            if libc::mallinfo2().fordblks > FREE_MEMORY_KEPT {
-                libc::malloc_trim(0);
-            }
-        }
+        crate::allocator::give_back_free_memory();
     }
 
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).

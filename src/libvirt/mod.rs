@@ -8,6 +8,7 @@ pub mod capcache;
 pub mod daemon;
 pub mod delivered;
 pub mod events;
+mod lean;
 pub mod migrate;
 mod orphans;
 mod ports;

@@ -1,5 +1,5 @@
 /*
- * Preloaded into the private libvirtd (src/libvirt/daemon.rs, `libvirtd_command`): keeps its
+ * Preloaded into the private libvirtd (src/libvirt/lean.rs, `through_loader`): keeps its
  * start-up from setting up OpenSSL, which it never uses.
  *
  * libvirtd's virInitialize calls curl_global_init, which calls libssh2_init(0), which registers

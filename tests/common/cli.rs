@@ -3,8 +3,11 @@
 use std::path::Path;
 use std::process::Command;
 
-pub fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_vmlauncher")
+/// This build's binary, or the one `VMLAUNCHER_BENCH_BIN` names (the side-by-side bench's
+/// `--plain VALUE@BINARY`: another build's binary beside this one's, in one run).
+pub fn bin() -> String {
+    std::env::var("VMLAUNCHER_BENCH_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_vmlauncher").to_owned())
 }
 
 /// The lines of `out` (a child's output), read by a thread of its own until the output ends or

@@ -121,7 +121,7 @@ impl Launched {
             .open(runtime_dir.join("launcher.stderr"))
             .unwrap();
         // VMLAUNCHER_TEST_WRAPPER: a command that runs every launcher a test or bench starts
-        // (e.g. valgrind, for scripts/hot-symbols.sh), split at white space.
+        // (e.g. valgrind), split at white space.
         let from_env = std::env::var("VMLAUNCHER_TEST_WRAPPER").unwrap_or_default();
         let wrapper: Vec<&str> = if wrapper.is_empty() {
             from_env.split_whitespace().collect()
