@@ -3,6 +3,7 @@
 //! on disk (`saved`) before it is kept here, so that a crash never loses one that made a
 //! change. The lock is a leaf.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use super::saved::{SavedSyncError, SavedSyncs};
@@ -27,12 +28,22 @@ impl LastSync {
         self.input.lock().expect("input lock").clone()
     }
 
-    /// `input` becomes the last one: saved first, unless it is the same again (a no-op Sync,
-    /// a retry), which is saved already.
-    pub(super) fn accept(&self, input: SyncInput) -> Result<(), SavedSyncError> {
-        if *self.input.lock().expect("input lock") == input {
+    /// `input` becomes the last one (never a dry run), with the disk sequences of its devices
+    /// given by number (`disk_sequences`): saved first, unless it is the same request again (a
+    /// no-op Sync, a retry), which is saved already and is neither copied nor looked up again.
+    pub(super) fn accept(
+        &self,
+        input: &SyncInput,
+        disk_sequences: impl FnOnce(&SyncInput) -> BTreeMap<String, u64>,
+    ) -> Result<(), SavedSyncError> {
+        if self.input.lock().expect("input lock").same_request(input) {
             return Ok(());
         }
+        let input = SyncInput {
+            dry_run: false,
+            block_identities: disk_sequences(input),
+            ..input.clone()
+        };
         self.saved.save(&input)?;
         *self.input.lock().expect("input lock") = input;
         Ok(())
@@ -51,6 +62,12 @@ impl LastSync {
 }
 
 impl SyncInput {
+    /// The same request as `other`, whatever the launcher noted of its devices.
+    fn same_request(&self, other: &SyncInput) -> bool {
+        (&self.spec, &self.block_devices, &self.persist)
+            == (&other.spec, &other.block_devices, &other.persist)
+    }
+
     /// The request without the block devices given by number whose disk is no longer the one
     /// it was accepted with (`now`: a number's disk sequence now), and those volumes' names:
     /// the kernel reuses a number once its disk is gone, and a restored request must not
@@ -79,7 +96,6 @@ impl SyncInput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
 
     #[test]
     fn a_restored_request_keeps_a_number_only_while_it_is_the_same_disk() {
@@ -137,7 +153,7 @@ mod tests {
         let last = LastSync::new(saved, input("start"));
         last.save_current().unwrap();
         assert_eq!(SavedSyncs::read(&base), Some(input("start")));
-        last.accept(input("first")).unwrap();
+        last.accept(&input("first"), |_| BTreeMap::new()).unwrap();
         assert_eq!(
             (last.get(), SavedSyncs::read(&base)),
             (input("first"), Some(input("first")))

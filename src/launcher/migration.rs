@@ -448,10 +448,13 @@ impl Launcher {
         let observation = self.observation();
         let left = left_by_migration(&observation);
         let failed = matches!(&observation, Observation::Domain(p) if p.state.is_active() && p.reason != "migration");
-        let n = self.domain_name.clone();
-        let running_job = matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_)));
-        if !left && (running_job || !failed) {
-            return false;
+        if !left {
+            // Asked of libvirt only while the guest may still be on its way.
+            let n = self.domain_name.clone();
+            let running_job = matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_)));
+            if running_job || !failed {
+                return false;
+            }
         }
         if !left {
             self.migration_marker().remove();

@@ -366,24 +366,22 @@ impl Launcher {
     /// The spec becomes the current one too (what a restart boots), even if the Sync is then
     /// interrupted.
     fn accept(&self, input: &SyncInput, vmi: &Validated) -> Result<(), LauncherError> {
+        // The same request again (a no-op Sync, a retry) is saved already: neither copied nor
+        // looked up in sysfs again.
         let sys = &self.options.hotplug.sys_dev_block;
-        let block_identities = input
-            .block_devices
-            .iter()
-            .filter_map(|(volume, source)| match source {
-                BlockSource::Number(dev) => {
-                    Some((volume.clone(), devnode::disk_sequence(sys, *dev)?))
-                }
-                BlockSource::Path(_) => None,
-            })
-            .collect();
-        let input = SyncInput {
-            dry_run: false,
-            block_identities,
-            ..input.clone()
+        let disk_sequences = |input: &SyncInput| {
+            input
+                .block_devices
+                .iter()
+                .filter_map(|(volume, source)| match source {
+                    BlockSource::Number(dev) => {
+                        Some((volume.clone(), devnode::disk_sequence(sys, *dev)?))
+                    }
+                    BlockSource::Path(_) => None,
+                })
+                .collect()
         };
-        // The same request again (a no-op Sync, a retry) is saved already.
-        super::host_work(|| self.last_sync.accept(input))?;
+        super::host_work(|| self.last_sync.accept(input, disk_sequences))?;
         let vmi = vmi.clone();
         self.update(|s| s.spec = vmi);
         Ok(())
