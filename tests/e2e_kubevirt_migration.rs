@@ -327,10 +327,9 @@ fn a_guest_migrates_between_kubevirt_launchers_and_keeps_its_boot() {
     assert_eq!(m["UID"], "mig-1", "{left}");
     assert_eq!(m["Failed"], false, "{left}");
     assert_eq!(m["AbortStatus"], "", "{left}");
-    let done = vmi(name, uid, &[], migrating("mig-1"));
     assert_ok(
         "Delete on the source",
-        vmi_call(&source.socket, &done, "Delete"),
+        vmi_call(&source.socket, &moving, "Delete"),
         &source.launcher,
     );
     source
@@ -344,7 +343,7 @@ fn a_guest_migrates_between_kubevirt_launchers_and_keeps_its_boot() {
     // virt-handler finalizes on the target.
     assert_ok(
         "FinalizeVirtualMachineMigration",
-        vmi_call(&target.socket, &done, "Finalize"),
+        vmi_call(&target.socket, &moving, "Finalize"),
         &target.launcher,
     );
     // Still the first boot, with its container disk copied: a hot-plug makes the guest report.

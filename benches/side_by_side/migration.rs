@@ -73,10 +73,6 @@ const GUESTS: [(u64, [&str; 3]); 2] = [
     ),
 ];
 
-/// What the launcher asks of libvirt (`Hypervisor::migrate`): the test guest has no disk in
-/// the launcher's private dir, so nothing is copied and `NON_SHARED_INC` is not set.
-const FLAGS: u32 = MIGRATE_FLAGS;
-
 /// One migration.
 struct Hop {
     took: Duration,
@@ -435,7 +431,9 @@ fn raw_hop(from: &RawHost, to: &RawHost) -> Hop {
     let destination = to.connect();
     let started = Instant::now();
     domain
-        .migrate_to_uri3(Some(&to.uri()), params, FLAGS)
+        // What the launcher asks of libvirt (`Hypervisor::migrate`): the test guest has no disk in
+        // the launcher's private dir, so nothing is copied and `NON_SHARED_INC` is not set.
+        .migrate_to_uri3(Some(&to.uri()), params, MIGRATE_FLAGS)
         .unwrap_or_else(|e| panic!("virDomainMigrateToURI3 to {}: {e}", to.uri()));
     let took = started.elapsed();
     let arrived = destination.lookup_domain_by_name(DOMAIN).unwrap();

@@ -23,7 +23,9 @@ pub use wire::WireError;
 use super::domain_json::MigrationMeta;
 use super::front::{now_rfc3339, Front, FrontError};
 use super::proto::cmd::{MigrationRequest, VmiRequest};
-use crate::launcher::{Launcher, LauncherError, MigrateRequest, MigrationRole, MigrationState};
+use crate::launcher::{
+    Launcher, LauncherError, MigrateRequest, MigrationRole, MigrationState, MigrationStatus,
+};
 use crate::run::RuntimeDir;
 
 /// KubeVirt's `MigrationAbortStatus` values.
@@ -151,28 +153,26 @@ pub(super) async fn sync_target(front: Arc<Front>, vmi_json: Vec<u8>) -> Result<
 /// over, as KubeVirt's target monitor waits for it), or lost it.
 async fn follow_target(front: Arc<Front>, launcher: Arc<Launcher>) {
     let mut status = launcher.subscribe();
-    loop {
-        let ended = status
-            .borrow_and_update()
-            .migration
-            .clone()
-            .filter(|m| m.role == MigrationRole::Target && m.state.is_over());
-        if let Some(ended) = ended {
-            front.update_meta(|m| {
-                if let Some(meta) = m.domain.migration.as_mut() {
-                    meta.end_timestamp = Some(now_rfc3339());
-                    if ended.state != MigrationState::Completed {
-                        meta.failed = true;
-                        meta.failure_reason = ended.message.clone();
-                    }
-                }
-            });
-            return;
+    let ended = |m: &MigrationStatus| m.role == MigrationRole::Target && m.state.is_over();
+    let Ok(status) = status
+        .wait_for(|s| s.migration.as_ref().is_some_and(ended))
+        .await
+    else {
+        return;
+    };
+    let Some(ended) = status.migration.clone() else {
+        return;
+    };
+    drop(status);
+    front.update_meta(|m| {
+        if let Some(meta) = m.domain.migration.as_mut() {
+            meta.end_timestamp = Some(now_rfc3339());
+            if ended.state != MigrationState::Completed {
+                meta.failed = true;
+                meta.failure_reason = ended.message.clone();
+            }
         }
-        if status.changed().await.is_err() {
-            return;
-        }
-    }
+    });
 }
 
 /// `MigrateVirtualMachine`: checked, recorded as started, and run in the background; the

@@ -189,17 +189,16 @@ pub fn vmi_migration(vmi_json: &[u8]) -> Result<VmiMigration, WireError> {
     let state = vmi
         .pointer("/status/migrationState")
         .filter(|s| s.is_object());
-    let migration_uid = state.map(|s| match s.get("sourceState").filter(|s| s.is_object()) {
-        Some(source) => source
-            .get("migrationUID")
+    let migration_uid = state.map(|s| {
+        let (holder, key) = match s.get("sourceState").filter(|s| s.is_object()) {
+            Some(source) => (source, "migrationUID"),
+            None => (s, "migrationUid"),
+        };
+        holder
+            .get(key)
             .and_then(Value::as_str)
             .unwrap_or_default()
-            .to_string(),
-        None => s
-            .get("migrationUid")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
+            .to_string()
     });
     let paused = vmi
         .pointer("/status/conditions")
