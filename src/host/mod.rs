@@ -24,6 +24,7 @@ pub mod cpus;
 pub(crate) mod devnode;
 pub(crate) mod image_check;
 pub mod loopback;
+pub mod pin;
 mod qcow2;
 pub mod qemu_user;
 pub(crate) mod records;
@@ -65,6 +66,8 @@ pub enum HostError {
         path: PathBuf,
         problem: image_check::ImageProblem,
     },
+    #[error(transparent)]
+    Pin(#[from] pin::PinError),
     #[error("cannot inspect {path}")]
     Inspect {
         path: PathBuf,
@@ -98,6 +101,7 @@ impl HostError {
             | HostError::Link { .. }
             | HostError::KernelFile { .. } => "UnsafeImage",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
+            HostError::Pin(_) => "PinFailed",
         }
     }
 }
