@@ -5,6 +5,7 @@
 //! cannot be made live is refused as a whole. Execution lives in the launcher.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 use crate::domain::{target_name, Bus, DiskDef, DomainDef, DriveAddress, LiveDisk};
 
@@ -169,10 +170,17 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
 
 fn check_unchanged(live: &LiveDisk, desired: &DiskDef) -> Result<(), PlanError> {
     let source = desired.source.path().to_string_lossy();
+    // A pinned image is live as its pin (or as its source, attached by path where the launcher
+    // could not mount): either is the desired source.
+    let pinned = desired.pin.as_deref().map(Path::to_string_lossy);
+    let live_source = match (live.source.as_deref(), pinned.as_deref()) {
+        (Some(live), Some(pin)) if live == pin => Some(source.as_ref()),
+        (live, _) => live,
+    };
     let fields = [
         ("bus", Some(live.bus.as_str()), Some(desired.bus.as_str())),
         ("serial", live.serial.as_deref(), desired.serial.as_deref()),
-        ("source", live.source.as_deref(), Some(source.as_ref())),
+        ("source", live_source, Some(source.as_ref())),
     ];
     let changed = fields.into_iter().find(|(_, was, want)| was != want);
     match changed {
@@ -265,6 +273,28 @@ mod tests {
             }),
             xml: format!("<disk>{volume}</disk>"),
         }
+    }
+
+    /// A hot-plugged file is live as its pin (or as its source, attached by path where the
+    /// launcher could not mount): neither is a changed source; anything else is.
+    #[test]
+    fn a_pinned_disk_is_unchanged_at_its_pin_or_its_source() {
+        let mut wanted = disk("data", Bus::Scsi, "D");
+        wanted.pin = Some("/run/vml/pins/data.img".into());
+        let desired = domain(vec![wanted]);
+        let mut pinned = live("data", "scsi", "sda", Some(0), "D");
+        pinned.source = Some("/run/vml/pins/data.img".into());
+        assert_eq!(plan(&[pinned.clone()], &desired).unwrap(), Plan::default());
+        let by_path = live("data", "scsi", "sda", Some(0), "D");
+        assert_eq!(plan(&[by_path], &desired).unwrap(), Plan::default());
+        pinned.source = Some("/run/vml/pins/other.img".into());
+        assert!(matches!(
+            plan(&[pinned], &desired),
+            Err(PlanError::Changed {
+                field: "source",
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -158,6 +158,9 @@ pub struct ConvertOptions {
     /// Claim images (a PVC's or DataVolume's `disk.img`, a hot-plugged file) are passed to QEMU
     /// as descriptors the launcher opens (`DiskDef::fd_group`; libvirt 9.0 and later).
     pub claims_by_fd: bool,
+    /// Where hot-plugged image files are pinned for QEMU (`host::pin`, `DiskDef::pin`), with
+    /// `claims_by_fd`; `None` gives them by their path.
+    pub pin_dir: Option<PathBuf>,
     /// The memory (bytes) the running guest booted with, when converting for a running domain:
     /// the boot memory cannot change until the next boot, so a changed `guest` becomes
     /// virtio-mem's requested size. `None` converts for a boot.
@@ -182,6 +185,7 @@ impl ConvertOptions {
             cpus: Vec::new(),
             block_volumes: BTreeSet::new(),
             claims_by_fd: false,
+            pin_dir: None,
             guest_at_boot: None,
         }
     }
@@ -609,6 +613,13 @@ fn disks(
             shareable: disk.shareable == Some(true) || shared,
             fd_group: (tenant_file && !hotpluggable).then(|| format!("vml-{}", disk.name)),
             given_to_qemu: tenant_file && hotpluggable,
+            // Hot-plugged files go to QEMU by path (libvirt 9.0 cannot pass a descriptor on
+            // hot-plug): by the launcher's pin of what it checked, never by the hotplug dir's.
+            pin: opts
+                .pin_dir
+                .as_deref()
+                .filter(|_| tenant_file && hotpluggable)
+                .map(|dir| crate::host::pin::Pins::in_dir(dir).path(&disk.name)),
         });
     }
     if !problems.is_empty() {

@@ -524,3 +524,44 @@ fn a_running_guest_keeps_its_boot_memory_and_virtio_mem_takes_the_change() {
     assert_eq!(def.memory_kib, 128 << 10);
     assert_eq!(def.virtio_mem, None);
 }
+
+/// A hot-plugged claim's file goes to QEMU as the launcher's pin (`host::pin`) when pins are
+/// made, given by the launcher (relabel='no'); a boot claim's by descriptor, never pinned.
+#[test]
+fn hot_plugged_files_are_pinned_and_boot_claims_passed_by_descriptor() {
+    let text = SPEC
+        .replace(
+            "      - {name: two, disk: {bus: scsi}, serial: SerialTwo}\n",
+            "      - {name: two, disk: {bus: scsi}, serial: SerialTwo}\n      - {name: late, disk: {bus: scsi}}\n      - {name: data, disk: {bus: scsi}}\n",
+        )
+        .replace(
+            "  - {name: two, hostDisk: {path: /d/two.img, type: Disk}}\n",
+            "  - {name: two, hostDisk: {path: /d/two.img, type: Disk}}\n  - {name: late, persistentVolumeClaim: {claimName: late, hotpluggable: true}}\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n",
+        );
+    let mut o = opts();
+    o.claims_by_fd = true;
+    o.pin_dir = Some("/run/vml/pins".into());
+    let def = convert(&vmi(&text), &o).unwrap();
+    let disk = |name: &str| def.disks.iter().find(|d| d.volume == name).unwrap();
+    let late = disk("late");
+    assert_eq!(
+        late.pin.as_deref(),
+        Some(Path::new("/run/vml/pins/late.img"))
+    );
+    assert!(late.given_to_qemu && late.fd_group.is_none());
+    assert_eq!(late.source.path(), Path::new("/run/vml/hotplug/late.img"));
+    let xml = def.to_xml();
+    assert!(
+        xml.contains("<source file=\"/run/vml/pins/late.img\">"),
+        "{xml}"
+    );
+    let data = disk("data");
+    assert!(data.pin.is_none() && data.fd_group.is_some());
+    // Without pins (a `--connect`ed libvirt, or claims not passed by descriptor): by path.
+    o.pin_dir = None;
+    assert!(convert(&vmi(&text), &o)
+        .unwrap()
+        .disks
+        .iter()
+        .all(|d| d.pin.is_none()));
+}

@@ -173,6 +173,28 @@ mod tests {
         roxmltree::Document::parse(&out).expect("still XML");
     }
 
+    /// A pinned hot-plugged file (`host::pin`) arrives as the target's volume path: the pin
+    /// has the file name the volume has in the hotplug dir. It is never copied.
+    #[test]
+    fn a_pin_moves_to_the_targets_hotplug_dir() {
+        let xml = "<domain><devices><disk type='file' device='disk'>\
+            <source file='/run/a/pins/late.img'><seclabel model='dac' relabel='no'/></source>\
+            <target dev='sdb' bus='scsi'/></disk></devices></domain>";
+        let out = for_target(
+            xml,
+            &[
+                (Path::new("/run/a"), Path::new("/run/b")),
+                (Path::new("/hot/a"), Path::new("/hot/b")),
+                (Path::new("/run/a/pins"), Path::new("/hot/b")),
+            ],
+        );
+        assert!(out.contains("'/hot/b/late.img'"), "{out}");
+        assert!(out.contains("relabel='no'"), "{out}");
+        assert!(copied_disks(xml, Path::new("/run/a/private"))
+            .unwrap()
+            .is_empty());
+    }
+
     #[test]
     fn writable_disks_under_the_private_dir_are_copied() {
         let copied = copied_disks(XML, Path::new("/run/a/private")).unwrap();

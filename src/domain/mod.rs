@@ -10,7 +10,7 @@ pub mod migratable;
 mod resources;
 mod write;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use live::{
     canonical_machines, domain_capabilities_machine, live_disks, live_interfaces, LiveDisk,
@@ -351,6 +351,17 @@ pub struct DiskDef {
     /// by `fdgroup` ("Could not dup FD" from QEMU on `blockdev-add`): QEMU opens these by path,
     /// as its unprivileged user.
     pub given_to_qemu: bool,
+    /// Where QEMU opens a `given_to_qemu` image instead of its source: the launcher's pin of the
+    /// inode it checked, a bind mount in QEMU's mount namespace (`host::pin`), so that the
+    /// source's directory, which others write, is not resolved again. `None`: the source.
+    pub pin: Option<PathBuf>,
+}
+
+impl DiskDef {
+    /// The path QEMU is given: the pin, else the source.
+    pub fn qemu_path(&self) -> &Path {
+        self.pin.as_deref().unwrap_or(self.source.path())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -66,7 +66,8 @@ fn source_kind(source: &DiskSource) -> (&'static str, &'static str) {
 
 fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
     let (disk_type, source_attr) = source_kind(&disk.source);
-    let source = disk.source.path().to_string_lossy();
+    // A pinned image goes to QEMU as its pin (`DiskDef::pin`).
+    let source = disk.qemu_path().to_string_lossy();
     w.create_element("disk")
         .with_attributes([("type", disk_type), ("device", disk.device.as_str())])
         .write_inner_content(|w| {

@@ -223,12 +223,14 @@ fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
 /// (`open_image`; read-only for a read-only disk), so that what was checked is what QEMU gets:
 /// returns the descriptors of those passed by `fdgroup`; gives those marked `given_to_qemu`, and
 /// every overlay's backing, to QEMU's user (`owner`) through the descriptor (`fchown`, no path
-/// followed), and reads a container disk's backing format from the file it opened.
+/// followed), and reads a container disk's backing format from the file it opened. The checked
+/// files of disks to pin (`DiskDef::pin`) are returned too, by volume, for the caller to pin.
 pub fn open_for_qemu(
     disks: &mut [crate::domain::DiskDef],
     owner: devnode::NodeOwner,
-) -> Result<Vec<(String, fs::File)>, (String, HostError)> {
-    let mut fds = Vec::new();
+) -> Result<ForQemu, (String, HostError)> {
+    let mut out = ForQemu::default();
+    let fds = &mut out.fds;
     for disk in disks.iter_mut() {
         let failed = |e| (disk.volume.clone(), e);
         if disk.fd_group.is_some() || disk.given_to_qemu {
@@ -236,7 +238,12 @@ pub fn open_for_qemu(
             let file = open_image(path, !disk.readonly).map_err(failed)?;
             match &disk.fd_group {
                 Some(group) => fds.push((group.clone(), file)),
-                None => give_to(&file, path, owner).map_err(failed)?,
+                None => {
+                    give_to(&file, path, owner).map_err(failed)?;
+                    if disk.pin.is_some() {
+                        out.to_pin.push((disk.volume.clone(), file));
+                    }
+                }
             }
         }
         if let Some(backing) = &mut disk.backing {
@@ -253,7 +260,16 @@ pub fn open_for_qemu(
             }
         }
     }
-    Ok(fds)
+    Ok(out)
+}
+
+/// The images `open_for_qemu` opened for QEMU.
+#[derive(Debug, Default)]
+pub struct ForQemu {
+    /// Passed by `fdgroup`: (group, file).
+    pub fds: Vec<(String, fs::File)>,
+    /// To pin (`host::pin`) where QEMU will open them: (volume, the checked file).
+    pub to_pin: Vec<(String, fs::File)>,
 }
 
 /// Gives the open `file` to QEMU's user. A read-only filesystem (a container disk's image

@@ -77,6 +77,9 @@ impl Launcher {
         if !fd_groups {
             for disk in &mut def.disks {
                 disk.given_to_qemu |= disk.fd_group.take().is_some();
+                // The domain arrives with its QEMU, whose namespace is made before this
+                // launcher could pin in it: the images go by path, given to QEMU's user.
+                disk.pin = None;
                 if let Some(backing) = disk.backing.as_mut() {
                     backing.fd_group = None;
                 }
@@ -86,19 +89,87 @@ impl Launcher {
             std::mem::take(&mut def.disks),
             self.options.hotplug.node_owner,
         );
-        let (disks, fds) = tokio::task::spawn_blocking(move || {
-            let fds = host::open_for_qemu(&mut disks, owner);
-            (disks, fds)
+        let (disks, opened) = tokio::task::spawn_blocking(move || {
+            let opened = host::open_for_qemu(&mut disks, owner);
+            (disks, opened)
         })
         .await
         .map_err(LauncherError::Join)?;
         def.disks = disks;
-        let fds = fds.map_err(|(volume, source)| DiskNotReady { volume, source })?;
+        let opened = opened.map_err(|(volume, source)| DiskNotReady { volume, source })?;
+        // QEMU's mount namespace is made from libvirtd's as QEMU starts: a pin made there
+        // now is in QEMU's. Pins of volumes this start leaves out go first.
+        let pinned: BTreeSet<String> = opened.to_pin.iter().map(|(v, _)| v.clone()).collect();
+        let namespace_of = self.link.connector().daemon_pid();
+        let failed = super::host_work(|| {
+            if let Some(pins) = self.pins() {
+                pins.keep_only(&pinned);
+            }
+            self.pin_images(&mut def.disks, opened.to_pin, namespace_of)
+        });
+        for (volume, source) in failed {
+            // Only hot-plugged files are pinned, and they never keep the VM from starting.
+            if let Some(at) = def.disks.iter().position(|d| d.volume == volume) {
+                not_ready.push((def.disks.remove(at), source));
+            }
+        }
         Ok(Ready {
             def,
-            fds,
+            fds: opened.fds,
             not_ready,
         })
+    }
+
+    /// Where this launcher pins images (`host::pin`); `None` when it gives them by path.
+    pub(super) fn pins(&self) -> Option<host::pin::Pins> {
+        self.options
+            .convert
+            .pin_dir
+            .as_deref()
+            .map(host::pin::Pins::in_dir)
+    }
+
+    /// Pins each checked image of `to_pin` at its disk's pin, in the mount namespace of process
+    /// `namespace_of` (QEMU's for a hot-plug, libvirtd's before a start). Where the launcher may
+    /// not mount (no CAP_SYS_ADMIN), the disk goes to QEMU by its path, as before pins, with a
+    /// warning naming the volume: the image was still checked and given to QEMU's user through
+    /// its descriptor, and hot-plug keeps working where it did. Any other failure is the
+    /// volume's, returned, with nothing left pinned.
+    pub(super) fn pin_images(
+        &self,
+        disks: &mut [DiskDef],
+        to_pin: Vec<(String, std::fs::File)>,
+        namespace_of: Option<i32>,
+    ) -> Vec<(String, HostError)> {
+        let mut failed = Vec::new();
+        let Some(pins) = self.pins() else {
+            return failed;
+        };
+        for (volume, file) in to_pin {
+            let Some(disk) = disks.iter_mut().find(|d| d.volume == volume) else {
+                continue;
+            };
+            let pinned = match namespace_of {
+                Some(pid) => pins.pin(&volume, &file, pid),
+                None => Err(host::pin::PinError::NoProcess {
+                    path: pins.path(&volume),
+                }),
+            };
+            match pinned {
+                Ok(path) => disk.pin = Some(path),
+                Err(host::pin::PinError::NotPermitted { path, source }) => {
+                    tracing::warn!(
+                        %volume,
+                        pin = %path.display(),
+                        error = %source,
+                        "cannot pin the hot-plugged image (mounting is not permitted): QEMU opens it by its path in the hotplug dir"
+                    );
+                    disk.pin = None;
+                }
+                Err(e) => failed.push((volume, HostError::Pin(e))),
+            }
+        }
+        failed
     }
 }
 

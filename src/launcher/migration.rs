@@ -300,13 +300,17 @@ impl Launcher {
             Ok(disks) => disks,
             Err(e) => return Err(self.migration_failed(e.into(), false)),
         };
-        let dest_xml = migratable::for_target(
-            &xml,
-            &[
-                (&self.options.runtime_dir, &plan.runtime_dir),
-                (&paths.hotplug_dir, &plan.hotplug_dir),
-            ],
-        );
+        // A pinned hot-plugged file becomes the target's volume path (`<hotplug>/<volume>.img`,
+        // the pin's own file name): the target gives it to QEMU by path, as it does claims.
+        let pins = self.pins();
+        let mut moves: Vec<(&std::path::Path, &std::path::Path)> = vec![
+            (&self.options.runtime_dir, &plan.runtime_dir),
+            (&paths.hotplug_dir, &plan.hotplug_dir),
+        ];
+        if let Some(pins) = &pins {
+            moves.push((pins.dir(), &plan.hotplug_dir));
+        }
+        let dest_xml = migratable::for_target(&xml, &moves);
         let to = MigrateTo {
             libvirt_uri: plan.libvirt_uri,
             migration_uri: plan.migration_uri,

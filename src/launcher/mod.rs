@@ -489,7 +489,14 @@ impl Launcher {
         // A migration target's nodes were just made for a domain still on its way: they are
         // this launcher's own, nothing to adopt.
         if kind != StartKind::Incoming {
-            host_work(|| launcher.block.adopt(&live));
+            host_work(|| {
+                launcher.block.adopt(&live);
+                // Pins are found again by name (`<volume>.img`): those of volumes the domain
+                // still has stay, the rest (a launcher killed mid-unplug) go.
+                if let Some(pins) = launcher.pins() {
+                    pins.keep_only(&live);
+                }
+            });
         }
         // Following libvirt's events before the restored Sync runs: its detaches end on the
         // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach

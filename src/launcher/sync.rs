@@ -451,13 +451,30 @@ impl Launcher {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let owner = self.options.hotplug.node_owner;
         let mut prepared = disk.clone();
-        let fds = match crate::host::open_for_qemu(std::slice::from_mut(&mut prepared), owner) {
-            Ok(fds) => fds,
+        let opened = match crate::host::open_for_qemu(std::slice::from_mut(&mut prepared), owner) {
+            Ok(opened) => opened,
             Err((_, e)) => {
                 self.set_volume(disk, VolumePhase::Failed, e.reason(), e.to_string());
                 return false;
             }
         };
+        let fds = opened.fds;
+        // QEMU opens a hot-plugged file in its own mount namespace: the pin is made there.
+        let pinned = !opened.to_pin.is_empty();
+        let failed = self.pin_images(
+            std::slice::from_mut(&mut prepared),
+            opened.to_pin,
+            self.qemu_pid(),
+        );
+        if let Some((_, e)) = failed.into_iter().next() {
+            self.set_volume(
+                disk,
+                VolumePhase::Failed,
+                e.reason(),
+                crate::error_chain(&e),
+            );
+            return false;
+        }
         let xml = prepared.to_xml();
         self.forget_live_disks();
         let mut attempts = 1;
@@ -482,10 +499,33 @@ impl Launcher {
             Err(e) => {
                 let message = libvirt_message(&e);
                 tracing::warn!(volume = %disk.volume, %message, "attach failed");
+                if pinned {
+                    self.unpin(&disk.volume);
+                }
                 self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
                 false
             }
         }
+    }
+
+    /// Removes `volume`'s pin, if it has one (QEMU has let go of the disk, or never had it).
+    pub(super) fn unpin(&self, volume: &str) {
+        let Some(pins) = self.pins() else {
+            return;
+        };
+        if let Err(e) = pins.unpin(volume) {
+            tracing::warn!(%volume, error = %e, "cannot remove the volume's pin");
+        }
+    }
+
+    /// QEMU's pid, from libvirt's pid file; `None` while it cannot be read.
+    fn qemu_pid(&self) -> Option<i32> {
+        let file = self
+            .options
+            .hotplug
+            .qemu_pid_dir
+            .join(format!("{}.pid", self.domain_name));
+        std::fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
     fn fail_block_volume(&self, disk: &DiskDef, e: &BlockHostError) {
@@ -583,6 +623,8 @@ impl Launcher {
     /// (a node plugged again since is not), forget the volume.
     pub(super) fn finish_detach(&self, volume: &str) {
         let generation = self.detaches.finish(volume);
+        // QEMU closed the image with the device: its pin goes (a file volume's; a no-op else).
+        super::host_work(|| self.unpin(volume));
         let released = match generation {
             Some(generation) => {
                 super::host_work(|| self.block.release_plug(volume, generation)).map(drop)

@@ -396,6 +396,11 @@ impl Launcher {
             Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
                 // A few unlinks and cgroup writes, once, as the launcher exits.
                 self.block.release_all();
+                // QEMU is gone: its namespace with it; a pin in libvirtd's (made before a
+                // start) goes with its unlink.
+                if let Some(pins) = self.pins() {
+                    pins.keep_only(&Default::default());
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")

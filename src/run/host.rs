@@ -307,6 +307,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             crate::error_chain(&e)
         )),
     }
+    let claims_by_fd = connect.is_none() && crate::libvirt::supports_fd_groups();
     let convert = ConvertOptions {
         virt_type: emulation.resolve(),
         console_log,
@@ -314,7 +315,10 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         block_volumes: Default::default(),
         // The private libvirtd is this host's libvirt, 9.0 or later where it was built against
         // one; a `--connect`ed one may be older than `fdgroup`.
-        claims_by_fd: connect.is_none() && crate::libvirt::supports_fd_groups(),
+        claims_by_fd,
+        // Beside the private dir, not in it: a migration copies the writable disks under the
+        // private dir, and a hot-plugged file is shared, never copied.
+        pin_dir: claims_by_fd.then(|| rt.0.join(crate::host::pin::PIN_DIR)),
         paths,
         network,
         publish,
