@@ -62,7 +62,7 @@ spec:
       securityContext:
         capabilities:
           drop: [ALL]
-          add: [SETUID, SETGID, SETPCAP, CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_ADMIN, MKNOD]
+          add: [SETUID, SETGID, SETPCAP, CHOWN, DAC_OVERRIDE, FOWNER, KILL, SYS_ADMIN, MKNOD, SYS_CHROOT]
       volumeMounts:
         - name: pod-dirs
           mountPath: {root}
