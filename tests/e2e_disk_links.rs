@@ -129,8 +129,37 @@ fn owner_and_mode(path: &std::path::Path) -> (u32, u32) {
     (meta.uid(), meta.mode() & 0o7777)
 }
 
+/// `(st_dev, st_ino)` of what `path` leads to (a `/proc/<pid>/fd/N` link: the open file).
+fn inode(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The inodes QEMU holds open.
+fn qemu_inodes(pid: i32) -> Vec<(u64, u64)> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| inode(&e.ok()?.path()))
+        .collect()
+}
+
+/// The `<source file>` of the live disk of `volume`.
+fn live_source(live: &str, volume: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(live).unwrap();
+    let alias = format!("ua-{volume}");
+    let disk = doc.descendants().find(|n| {
+        n.has_tag_name("disk")
+            && n.children()
+                .any(|c| c.has_tag_name("alias") && c.attribute("name") == Some(alias.as_str()))
+    })?;
+    disk.children()
+        .find(|c| c.has_tag_name("source"))?
+        .attribute("file")
+        .map(str::to_string)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() {
+async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned() {
     use std::os::unix::fs::PermissionsExt;
     let name = "claim-fd";
     let make_image = |path: &std::path::Path| {
@@ -138,9 +167,12 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
         common::sparse_file(path, 4);
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
     };
+    // The guest writes "vmltest <boot id>" at the start of the hot-plugged disk when it
+    // appears, and reads it back on every change of its disks.
+    let kernel_args = "vmltest.write=Late-1";
     let mut vm = Launched::start_owned(|dir| make_image(&dir.join("vmi-disks/data/disk.img"))).run(
         &with_volume(
-            guest_spec(name, "", &[]),
+            guest_spec(name, kernel_args, &[]),
             "persistentVolumeClaim: {claimName: data}",
         ),
         &[],
@@ -150,22 +182,35 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
     // A hot-plugged file, from the hotplug dir a node daemon fills.
     let hotplugged = vm.dir().join("hotplug/late.img");
     make_image(&hotplugged);
+    let checked = inode(&hotplugged).unwrap();
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
-    let spec = with_volume(
-        guest_spec(name, "", &[]),
-        "persistentVolumeClaim: {claimName: data}",
-    )
-    .replace(
-        "      - {name: data, disk: {bus: scsi}, serial: Data-1}\n",
-        "      - {name: data, disk: {bus: scsi}, serial: Data-1}\n      - {name: late, disk: {bus: scsi}, serial: Late-1}\n",
-    )
-    .replace(
-        "  - {name: data, persistentVolumeClaim: {claimName: data}}\n",
-        "  - {name: data, persistentVolumeClaim: {claimName: data}}\n  - {name: late, persistentVolumeClaim: {claimName: late, hotpluggable: true}}\n",
-    );
+    let spec_with = |extra: &[&str]| {
+        let mut disks = String::from("      - {name: data, disk: {bus: scsi}, serial: Data-1}\n");
+        let mut volumes =
+            String::from("  - {name: data, persistentVolumeClaim: {claimName: data}}\n");
+        for (volume, serial) in extra.iter().map(|v| (v, format!("{}-1", capitalised(v)))) {
+            disks +=
+                &format!("      - {{name: {volume}, disk: {{bus: scsi}}, serial: {serial}}}\n");
+            volumes += &format!(
+                "  - {{name: {volume}, persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}}}\n"
+            );
+        }
+        with_volume(
+            guest_spec(name, kernel_args, &[]),
+            "persistentVolumeClaim: {claimName: data}",
+        )
+        .replace(
+            "      - {name: data, disk: {bus: scsi}, serial: Data-1}\n",
+            &disks,
+        )
+        .replace(
+            "  - {name: data, persistentVolumeClaim: {claimName: data}}\n",
+            &volumes,
+        )
+    };
     let reply = client
         .sync(proto::SyncRequest {
-            spec,
+            spec: spec_with(&["late"]),
             ..Default::default()
         })
         .await
@@ -180,6 +225,16 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
     console.line("the guest sees both disks", GUEST_DEADLINE, |l| {
         l.contains("VMLTEST-SERIALS") && l.contains("serial=Data-1") && l.contains("serial=Late-1")
     });
+    let wrote = console.line(
+        "the guest wrote the hot-plugged disk",
+        GUEST_DEADLINE,
+        |l| l.contains("VMLTEST-WROTE Late-1 "),
+    );
+    let written = format!("vmltest {}", wrote.split_whitespace().last().unwrap());
+    let read = console.line("the guest reads it back", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-READ Late-1 ")
+    });
+    assert!(read.contains(&written), "{read}");
 
     // QEMU (not root) never opened the claim's path: it was given a descriptor, and the file
     // stays root's. The hot-plugged file (libvirt 9.0 cannot pass one by descriptor) was given
@@ -201,9 +256,101 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_given() 
         live.contains("relabel=\"no\"") || live.contains("relabel='no'"),
         "{live}"
     );
+    // QEMU was given the launcher's pin of the inode it checked, in a directory only the
+    // launcher writes, never the hotplug dir's path, which the node daemon (and a tenant) write.
+    let pin = vm.dir().join("pins/late.img");
+    assert_eq!(
+        live_source(&live, "late").as_deref(),
+        pin.to_str(),
+        "{live}"
+    );
+    assert!(
+        qemu_inodes(qemu).contains(&checked),
+        "QEMU holds the checked inode"
+    );
+
+    // The hotplug dir's file becomes a link to another file: what QEMU has, and the pin, stay
+    // the checked inode, and the guest still reads what it wrote there.
+    let decoy = vm.dir().join("decoy.img");
+    std::fs::write(&decoy, b"decoy\n").unwrap();
+    let moved = vm.dir().join("late.orig");
+    std::fs::rename(&hotplugged, &moved).unwrap();
+    std::os::unix::fs::symlink(&decoy, &hotplugged).unwrap();
+    // Another hot-plugged file: the guest's disks change, and it reads `late` back.
+    make_image(&vm.dir().join("hotplug/later.img"));
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: spec_with(&["late", "later"]),
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync that hot-plugs a second file")
+        .into_inner();
+    assert!(
+        reply
+            .volumes
+            .iter()
+            .all(|v| v.phase == proto::volume_status::Phase::Ready as i32),
+        "{:?}",
+        reply.volumes
+    );
+    console.line("the guest sees the second file", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS") && l.contains("serial=Later-1")
+    });
+    let read = console.line(
+        "the guest reads the pinned disk again",
+        GUEST_DEADLINE,
+        |l| l.contains("VMLTEST-READ Late-1 "),
+    );
+    assert!(read.contains(&written), "{read}");
+    let qemu_has = qemu_inodes(qemu);
+    assert!(qemu_has.contains(&checked));
+    assert!(!qemu_has.contains(&inode(&decoy).unwrap()));
+    // The pin is a mount in QEMU's namespace (libvirt's per-domain one), not the launcher's.
+    let in_qemu =
+        std::path::Path::new(&format!("/proc/{qemu}/root")).join(pin.strip_prefix("/").unwrap());
+    assert_eq!(inode(&in_qemu), Some(checked));
+    assert_ne!(inode(&pin), Some(checked));
+    assert_eq!(std::fs::read(&decoy).unwrap(), b"decoy\n");
+    let start = std::fs::read(&moved).unwrap();
+    assert!(start.starts_with(written.as_bytes()), "{:?}", &start[..32]);
+    let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
+    assert_eq!(
+        live_source(&live, "later").as_deref(),
+        vm.dir().join("pins/later.img").to_str()
+    );
+
+    // Unplugged: QEMU let go of them, and their pins are gone, from QEMU's namespace too.
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: spec_with(&[]),
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync that unplugs both")
+        .into_inner();
+    assert!(
+        reply.volumes.iter().all(|v| v.name == "data"),
+        "{:?}",
+        reply.volumes
+    );
+    assert!(!pin.exists());
+    assert!(!vm.dir().join("pins/later.img").exists());
+    let mounts = std::fs::read_to_string(format!("/proc/{qemu}/mountinfo")).unwrap();
+    assert!(!mounts.contains("/pins/"), "{mounts}");
+    assert!(!qemu_inodes(qemu).contains(&checked));
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+/// `late` → `Late`: the serials the test gives its volumes.
+fn capitalised(volume: &str) -> String {
+    let mut chars = volume.chars();
+    chars
+        .next()
+        .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
 }
 
 /// An overlay's backing (a container disk's `disk_N.img`, an ephemeral volume's claim) lies
