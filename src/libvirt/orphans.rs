@@ -29,10 +29,17 @@ pub(super) fn remove_orphan(
     disk_xml: &str,
 ) -> Result<(), virt::error::Error> {
     let qmp = |command: serde_json::Value| dom.qemu_monitor_command(&command.to_string(), 0);
+    // The file the orphan's drive holds, as QEMU named it when it was opened: the disk's
+    // source now may be another path to that image (a pin, `host::pin`, where the orphan was
+    // attached by the volume's own path, or the other way round).
+    let held = serde_json::from_str(&qmp(serde_json::json!({"execute": "query-block"}))?)
+        .ok()
+        .and_then(|reply| drive_file(&reply, id));
     qmp(serde_json::json!({"execute": "device_del", "arguments": {"id": id}}))?;
-    let Some(image) = source_of(disk_xml) else {
+    let images: Vec<String> = source_of(disk_xml).into_iter().chain(held).collect();
+    if images.is_empty() {
         return Ok(());
-    };
+    }
     let nodes: serde_json::Value = serde_json::from_str(&qmp(
         serde_json::json!({"execute": "query-named-block-nodes", "arguments": {"flat": true}}),
     )?)
@@ -41,7 +48,11 @@ pub(super) fn remove_orphan(
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|n| n["file"].as_str() == Some(image.as_str()))
+        .filter(|n| {
+            n["file"]
+                .as_str()
+                .is_some_and(|f| images.iter().any(|i| i == f))
+        })
         .filter_map(|n| {
             let name = n["node-name"].as_str()?.to_string();
             let protocol = matches!(n["drv"].as_str(), Some("file" | "host_device"));
@@ -72,6 +83,19 @@ pub(super) fn remove_orphan(
     Ok(())
 }
 
+/// The file the drive of device `id` has open, from QMP's `query-block` reply (`qdev` is the
+/// device's id or its QOM path, `/machine/peripheral/<id>`).
+fn drive_file(reply: &serde_json::Value, id: &str) -> Option<String> {
+    let suffix = format!("/{id}");
+    reply["return"].as_array()?.iter().find(|d| {
+        d["qdev"]
+            .as_str()
+            .is_some_and(|q| q == id || q.ends_with(&suffix))
+    })?["inserted"]["file"]
+        .as_str()
+        .map(str::to_string)
+}
+
 /// The image path a disk's XML names (`<source file=...>` or `<source dev=...>`).
 fn source_of(disk_xml: &str) -> Option<String> {
     let doc = roxmltree::Document::parse(disk_xml).ok()?;
@@ -80,4 +104,26 @@ fn source_of(disk_xml: &str) -> Option<String> {
         .attribute("file")
         .or_else(|| source.attribute("dev"))
         .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The orphan's file is found by its device, whatever path the disk's XML gives now.
+    #[test]
+    fn the_file_an_orphans_drive_holds_is_found_by_its_device() {
+        let reply = serde_json::json!({"return": [
+            {"device": "", "qdev": "/machine/peripheral/ua-other", "inserted": {"file": "/x.img"}},
+            {"device": "", "qdev": "/machine/peripheral/ua-left", "inserted": {"file": "/hot/left.img"}},
+            {"device": "", "qdev": "ua-empty"},
+        ]});
+        assert_eq!(
+            drive_file(&reply, "ua-left").as_deref(),
+            Some("/hot/left.img")
+        );
+        assert_eq!(drive_file(&reply, "ua-empty"), None);
+        assert_eq!(drive_file(&reply, "ua-gone"), None);
+        assert_eq!(drive_file(&serde_json::json!({}), "ua-left"), None);
+    }
 }
