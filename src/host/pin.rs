@@ -41,9 +41,11 @@ pub const PIN_DIR: &str = "pins";
 /// What a pin could not do.
 #[derive(Debug, thiserror::Error)]
 pub enum PinError {
-    /// The launcher may not mount (no CAP_SYS_ADMIN, or CAP_SYS_CHROOT for `setns`).
-    #[error("cannot pin the image at {path}: mounting is not permitted here")]
-    NotPermitted {
+    /// The launcher may not mount here: no CAP_SYS_ADMIN, or CAP_SYS_CHROOT for `setns`
+    /// (`EPERM`), or a kernel or seccomp filter without `open_tree`/`move_mount` (`ENOSYS`:
+    /// podman's default filter answers unknown calls so).
+    #[error("cannot pin the image at {path}: mounting is not available here")]
+    Unavailable {
         path: PathBuf,
         #[source]
         source: io::Error,
@@ -205,7 +207,7 @@ fn remove_pin(path: &Path) -> io::Result<()> {
 fn mount_in(image: &fs::File, pid: i32, target: &Path) -> Result<(), PinError> {
     let failed = |step| {
         move |source: io::Error| match source.raw_os_error() {
-            Some(libc::EPERM) => PinError::NotPermitted {
+            Some(libc::EPERM | libc::ENOSYS) => PinError::Unavailable {
                 path: target.into(),
                 source,
             },

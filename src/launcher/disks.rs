@@ -131,7 +131,7 @@ impl Launcher {
 
     /// Pins each checked image of `to_pin` at its disk's pin, in the mount namespace of process
     /// `namespace_of` (QEMU's for a hot-plug, libvirtd's before a start). Where the launcher may
-    /// not mount (no CAP_SYS_ADMIN), the disk goes to QEMU by its path, as before pins, with a
+    /// not mount (no CAP_SYS_ADMIN or CAP_SYS_CHROOT, or no `open_tree` here), the disk goes to QEMU by its path, as before pins, with a
     /// warning naming the volume: the image was still checked and given to QEMU's user through
     /// its descriptor, and hot-plug keeps working where it did. Any other failure is the
     /// volume's, returned, with nothing left pinned.
@@ -157,12 +157,12 @@ impl Launcher {
             };
             match pinned {
                 Ok(path) => disk.pin = Some(path),
-                Err(host::pin::PinError::NotPermitted { path, source }) => {
+                Err(host::pin::PinError::Unavailable { path, source }) => {
                     tracing::warn!(
                         %volume,
                         pin = %path.display(),
                         error = %source,
-                        "cannot pin the hot-plugged image (mounting is not permitted): QEMU opens it by its path in the hotplug dir"
+                        "cannot pin the hot-plugged image (mounting is not available here): QEMU opens it by its path in the hotplug dir"
                     );
                     disk.pin = None;
                 }
