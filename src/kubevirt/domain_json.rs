@@ -12,6 +12,8 @@
 //! left out decodes as Go's zero value, which is what KubeVirt itself sends for a field its
 //! domain does not have. Pure: no I/O, bounded input.
 
+use std::path::{Path, PathBuf};
+
 use roxmltree::Node;
 use serde_json::{json, Map, Value};
 
@@ -59,6 +61,10 @@ pub struct DomainMeta {
     /// `Spec.Metadata.KubeVirt.Migration`: the migration this launcher takes part in, once
     /// virt-handler asked for one (as source or target).
     pub migration: Option<MigrationMeta>,
+    /// Where the launcher pins hot-plugged files (`host::pin`), and the hotplug dir: a disk
+    /// whose source is a pin is shown at its volume's path, `<hotplug dir>/<volume>.img`, as
+    /// KubeVirt's launcher names it (the pin is the launcher's own business).
+    pub pins: Option<(PathBuf, PathBuf)>,
 }
 
 /// KubeVirt's `api.MigrationMetadata`: how virt-handler follows a migration, on both sides.
@@ -204,7 +210,7 @@ pub fn domain_json(
             domain.tag_name().name().to_string(),
         ));
     }
-    let mut spec = read_spec(domain)?;
+    let mut spec = read_spec(domain, meta.pins.as_ref())?;
     spec.insert("Metadata".into(), metadata_json(meta, true));
     Ok(envelope(meta, Value::Object(spec), lifecycle(power)))
 }
@@ -321,7 +327,10 @@ fn put_number_attr(
     Ok(())
 }
 
-fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError> {
+fn read_spec(
+    domain: Node<'_, '_>,
+    pins: Option<&(PathBuf, PathBuf)>,
+) -> Result<Map<String, Value>, DomainJsonError> {
     let mut spec = Map::new();
     spec.insert("Type".into(), domain.attribute("type").unwrap_or("").into());
     spec.insert(
@@ -371,7 +380,7 @@ fn read_spec(domain: Node<'_, '_>) -> Result<Map<String, Value>, DomainJsonError
         spec.insert("OnReboot".into(), text(on_reboot).into());
     }
     let devices = match child(domain, "devices") {
-        Some(d) => devices_json(d)?,
+        Some(d) => devices_json(d, pins)?,
         None => devices_json_empty(),
     };
     spec.insert("Devices".into(), devices);
@@ -456,7 +465,10 @@ fn devices_json_empty() -> Value {
     json!({"Disks": [], "Interfaces": [], "Channels": [], "Controllers": []})
 }
 
-fn devices_json(devices: Node<'_, '_>) -> Result<Value, DomainJsonError> {
+fn devices_json(
+    devices: Node<'_, '_>,
+    pins: Option<&(PathBuf, PathBuf)>,
+) -> Result<Value, DomainJsonError> {
     let count = devices.children().filter(Node::is_element).count();
     if count > MAX_DEVICES {
         return Err(DomainJsonError::TooManyDevices {
@@ -469,7 +481,7 @@ fn devices_json(devices: Node<'_, '_>) -> Result<Value, DomainJsonError> {
         out.insert("Emulator".into(), text(emulator).into());
     }
     let disks = children(devices, "disk")
-        .map(disk_json)
+        .map(|d| disk_json(d, pins))
         .collect::<Result<Vec<_>, _>>()?;
     let interfaces = children(devices, "interface")
         .enumerate()
@@ -536,7 +548,10 @@ fn libvirt_alias<'a>(node: Node<'a, '_>) -> Option<&'a str> {
     child(node, "alias").and_then(|a| a.attribute("name"))
 }
 
-fn disk_json(disk: Node<'_, '_>) -> Result<Value, DomainJsonError> {
+fn disk_json(
+    disk: Node<'_, '_>,
+    pins: Option<&(PathBuf, PathBuf)>,
+) -> Result<Value, DomainJsonError> {
     let mut out = Map::new();
     out.insert(
         "Device".into(),
@@ -556,6 +571,13 @@ fn disk_json(disk: Node<'_, '_>) -> Result<Value, DomainJsonError> {
             ("Name", "name"),
         ] {
             put_attr(&mut source, key, s, attr);
+        }
+        let pinned = s.attribute("file").and_then(|file| {
+            let (pins, hotplug) = pins?;
+            Some(hotplug.join(Path::new(file).strip_prefix(pins).ok()?))
+        });
+        if let Some(path) = pinned {
+            source.insert("File".into(), path.to_string_lossy().into());
         }
     }
     out.insert("Source".into(), Value::Object(source));

@@ -94,6 +94,7 @@ impl Front {
                 namespace: flags.namespace.clone(),
                 uid: flags.uid.clone(),
                 grace_period_seconds: Some(flags.grace_period_seconds),
+                pins: base.pins(),
                 ..DomainMeta::default()
             },
             ..Meta::default()

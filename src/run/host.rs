@@ -144,6 +144,13 @@ pub struct LaunchBase {
 }
 
 impl LaunchBase {
+    /// Where hot-plugged files are pinned (`host::pin`) and the hotplug dir they come from;
+    /// `None` when files go to QEMU by path.
+    pub fn pins(&self) -> Option<(PathBuf, PathBuf)> {
+        let dir = self.convert.pin_dir.clone()?;
+        Some((dir, self.convert.paths.hotplug_dir.clone()))
+    }
+
     /// Where a launcher keeps its last accepted Sync.
     pub fn last_sync(&self) -> &Path {
         &self.hotplug.last_sync

@@ -209,3 +209,34 @@ fn device_aliases_come_from_targets_without_the_user_prefix() {
         .collect();
     assert_eq!(got, expected);
 }
+
+/// virt-handler sees a pinned hot-plugged file at its volume's path, as KubeVirt's launcher
+/// names it; other sources as libvirt has them.
+#[test]
+fn a_pinned_file_is_shown_at_its_volumes_path() {
+    let xml = r#"<domain type="kvm">
+  <name>ns_vm</name>
+  <memory unit="KiB">1024</memory>
+  <devices>
+    <disk type="file" device="disk"><source file="/run/vml/pins/late.img"><seclabel model="dac" relabel="no"/></source><target dev="sda" bus="scsi"/><alias name="ua-late"/></disk>
+    <disk type="file" device="disk"><source file="/d.img"/><target dev="vda" bus="virtio"/><alias name="ua-root"/></disk>
+  </devices>
+</domain>"#;
+    let mut m = meta();
+    m.pins = Some((
+        "/run/vml/pins".into(),
+        "/var/run/kubevirt/hotplug-disks".into(),
+    ));
+    let d = domain_json(xml, &m, None).unwrap();
+    let disks = &d["Spec"]["Devices"]["Disks"];
+    assert_eq!(
+        disks[0]["Source"]["File"],
+        "/var/run/kubevirt/hotplug-disks/late.img"
+    );
+    assert_eq!(disks[1]["Source"]["File"], "/d.img");
+    let plain = domain_json(xml, &meta(), None).unwrap();
+    assert_eq!(
+        plain["Spec"]["Devices"]["Disks"][0]["Source"]["File"],
+        "/run/vml/pins/late.img"
+    );
+}
