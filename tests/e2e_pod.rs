@@ -106,6 +106,11 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     );
     let node = shared.join("hotplug-disks/blk");
     assert!(node.exists(), "the launcher made {}", node.display());
+    // The file went to QEMU as the launcher's pin of the inode it checked, made in QEMU's
+    // (libvirtd's) mount namespace: the pod grants what that takes (SYS_ADMIN, SYS_CHROOT). A
+    // pin that could not be made leaves no mount point behind (the file would go by path).
+    let pin = shared.join("pins/data.img");
+    assert!(pin.exists(), "no pin {}", pin.display());
 
     let without = work.path().join("none.yaml");
     std::fs::write(&without, spec(&[])).unwrap();
@@ -122,6 +127,7 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
         l.trim() == "[console] VMLTEST-DISKS"
     });
     assert!(!node.exists(), "the node is gone");
+    assert!(!pin.exists(), "the pin is gone");
     assert!(
         !devices_list().lines().any(|l| l == rule),
         "the rule is gone"

@@ -464,7 +464,7 @@ impl Launcher {
         let failed = self.pin_images(
             std::slice::from_mut(&mut prepared),
             opened.to_pin,
-            self.qemu_pid(),
+            self.qemu_namespace_pid(),
         );
         if let Some((_, e)) = failed.into_iter().next() {
             self.set_volume(
@@ -516,6 +516,18 @@ impl Launcher {
         if let Err(e) = pins.unpin(volume) {
             tracing::warn!(%volume, error = %e, "cannot remove the volume's pin");
         }
+    }
+
+    /// A process in QEMU's mount namespace. libvirtd when QEMU shares its namespace (in a pod):
+    /// QEMU runs as another user, whose `/proc/<pid>/ns/mnt` only CAP_SYS_PTRACE may open, which
+    /// the pod does not grant; libvirtd is root with the launcher's capabilities. Else QEMU (on
+    /// a host: libvirt's per-domain namespace), from libvirt's pid file.
+    fn qemu_namespace_pid(&self) -> Option<i32> {
+        let connector = self.link.connector();
+        if connector.qemu_in_daemon_namespace() {
+            return connector.daemon_pid();
+        }
+        self.qemu_pid()
     }
 
     /// QEMU's pid, from libvirt's pid file; `None` while it cannot be read.

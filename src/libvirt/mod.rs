@@ -665,6 +665,12 @@ impl Connector {
         Ok(())
     }
 
+    /// Whether QEMU runs in the private libvirtd's own mount namespace (libvirt gives it none
+    /// of its own: in a container, `DaemonOptions::domain_namespace` off).
+    pub fn qemu_in_daemon_namespace(&self) -> bool {
+        matches!(&self.backend, Backend::Private { options, .. } if !options.domain_namespace)
+    }
+
     /// The private daemon's pid, if the launcher runs one.
     pub fn daemon_pid(&self) -> Option<i32> {
         self.daemon.lock().expect("daemon lock").as_ref()?.pid()
