@@ -417,3 +417,55 @@ fn overlay_backings_are_given_by_the_launcher_and_never_relabelled_by_libvirt() 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
+
+/// A hot-pluggable file already there at start is in the definition the VM boots with: it is
+/// pinned before QEMU starts, in libvirtd's mount namespace, which QEMU's is copied from, and
+/// QEMU holds the checked inode through the pin. Unplugged, the pin goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_pluggable_file_present_at_start_is_pinned_before_qemu_starts() {
+    use std::os::unix::fs::PermissionsExt;
+    let name = "pin-at-start";
+    let spec = |claims: &[(&str, &str)]| with_claims(guest_spec(name, "", &[]), claims);
+    let mut vm = Launched::start_owned(|dir| {
+        let image = dir.join("hotplug/early.img");
+        std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+        common::sparse_file(&image, 4);
+        std::fs::set_permissions(&image, std::fs::Permissions::from_mode(0o600)).unwrap();
+    })
+    .run(&spec(&[("early", "Early-1")]), &[]);
+    let mut console = vm.boot();
+    console.line("the guest sees the disk", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS") && l.contains("serial=Early-1")
+    });
+    let checked = inode(&vm.dir().join("hotplug/early.img")).unwrap();
+    let pin = vm.dir().join("pins/early.img");
+    let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
+    assert_eq!(
+        live_source(&live, "early").as_deref(),
+        pin.to_str(),
+        "{live}"
+    );
+    let qemu = vm.qemu_pid(name);
+    assert!(
+        qemu_inodes(qemu).contains(&checked),
+        "QEMU holds the checked inode"
+    );
+
+    let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
+    let reply = client
+        .sync(proto::SyncRequest {
+            spec: spec(&[]),
+            ..Default::default()
+        })
+        .await
+        .expect("a Sync that unplugs it")
+        .into_inner();
+    assert!(reply.volumes.is_empty(), "{:?}", reply.volumes);
+    assert!(!pin.exists());
+    let mounts = std::fs::read_to_string(format!("/proc/{qemu}/mountinfo")).unwrap();
+    assert!(!mounts.contains("/pins/"), "{mounts}");
+    assert!(!qemu_inodes(qemu).contains(&checked));
+
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
