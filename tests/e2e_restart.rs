@@ -153,6 +153,17 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
     let three = set(&["Keep-File-1", "Keep-File-2", "Keep-Block-1"]);
     wait_disks(&mut console, &three, &files);
     assert_eq!(live_scsi_disks(&second, name), 3);
+    // The adopted files' pins (`host::pin`) stay: QEMU's disks are on them.
+    let pins = |vm: &Launched| -> BTreeSet<String> {
+        std::fs::read_dir(vm.dir().join("pins"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(pins(&second), set(&["f1.img", "f2.img"]));
 
     // 2. Killed in the middle of a Sync that adds twelve more files.
     let more: Vec<(String, String)> = (1..=12)
@@ -243,6 +254,8 @@ async fn a_killed_launcher_keeps_every_volume_and_converges_to_the_sync_it_was_i
         .collect();
     assert_eq!(ready, set(&["blk", "f1", "f2"]), "{:?}", status.volumes);
     assert_eq!(status.volumes.len(), 3, "{:?}", status.volumes);
+    // The removals a killed launcher left to its successor took their pins with them.
+    assert_eq!(pins(&fourth), set(&["f1.img", "f2.img"]));
     // The twelve again, for the next step.
     let request = proto::SyncRequest {
         spec: hot_spec(name, &all),
