@@ -331,6 +331,7 @@ impl RawHost {
                 capability_cache: Some(caps.to_path_buf()),
                 qemu_user: qemu.clone(),
                 domain_namespace: !vmlauncher::init::is_container_entrypoint(),
+                migration_tls: None,
             },
         )
         .unwrap_or_else(|e| panic!("a private libvirtd: {}", vmlauncher::error_chain(&e)));
