@@ -6,11 +6,11 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::net::{free_ports, migration_credentials};
 use common::ConsoleWait;
 use common::{
     bin, cli_status, cli_sync, guest_vmi, hotplug_image, report_with, Launched, BOOT_DEADLINE,
@@ -49,38 +49,6 @@ fn pod_dir(dir: &Path) {
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
-}
-
-/// A `--tls-dir` made by the script the README names, for a target dialled at 127.0.0.1.
-fn credentials(dir: &Path) -> PathBuf {
-    let out = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/migration-tls.sh"))
-        .arg(dir)
-        .arg("127.0.0.1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir.into()
-}
-
-/// The first of four consecutive free ports on 127.0.0.1 (a target's API, libvirtd, memory,
-/// disks).
-fn four_free_ports() -> u16 {
-    loop {
-        let first = common::net::free_port();
-        if first > u16::MAX - 4 {
-            continue;
-        }
-        let held: Vec<_> = (first..first + 4)
-            .map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok())
-            .collect();
-        if held.len() == 4 {
-            return first;
-        }
-    }
 }
 
 fn target_on_tcp(tls: &Path, port: u16) -> Launched {
@@ -131,8 +99,8 @@ fn status_over_tcp(port: u16, tls: &Path) -> Result<proto::Status, String> {
 #[test]
 fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     let certs = tempfile::tempdir().unwrap();
-    let tls = credentials(&certs.path().join("ours"));
-    let strangers = credentials(&certs.path().join("strangers"));
+    let tls = migration_credentials(&certs.path().join("ours"));
+    let strangers = migration_credentials(&certs.path().join("strangers"));
 
     let mut source =
         Launched::start_owned(pod_dir).run(&spec(&[]), &["--tls-dir", tls.to_str().unwrap()]);
@@ -145,7 +113,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     let boot_id = wrote.split_whitespace().nth(2).unwrap().to_string();
 
     // The target's API answers a client of the same CA only.
-    let port = four_free_ports();
+    let port = free_ports(4);
     let mut refusing = target_on_tcp(&tls, port);
     let waiting = status_over_tcp(port, &tls).unwrap();
     assert_eq!(waiting.phase, "Scheduled", "{waiting:?}");
@@ -174,7 +142,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     }
 
     // With the right credentials everywhere, it goes; the CLI reads the target's end over TCP.
-    let port = four_free_ports();
+    let port = free_ports(4);
     let mut target = target_on_tcp(&tls, port);
     let (code, answer, stderr) = migrate(&source.socket(), port, &tls);
     assert_eq!(code, Some(0), "{stderr}");
