@@ -15,6 +15,7 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           swtpm swtpm-tools      # the vTPM libvirt starts for `tpm: {}`
           python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
           iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/e2e_pod_nic_hotplug.rs)
+          openssl                # test certificates for a migration over TCP (scripts/migration-tls.sh)
           podman runc catatonit) # the pod: image build, kube play (runc: see below)
 missing=()
 for p in "${packages[@]}"; do

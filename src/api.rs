@@ -26,6 +26,7 @@ use crate::lifecycle::Command;
 mod detached;
 mod migration;
 mod reflection;
+pub mod tcp;
 
 use detached::detached;
 
@@ -56,6 +57,20 @@ pub enum ApiError {
     },
     #[error("the gRPC server failed")]
     Serve(#[source] tonic::transport::Error),
+    #[error("--listen: cannot listen on {addr}")]
+    ListenTcp {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot connect to the launcher at {addr}")]
+    ConnectTcp {
+        addr: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("--tls-dir: the credentials are not usable for TLS")]
+    Tls(#[source] tonic::transport::Error),
 }
 
 impl ApiError {
@@ -489,7 +504,8 @@ impl proto::launcher_server::Launcher for Service {
         request: Request<proto::MigrateRequest>,
     ) -> Result<Response<proto::MigrateResponse>, tonic::Status> {
         let launcher = self.front.launcher()?;
-        let req = migration::migrate_request(request.into_inner());
+        let tls = launcher.migration_credentials();
+        let req = migration::migrate_request(request.into_inner(), tls)?;
         let (task_id, status) = detached(async move { launcher.migrate(req).await }).await?;
         Ok(Response::new(proto::MigrateResponse {
             task_id,
@@ -627,6 +643,20 @@ pub async fn serve(
     qemu_uid: u32,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), ApiError> {
+    // Every connection goes through the authority fix: stock C-core and Java clients send the
+    // socket path as `:authority`, which the HTTP/2 layer would refuse.
+    let incoming = UnixListenerStream::new(listener)
+        .filter(admitted(qemu_uid))
+        .map(|connection| connection.map(crate::authority::FixAuthority::new));
+    services(Server::builder(), front)
+        .await
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+        .map_err(ApiError::Serve)
+}
+
+/// Every service of the launcher's API on `builder`: the launcher's, health, reflection.
+async fn services(mut builder: Server, front: Arc<Front>) -> tonic::transport::server::Router {
     let (health, health_service) = tonic_health::server::health_reporter();
     // The first status is set before the server answers anything ("" starts as SERVING).
     let first = serving(&front.status());
@@ -637,19 +667,11 @@ pub async fn serve(
         report_health(launcher, health, first).await
     });
     let (reflection_v1, reflection_v1alpha) = reflection::services();
-    // Every connection goes through the authority fix: stock C-core and Java clients send the
-    // socket path as `:authority`, which the HTTP/2 layer would refuse.
-    let incoming = UnixListenerStream::new(listener)
-        .filter(admitted(qemu_uid))
-        .map(|connection| connection.map(crate::authority::FixAuthority::new));
-    Server::builder()
+    builder
         .add_service(LauncherServer::new(Service { front }))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
-        .map_err(ApiError::Serve)
 }
 
 /// The encoded descriptors of `launcher.proto`, for server reflection.

@@ -67,6 +67,8 @@ pub enum MainError {
     Publish(crate::convert::PublishError),
     #[error("addvolume needs --path or --major and --minor")]
     NoVolumeSource,
+    #[error(transparent)]
+    MigrationTls(crate::migration_tls::TlsError),
 
     // The process itself.
     #[error("cannot drop capabilities")]
@@ -125,7 +127,8 @@ impl From<&MainError> for ExitCode {
             MainError::CommandLine(_)
             | MainError::VirtLauncherFlags(_)
             | MainError::Publish(_)
-            | MainError::NoVolumeSource => ExitCode::Usage,
+            | MainError::NoVolumeSource
+            | MainError::MigrationTls(_) => ExitCode::Usage,
             MainError::Capabilities(_)
             | MainError::AsyncRuntime(_)
             | MainError::OwnCpus(_)
@@ -201,6 +204,11 @@ impl ExitCode {
                 ExitCode::from_launcher_error(e)
             }
             RunError::Daemons(_) | RunError::WarmCache(_) => ExitCode::HypervisorUnavailable,
+            // The operator's directory is unusable; copying it into the runtime dir failed.
+            RunError::MigrationTls(crate::migration_tls::TlsError::Install { .. }) => {
+                ExitCode::Internal
+            }
+            RunError::MigrationTls(_) => ExitCode::Usage,
             RunError::Setup(SetupError::Signals)
             | RunError::Panicked(_)
             | RunError::WarmCachePanicked(_)

@@ -29,7 +29,7 @@
 //! | [`libvirt`] | the only user of the `virt` crate: the connection and `Connector`, the private daemon (`daemon`) and how it is started lean (`lean`: the loader, its preloads, `no_ssh_crypto.c`), which program a pid runs (`process`), the shared QEMU capability cache (`capcache`), the event FFI (`events`) and the log of delivered events (`delivered`), libvirt's state/event tables from `virt::sys` (`states`), bulk stats (`stats`), guest ports published through QEMU's monitor (`ports`), devices a killed libvirtd left in QEMU (`orphans`), peer-to-peer live migration and its job statistics (`migrate`) | hold policy |
 //! | [`lifecycle`] | the state model's pure rules: phase, pause reason (`mod.rs`); commands, admit, settle, final stop (`tasks`); reconcile, run strategies, reboot window, back-off (`strategy`) | do I/O |
 //! | `launcher` | the core that executes them: the `Launcher`, a coordinator of owned parts, and its start (`mod.rs`); the parts, each with its own locks and unit tests: the link to libvirt (`link`), the status publisher and event stream (`status_hub`, with I/O errors at a bounded rate in `io_errors`), the task slot and the one request type `Work` (`task_slot`), the signals between tasks (`signals`), detach bookkeeping (`detaches`), the last accepted Sync (`last_sync`, on disk in `saved`), what it knows without asking libvirt (`live_view`); the jobs: status (`status`), lifecycle tasks (`tasks`), reconciler and reconnect (`reconciler`), disks made ready for QEMU (`disks`), Sync (`sync`) and its attaches a few at a time (`in_flight`), its vCPU and memory part (`resize`) and its interface part (`nics`), live migration, both ends (`migration`); unit tests against libvirt's `test:///default` (`tests.rs`) | implement a parser of its own |
-//! | [`api`] | the gRPC server (+ health; reflection built on its first call, `api/reflection.rs`) and client connection; what it serves before a migration target has a VM and the source's call to its target (`api/migration.rs`); maps errors to gRPC codes | hold state |
+//! | [`api`] | the gRPC server (+ health; reflection built on its first call, `api/reflection.rs`) and client connection; what it serves before a migration target has a VM and the source's call to its target (`api/migration.rs`); the API over TCP under mutual TLS, for a migration between machines (`api/tcp.rs`); maps errors to gRPC codes | hold state |
 //! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol over the launcher: its flags (`flags`), entrypoint (`entry`), cmd server (`server`), what each call does (`front`), the VMI as sent (`vmi`), notify client (`notify`), the `api.Domain` JSON and its stats (`domain_json/`), guest-agent answers (`guest_agent`) | hold VM state of its own |
 //! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`); `run --incoming`, a migration target (`incoming`) | — |
@@ -39,6 +39,7 @@
 //! | [`allocator`] | glibc malloc kept small for a launcher: one arena, free memory given back while idle | — |
 //! | [`tricks`] | the list of performance tricks, each with the bench row it pays for, and `VMLAUNCHER_PLAIN`, which turns them off | — |
 //! | [`logs`] | the console and QEMU logs kept under their bound (in place of a virtlogd) | read them |
+//! | [`migration_tls`] | the credentials of a migration between machines (`--tls-dir`): read bounded, copied where libvirt and QEMU's user read them | open connections |
 //! | `durable` | the launcher's own state files: bounded reads, crash-safe writes | know what is in them |
 //! | [`fuzzing`] | the fuzz targets' bodies (`fuzz/`), and the corpus replayed by `cargo test` | — |
 //! | `testing` | what the unit tests share (`#[cfg(test)]`) | — |
@@ -75,6 +76,7 @@ pub(crate) mod launcher;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod logs;
+pub mod migration_tls;
 pub mod owned_dir;
 pub mod run;
 pub mod runtime_dir;

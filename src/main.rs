@@ -198,6 +198,8 @@ async fn dispatch(command: Command) -> Outcome {
             qemu_user,
             allow_block_devices,
             guest_loopback,
+            tls_dir,
+            listen,
         } => {
             let (spec, spec_text) = match spec {
                 Some(path) => {
@@ -241,6 +243,8 @@ async fn dispatch(command: Command) -> Outcome {
                 qemu_user,
                 allow_block_devices,
                 guest_loopback,
+                tls_dir,
+                listen,
             })
             .await?;
             Ok(ended)
@@ -343,6 +347,7 @@ async fn dispatch(command: Command) -> Outcome {
             timeout,
             bandwidth,
             output,
+            tls_dir,
             ..
         } => {
             let Some(to) = to else {
@@ -354,6 +359,7 @@ async fn dispatch(command: Command) -> Outcome {
                 timeout,
                 bandwidth,
                 output,
+                tls_dir: tls_dir.as_deref(),
             })
             .await
         }

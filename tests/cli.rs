@@ -447,3 +447,74 @@ fn virt_launcher_flags_are_kubevirts_and_an_unknown_one_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown flag: --bogus=1"));
 }
+
+/// `--tls-dir` that cannot serve a migration over TCP is refused before anything starts, naming
+/// the option and the file; `--listen` needs `--incoming` and `--tls-dir`, and room for the four
+/// ports a target listens on.
+#[test]
+fn run_refuses_unusable_migration_credentials_and_listen_addresses() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path().join("tls");
+    std::fs::create_dir(&tls).unwrap();
+    for file in ["ca-cert.pem", "server-cert.pem", "client-cert.pem"] {
+        std::fs::write(tls.join(file), "-----BEGIN CERTIFICATE-----\n").unwrap();
+    }
+    std::fs::write(tls.join("server-key.pem"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    let rt = dir.path().join("rt");
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/testguest-vmi.yaml");
+    let out = vmlauncher(
+        &[
+            "run",
+            example,
+            "--runtime-dir",
+            rt.to_str().unwrap(),
+            "--emulation",
+            "tcg",
+            "--tls-dir",
+            tls.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The operator's command line, as `--qemu-user` naming no user.
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--tls-dir") && stderr.contains("cannot read client-key.pem"),
+        "{stderr}"
+    );
+    assert!(!rt.join("libvirt/libvirtd.pid").exists(), "nothing started");
+
+    let refused = |args: &[&str], says: &str| {
+        let out = vmlauncher(args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    };
+    let tls_dir = tls.to_str().unwrap();
+    refused(
+        &["run", "--incoming", "--listen", "127.0.0.1:7100"],
+        "--tls-dir",
+    );
+    refused(
+        &[
+            "run",
+            "--incoming",
+            "--tls-dir",
+            tls_dir,
+            "--listen",
+            "127.0.0.1:65534",
+        ],
+        "leaves no room for the 4 ports",
+    );
+    refused(
+        &[
+            "run",
+            "--incoming",
+            "--tls-dir",
+            tls_dir,
+            "--listen",
+            "node-2:7100",
+        ],
+        "is not ADDR:PORT",
+    );
+}

@@ -25,6 +25,11 @@
 //!
 //! Each side's hops run as a block (one guest at a time: the other side's guest is not booted
 //! yet); the side that goes first swaps from one guest to the next.
+//!
+//! The 256 MiB guest is moved once more over TCP, every channel under mutual TLS, as between two
+//! machines (over 127.0.0.1): the launchers with `--tls-dir` and targets on `--listen`; the raw
+//! daemons with the same TLS listener and QEMU credentials (`DaemonTls`), the call with
+//! `VIR_MIGRATE_TLS`, `qemu+tls://` and `tcp://` URIs and the listen address.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -32,12 +37,14 @@ use std::time::{Duration, Instant};
 use tokio::runtime::Runtime;
 use virt::domain::{Domain, MigrateParameters};
 use virt::sys;
+use vmlauncher::api::tcp::TcpTarget;
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::migratable;
 use vmlauncher::host::qemu_user::QemuUser;
-use vmlauncher::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+use vmlauncher::libvirt::daemon::{DaemonOptions, DaemonTls, PrivateDaemon};
 use vmlauncher::libvirt::migrate::{completed_job_of, JobProgress, MIGRATE_FLAGS};
+use vmlauncher::migration_tls::MigrationTls;
 
 use crate::common::{self, guest_spec, Client, ConsoleWait, Launched, BOOT_DEADLINE};
 use crate::{human, Row, GUEST_DEADLINE};
@@ -52,11 +59,12 @@ const MIGRATION_DEADLINE: Duration = Duration::from_secs(300);
 /// How long libvirt may take to have the completed job's statistics on the destination.
 const STATS_DEADLINE: Duration = Duration::from_secs(10);
 
-/// The guests, by memory, and their rows: the whole migration, the launcher's part before
-/// libvirt's, the downtime.
-const GUESTS: [(u64, [&str; 3]); 2] = [
+/// The guests, by memory and whether they go over TCP under TLS, and their rows: the whole
+/// migration, the launcher's part before libvirt's, the downtime.
+const GUESTS: [(u64, bool, [&str; 3]); 3] = [
     (
         256,
+        false,
         [
             "live-migrate a 256 MiB idle guest: `Migrate` reply / `virDomainMigrateToURI3`",
             "256 MiB: of which until the source calls libvirt (the target launcher prepared, its libvirtd started) (launcher only)",
@@ -65,10 +73,20 @@ const GUESTS: [(u64, [&str; 3]); 2] = [
     ),
     (
         1024,
+        false,
         [
             "live-migrate a 1 GiB idle guest: `Migrate` reply / `virDomainMigrateToURI3`",
             "1 GiB: of which until the source calls libvirt (the target launcher prepared, its libvirtd started) (launcher only)",
             "1 GiB guest paused at switch-over (libvirt's downtime, on the target)",
+        ],
+    ),
+    (
+        256,
+        true,
+        [
+            "live-migrate a 256 MiB idle guest over TCP, all under mutual TLS: `Migrate` reply / `virDomainMigrateToURI3`",
+            "256 MiB over TLS: of which until the source calls libvirt (launcher only)",
+            "256 MiB over TLS: guest paused at switch-over (libvirt's downtime, on the target)",
         ],
     ),
 ];
@@ -94,16 +112,23 @@ pub struct Migrations {
 /// goes first swapping from one guest to the next.
 pub fn rows(rt: &Runtime, caps: &Path, work: &Path) -> Migrations {
     let (mut rows, mut moved) = (Vec::new(), Vec::new());
-    for (i, (mib, [whole, prepared, downtime])) in GUESTS.into_iter().enumerate() {
+    let tls_dir = common::net::migration_credentials(&work.join("migration-tls"));
+    for (i, (mib, over_tls, [whole, prepared, downtime])) in GUESTS.into_iter().enumerate() {
         let definition = definition(caps, mib);
+        let tls = over_tls.then_some(tls_dir.as_path());
+        let how = if over_tls { " over TCP and TLS" } else { "" };
         let (mut launcher, mut raw) = (Vec::new(), Vec::new());
         for launcher_turn in [i % 2 == 0, i % 2 == 1] {
             if launcher_turn {
-                eprintln!("side_by_side: a {mib} MiB guest migrated {HOPS} times by the launcher");
-                launcher = launcher_side(rt, caps, mib);
+                eprintln!(
+                    "side_by_side: a {mib} MiB guest migrated {HOPS} times{how} by the launcher"
+                );
+                launcher = launcher_side(rt, caps, mib, tls);
             } else {
-                eprintln!("side_by_side: a {mib} MiB guest migrated {HOPS} times by raw libvirt");
-                raw = raw_side(work, caps, mib, &definition);
+                eprintln!(
+                    "side_by_side: a {mib} MiB guest migrated {HOPS} times{how} by raw libvirt"
+                );
+                raw = raw_side(work, caps, mib, &definition, tls);
             }
         }
         let side = |hops: &[Hop], f: fn(&Hop) -> Duration| hops.iter().map(f).collect::<Vec<_>>();
@@ -129,6 +154,7 @@ pub fn rows(rt: &Runtime, caps: &Path, work: &Path) -> Migrations {
         };
         moved.push(serde_json::json!({
             "guest_mib": mib,
+            "tls": over_tls,
             "launcher": bytes(&launcher),
             "raw": bytes(&raw),
         }));
@@ -184,18 +210,34 @@ fn definition(caps: &Path, mib: u64) -> Definition {
 }
 
 /// The launcher's side for a guest of `mib`: booted by `vmlauncher run`, then moved from
-/// launcher to launcher.
-fn launcher_side(rt: &Runtime, caps: &Path, mib: u64) -> Vec<Hop> {
-    let caps = ["--qemu-cache-dir", caps.to_str().unwrap()];
-    let mut here = Launched::start(&spec(mib), &caps);
+/// launcher to launcher (over TCP under TLS with the credentials in `tls`).
+fn launcher_side(rt: &Runtime, caps: &Path, mib: u64, tls: Option<&Path>) -> Vec<Hop> {
+    let mut args = vec!["--qemu-cache-dir", caps.to_str().unwrap()];
+    if let Some(dir) = tls {
+        args.extend(["--tls-dir", dir.to_str().unwrap()]);
+    }
+    let credentials = tls.map(|dir| MigrationTls::read(dir).unwrap());
+    let mut here = Launched::start(&spec(mib), &args);
     here.wait_stdout("phase Running", BOOT_DEADLINE);
     wait_idle(&mut here.console());
     let mut hops = Vec::new();
     for hop in 0..HOPS {
-        let mut there = Launched::incoming(|_| {}, &caps);
+        let listen = format!("127.0.0.1:{}", common::net::free_ports(4));
+        let mut incoming = args.clone();
+        if tls.is_some() {
+            incoming.extend(["--listen", &listen]);
+        }
+        let mut there = Launched::incoming(|_| {}, &incoming);
         there.wait_stdout("waiting for an incoming migration", BOOT_DEADLINE);
+        let target = match &credentials {
+            Some(credentials) => {
+                there.wait_stdout(&format!("api tcp:{listen}"), BOOT_DEADLINE);
+                TargetAt::Tcp(TcpTarget::parse(&listen).unwrap(), credentials)
+            }
+            None => TargetAt::Socket(there.socket()),
+        };
         let mut source = Client::new(rt.block_on(api::channel(&here.socket())).unwrap());
-        let h = rt.block_on(launcher_hop(&mut source, &there.socket()));
+        let h = rt.block_on(launcher_hop(&mut source, &target));
         report("launcher", hop, &h);
         hops.push(h);
         drop(source);
@@ -213,10 +255,33 @@ fn launcher_side(rt: &Runtime, caps: &Path, mib: u64) -> Vec<Hop> {
     hops
 }
 
+/// A target launcher as the source names it and the bench reaches it.
+enum TargetAt<'a> {
+    Socket(PathBuf),
+    Tcp(TcpTarget, &'a MigrationTls),
+}
+
+impl TargetAt<'_> {
+    /// What the source's `Migrate` names.
+    fn name(&self) -> String {
+        match self {
+            TargetAt::Socket(path) => path.display().to_string(),
+            TargetAt::Tcp(target, _) => target.to_string(),
+        }
+    }
+
+    async fn client(&self) -> Client {
+        match self {
+            TargetAt::Socket(path) => api::connect(path).await.unwrap(),
+            TargetAt::Tcp(target, tls) => api::tcp::connect(target, tls).await.unwrap(),
+        }
+    }
+}
+
 /// The source's `Migrate` to the launcher at `target`, timed to its reply and to the source's
 /// status turning Migrating (read on the source's event stream, opened before); then the
 /// target's statistics, once its status says the migration ended.
-async fn launcher_hop(source: &mut Client, target: &Path) -> Hop {
+async fn launcher_hop(source: &mut Client, target: &TargetAt<'_>) -> Hop {
     let mut events = source
         .watch_events(proto::WatchEventsRequest {})
         .await
@@ -229,7 +294,7 @@ async fn launcher_hop(source: &mut Client, target: &Path) -> Hop {
         .unwrap()
         .expect("the source's resync");
     let request = proto::MigrateRequest {
-        target: target.display().to_string(),
+        target: target.name(),
         ..Default::default()
     };
     let started = Instant::now();
@@ -277,8 +342,8 @@ fn migration_of(event: &proto::Event) -> Option<&proto::MigrationStatus> {
 
 /// The target's migration status once its side ended too (it then has libvirt's statistics):
 /// from its event stream, whose first message is the whole status as it is.
-async fn target_ended(target: &Path) -> proto::MigrationStatus {
-    let mut client = api::connect(target).await.unwrap();
+async fn target_ended(target: &TargetAt<'_>) -> proto::MigrationStatus {
+    let mut client = target.client().await;
     let mut events = client
         .watch_events(proto::WatchEventsRequest {})
         .await
@@ -313,10 +378,12 @@ struct Definition {
 struct RawHost {
     dir: PathBuf,
     daemon: Option<PrivateDaemon>,
+    /// Over TCP under TLS: the first of its four ports, as a launcher's `--listen`.
+    tcp_port: Option<u16>,
 }
 
 impl RawHost {
-    fn start(dir: PathBuf, caps: &Path, qemu: &QemuUser) -> RawHost {
+    fn start(dir: PathBuf, caps: &Path, qemu: &QemuUser, tls: Option<&MigrationTls>) -> RawHost {
         let private = dir.join("private");
         std::fs::create_dir_all(private.join("nvram")).unwrap();
         if !qemu.is_root() {
@@ -324,6 +391,20 @@ impl RawHost {
             qemu.share_dir(&private.join("nvram")).unwrap();
             qemu.traverse_dir(&dir).unwrap();
         }
+        let tcp_port = tls.map(|_| common::net::free_ports(4));
+        // As `run --tls-dir --listen` sets its daemon up.
+        let migration_tls = tls.zip(tcp_port).map(|(tls, port)| {
+            let owner = vmlauncher::host::NodeOwner {
+                uid: qemu.uid,
+                gid: qemu.gid,
+            };
+            Box::new(DaemonTls {
+                installed: tls
+                    .install(&dir.join("tls"), &private.join("tls"), owner)
+                    .unwrap(),
+                listen: Some(([127, 0, 0, 1], port + 1).into()),
+            })
+        });
         let daemon = PrivateDaemon::start(
             &dir.join("libvirt"),
             DaemonOptions {
@@ -331,12 +412,27 @@ impl RawHost {
                 capability_cache: Some(caps.to_path_buf()),
                 qemu_user: qemu.clone(),
                 domain_namespace: !vmlauncher::init::is_container_entrypoint(),
+                migration_tls,
             },
         )
         .unwrap_or_else(|e| panic!("a private libvirtd: {}", vmlauncher::error_chain(&e)));
         RawHost {
             dir,
             daemon: Some(daemon),
+            tcp_port,
+        }
+    }
+
+    /// How a source's libvirtd reaches this one for a migration, as `Hypervisor::migrate` is
+    /// given it: over TLS with the source's client certificate (`from`'s copy), or the socket.
+    fn peer_uri(&self, from: &RawHost) -> String {
+        match self.tcp_port {
+            Some(port) => format!(
+                "qemu+tls://127.0.0.1:{}/system?pkipath={}",
+                port + 1,
+                from.dir.join("tls").display()
+            ),
+            None => self.uri(),
         }
     }
 
@@ -351,10 +447,13 @@ impl RawHost {
     /// Where this host's QEMU takes a migrating guest's memory, as a launcher's plan says
     /// (`launcher::incoming_plan`).
     fn migration_uri(&self) -> String {
-        format!(
-            "unix://{}",
-            self.dir.join("private/migration.sock").display()
-        )
+        match self.tcp_port {
+            Some(port) => format!("tcp://127.0.0.1:{}", port + 2),
+            None => format!(
+                "unix://{}",
+                self.dir.join("private/migration.sock").display()
+            ),
+        }
     }
 }
 
@@ -376,13 +475,22 @@ impl Drop for RawHost {
 
 /// Raw libvirt's side for a guest of `mib`: the launcher's `definition` defined and started on
 /// one of two daemons of the bench's own, then moved between them.
-fn raw_side(work: &Path, caps: &Path, mib: u64, definition: &Definition) -> Vec<Hop> {
+fn raw_side(
+    work: &Path,
+    caps: &Path,
+    mib: u64,
+    definition: &Definition,
+    tls: Option<&Path>,
+) -> Vec<Hop> {
     let qemu = QemuUser::resolve(None)
         .unwrap()
         .unwrap_or_else(QemuUser::root);
+    let credentials = tls.map(|dir| MigrationTls::read(dir).unwrap());
+    let how = if tls.is_some() { "-tls" } else { "" };
     let hosts = ["a", "b"].map(|h| {
         let started = Instant::now();
-        let host = RawHost::start(work.join(format!("raw-mig-{mib}-{h}")), caps, &qemu);
+        let dir = work.join(format!("raw-mig-{mib}{how}-{h}"));
+        let host = RawHost::start(dir, caps, &qemu, credentials.as_ref());
         // What a launcher's target spends on its own daemon inside its preparation, untimed
         // here: printed beside the launcher's "of which" row.
         eprintln!(
@@ -423,18 +531,26 @@ fn raw_hop(from: &RawHost, to: &RawHost) -> Hop {
         .unwrap();
     let copied = migratable::copied_disks(&xml, &from.dir.join("private")).unwrap();
     assert!(copied.is_empty(), "the launcher would copy {copied:?}");
+    let tls = to.tcp_port.is_some();
     let params = MigrateParameters {
         dest_xml: Some(migratable::for_target(&xml, &[(&from.dir, &to.dir)])),
         uri: Some(to.migration_uri()),
+        listen_address: tls.then(|| "127.0.0.1".into()),
         ..MigrateParameters::default()
     };
+    // What the launcher asks of libvirt (`Hypervisor::migrate`): the test guest has no disk in
+    // the launcher's private dir, so nothing is copied and `NON_SHARED_INC` is not set.
+    let flags = if tls {
+        MIGRATE_FLAGS | sys::VIR_MIGRATE_TLS
+    } else {
+        MIGRATE_FLAGS
+    };
     let destination = to.connect();
+    let peer = to.peer_uri(from);
     let started = Instant::now();
     domain
-        // What the launcher asks of libvirt (`Hypervisor::migrate`): the test guest has no disk in
-        // the launcher's private dir, so nothing is copied and `NON_SHARED_INC` is not set.
-        .migrate_to_uri3(Some(&to.uri()), params, MIGRATE_FLAGS)
-        .unwrap_or_else(|e| panic!("virDomainMigrateToURI3 to {}: {e}", to.uri()));
+        .migrate_to_uri3(Some(&peer), params, flags)
+        .unwrap_or_else(|e| panic!("virDomainMigrateToURI3 to {peer}: {e}"));
     let took = started.elapsed();
     let arrived = destination.lookup_domain_by_name(DOMAIN).unwrap();
     let stats = completed_job(&arrived);

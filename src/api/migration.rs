@@ -9,9 +9,14 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::proto;
+use tonic::transport::Channel;
+
+use super::proto::launcher_client::LauncherClient;
+use super::tcp::TcpTarget;
 use crate::launcher::{
-    self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, MigrationStatus,
+    self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, MigrationStatus, PrepareTarget,
 };
+use crate::migration_tls::MigrationTls;
 
 /// A source's offer and where the target's answer goes (a refusal as the source's call returns
 /// it, so that the target keeps its typed error for its own exit).
@@ -127,25 +132,57 @@ impl Front {
             disks_uri: plan.disks_uri,
             runtime_dir: plan.runtime_dir.display().to_string(),
             hotplug_dir: plan.hotplug_dir.display().to_string(),
+            listen_address: plan.listen_address.unwrap_or_default(),
         })
     }
 }
 
-/// The source's request, with the call that prepares the target over its API socket.
-pub(super) fn migrate_request(req: proto::MigrateRequest) -> MigrateRequest {
-    let target = PathBuf::from(&req.target);
-    MigrateRequest {
+/// The source's request, with the call that prepares the target: over its API socket, or over
+/// TCP under mutual TLS with the credentials of `tls` (`target` is then `HOST:PORT`).
+pub(super) fn migrate_request(
+    req: proto::MigrateRequest,
+    tls: Option<MigrationTls>,
+) -> Result<MigrateRequest, tonic::Status> {
+    let prepare: PrepareTarget =
+        match (TcpTarget::parse(&req.target), tls) {
+            (Some(tcp), Some(tls)) => Box::new(move |offer| {
+                Box::pin(async move {
+                    let client = super::tcp::connect(&tcp, &tls)
+                        .await
+                        .map_err(|e| crate::error_chain(&e))?;
+                    let plan = prepare_remote(client, tcp.to_string(), offer).await?;
+                    Ok(plan.reached_at(&tcp.host))
+                })
+            }),
+            (Some(_), None) => return Err(tonic::Status::failed_precondition(
+                "a migration to HOST:PORT goes over TCP under TLS: this launcher needs --tls-dir",
+            )),
+            (None, _) => {
+                let target = PathBuf::from(&req.target);
+                Box::new(move |offer| {
+                    Box::pin(async move {
+                        let client = super::connect(&target)
+                            .await
+                            .map_err(|e| crate::error_chain(&e))?;
+                        prepare_remote(client, target.display().to_string(), offer).await
+                    })
+                })
+            }
+        };
+    Ok(MigrateRequest {
         target: req.target,
-        prepare: Box::new(move |offer| Box::pin(prepare_remote(target, offer))),
+        prepare,
         timeout: (req.timeout_seconds > 0).then(|| Duration::from_secs(req.timeout_seconds.into())),
         bandwidth_mib: (req.bandwidth_mib > 0).then_some(req.bandwidth_mib),
-    }
+    })
 }
 
-async fn prepare_remote(target: PathBuf, offer: IncomingOffer) -> Result<IncomingPlan, String> {
-    let mut client = super::connect(&target)
-        .await
-        .map_err(|e| crate::error_chain(&e))?;
+/// Asks the target `named` through `client` to prepare for `offer`.
+async fn prepare_remote(
+    mut client: LauncherClient<Channel>,
+    named: String,
+    offer: IncomingOffer,
+) -> Result<IncomingPlan, String> {
     let reply = client
         .prepare_migration_target(proto::PrepareMigrationTargetRequest {
             spec: offer.input.spec,
@@ -155,7 +192,7 @@ async fn prepare_remote(target: PathBuf, offer: IncomingOffer) -> Result<Incomin
             source_hotplug_dir: offer.source_hotplug_dir.display().to_string(),
         })
         .await
-        .map_err(|s| format!("{}: {}", target.display(), s.message()))?
+        .map_err(|s| format!("{named}: {}", s.message()))?
         .into_inner();
     Ok(IncomingPlan {
         libvirt_uri: reply.libvirt_uri,
@@ -163,6 +200,7 @@ async fn prepare_remote(target: PathBuf, offer: IncomingOffer) -> Result<Incomin
         disks_uri: reply.disks_uri,
         runtime_dir: reply.runtime_dir.into(),
         hotplug_dir: reply.hotplug_dir.into(),
+        listen_address: Some(reply.listen_address).filter(|a| !a.is_empty()),
     })
 }
 
@@ -177,5 +215,27 @@ pub(super) fn status_to_proto(m: &MigrationStatus) -> proto::MigrationStatus {
         elapsed_ms: m.elapsed().as_millis() as u64,
         downtime_ms: m.progress.downtime_ms.unwrap_or_default(),
         message: m.message.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(target: &str) -> proto::MigrateRequest {
+        proto::MigrateRequest {
+            target: target.into(),
+            timeout_seconds: 0,
+            bandwidth_mib: 0,
+        }
+    }
+
+    #[test]
+    fn a_tcp_target_needs_credentials_and_a_socket_path_does_not() {
+        let refused = migrate_request(request("node-2.example:7100"), None).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(refused.message().contains("--tls-dir"), "{refused:?}");
+        let local = migrate_request(request("/run/vm2/launcher.sock"), None).unwrap();
+        assert_eq!(local.target, "/run/vm2/launcher.sock");
     }
 }

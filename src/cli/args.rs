@@ -33,6 +33,8 @@ pub(crate) enum Output {
     Json,
 }
 
+// Parsed once per process: `Run`'s many options inline cost nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Boot the VM of SPEC and keep it running until it ends or the launcher is stopped.
@@ -112,6 +114,17 @@ pub(crate) enum Command {
         /// the VMI's annotation vmlauncher.io/guest-reaches-host-loopback is "true").
         #[arg(long, value_enum)]
         guest_loopback: Option<vmlauncher::host::loopback::GuestLoopback>,
+        /// Credentials to migrate between machines over TCP under mutual TLS: ca-cert.pem,
+        /// server-cert.pem, server-key.pem, client-cert.pem, client-key.pem (QEMU's names), all
+        /// signed by one CA; a target's server certificate names the host sources dial.
+        #[arg(long, value_name = "DIR", conflicts_with = "connect", value_parser = utf8_path())]
+        tls_dir: Option<PathBuf>,
+        /// A migration target reachable from other machines: its API on ADDR:PORT, its
+        /// libvirtd on PORT+1, the guest's memory on PORT+2 and its copied disks on PORT+3, all
+        /// under TLS (`vmlauncher migrate --to HOST:PORT`).
+        #[arg(long, value_name = "ADDR:PORT", requires_all = ["incoming", "tls_dir"],
+              value_parser = parse_listen)]
+        listen: Option<std::net::SocketAddr>,
     },
     /// Probe QEMU once and fill the shared capability cache (an image build runs this).
     WarmCache {
@@ -210,9 +223,14 @@ pub(crate) enum Command {
     Migrate {
         #[arg(long, default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
-        /// The target launcher's API socket.
+        /// The target launcher's API socket, or HOST:PORT for one on another machine (started
+        /// with `run --incoming --listen`; this launcher needs --tls-dir).
         #[arg(long, required_unless_present = "cancel")]
-        to: Option<PathBuf>,
+        to: Option<String>,
+        /// Credentials (`run --tls-dir`'s) to read the target's end of a migration over TCP:
+        /// without them the guest's pause at switch-over is not shown.
+        #[arg(long, value_name = "DIR", conflicts_with = "cancel")]
+        tls_dir: Option<PathBuf>,
         /// Seconds before the migration is cancelled (the guest stays here); 0: no limit.
         #[arg(long, default_value_t = 0)]
         timeout: u32,
@@ -259,6 +277,22 @@ fn absolute_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
 }
 
 /// `HOSTPORT:PORT` of `run --publish`.
+/// `--listen`: an address and a port with room for the three after it.
+fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not ADDR:PORT (an IP address and a port)"))?;
+    let last = u32::from(addr.port()) + u32::from(vmlauncher::migration_tls::TARGET_PORTS) - 1;
+    if addr.port() == 0 || last > u32::from(u16::MAX) {
+        return Err(format!(
+            "port {} leaves no room for the {} ports a target listens on",
+            addr.port(),
+            vmlauncher::migration_tls::TARGET_PORTS
+        ));
+    }
+    Ok(addr)
+}
+
 fn parse_publish(arg: &str) -> Result<(u16, u16), String> {
     let (host, guest) = arg
         .split_once(':')

@@ -5,7 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use vmlauncher::api::{self, proto};
-use vmlauncher::exit::Ended;
+use vmlauncher::exit::{Ended, MainError};
+use vmlauncher::migration_tls::MigrationTls;
 
 use super::args::Output;
 use super::client::{answer, connect};
@@ -14,19 +15,28 @@ use super::{outln, Outcome};
 
 pub(crate) struct MigrateArgs<'a> {
     pub socket: &'a Path,
-    pub to: &'a Path,
+    /// A socket path, or `HOST:PORT` for a target on another machine.
+    pub to: &'a str,
+    /// Credentials to read the target's end over TCP (`--tls-dir`).
+    pub tls_dir: Option<&'a Path>,
     pub timeout: u32,
     pub bandwidth: u64,
     pub output: Output,
 }
 
 pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
+    // Unusable credentials are said before the migration starts, not after it.
+    let tls = args
+        .tls_dir
+        .map(MigrationTls::read)
+        .transpose()
+        .map_err(MainError::MigrationTls)?;
     let mut client = connect(args.socket).await?;
     // Progress comes from the source's own event stream, on a second connection.
     let progress = tokio::spawn(show_progress(args.socket.to_path_buf()));
     let reply = client
         .migrate(proto::MigrateRequest {
-            target: args.to.display().to_string(),
+            target: args.to.into(),
             timeout_seconds: args.timeout,
             bandwidth_mib: args.bandwidth,
         })
@@ -36,7 +46,7 @@ pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
     let m = reply.migration.unwrap_or_default();
     // The guest's pause at switch-over is the target's to tell: the source's domain, and its
     // job's statistics, are gone.
-    let arrived = tokio::time::timeout(TARGET_DONE, target_done(args.to))
+    let arrived = tokio::time::timeout(TARGET_DONE, target_done(args.to, tls.as_ref()))
         .await
         .ok()
         .flatten();
@@ -48,7 +58,7 @@ pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
         ),
         Output::Text => outln!(
             "migrated to {} in {:.2}s ({} MiB sent; guest paused {} at switch-over)",
-            args.to.display(),
+            args.to,
             m.elapsed_ms as f64 / 1000.0,
             m.data_processed >> 20,
             arrived.filter(|a| a.state == "Completed").map_or(
@@ -73,10 +83,14 @@ pub(crate) async fn cancel(socket: &Path, output: Output) -> Outcome {
 /// How long the target may take to finish its side after the source's ended.
 const TARGET_DONE: Duration = Duration::from_secs(15);
 
-/// The target's migration status once its side ended too (it has the statistics).
-async fn target_done(target: &Path) -> Option<proto::MigrationStatus> {
+/// The target's migration status once its side ended too (it has the statistics). Over TCP
+/// only with credentials to reach it.
+async fn target_done(target: &str, tls: Option<&MigrationTls>) -> Option<proto::MigrationStatus> {
     use proto::event::Kind;
-    let mut client = api::connect(target).await.ok()?;
+    let mut client = match api::tcp::TcpTarget::parse(target) {
+        Some(tcp) => api::tcp::connect(&tcp, tls?).await.ok()?,
+        None => api::connect(Path::new(target)).await.ok()?,
+    };
     let mut stream = client
         .watch_events(proto::WatchEventsRequest {})
         .await

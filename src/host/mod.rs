@@ -30,7 +30,7 @@ pub mod qemu_user;
 pub(crate) mod records;
 pub mod watch;
 
-pub use devnode::DevNumber;
+pub use devnode::{DevNumber, NodeOwner};
 
 use std::collections::BTreeSet;
 use std::fs;

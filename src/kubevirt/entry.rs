@@ -106,6 +106,8 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
         qemu_user: qemu_user.clone(),
         // virt-handler makes the node of each block volume it hot-plugs in the hotplug dir.
         block_allow: crate::host::block_allow::BlockAllowList::new([], true),
+        // KubeVirt's handler migrates through its own proxies, on unix sockets.
+        migration_tls: None,
     });
     let _logs = prepared.logs;
     // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync

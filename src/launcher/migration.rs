@@ -135,6 +135,44 @@ pub struct IncomingPlan {
     pub disks_uri: String,
     pub runtime_dir: PathBuf,
     pub hotplug_dir: PathBuf,
+    /// A target on TCP: the one address its QEMU listens on (`None`: every address). libvirt
+    /// takes it from the source's call (`VIR_MIGRATE_PARAM_LISTEN_ADDRESS`): its own
+    /// `migration_address` may not be a loopback one.
+    pub listen_address: Option<String>,
+}
+
+impl IncomingPlan {
+    /// A target across TCP names its own listen address, which may be a wildcard: the source
+    /// reaches each of its listeners at the host it dialled, the name the target's certificate
+    /// carries.
+    pub fn reached_at(mut self, host: &str) -> IncomingPlan {
+        for uri in [
+            &mut self.libvirt_uri,
+            &mut self.migration_uri,
+            &mut self.disks_uri,
+        ] {
+            *uri = with_host(uri, host);
+        }
+        self
+    }
+
+    /// Whether the target takes the guest over TCP (between machines), not unix sockets.
+    pub fn over_tcp(&self) -> bool {
+        self.migration_uri.starts_with("tcp://")
+    }
+}
+
+/// `scheme://HOST:PORT/rest` with `host` in place of HOST; other URIs as they are.
+fn with_host(uri: &str, host: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.into();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once(':') {
+        Some((_, port)) if !port.contains(']') => format!("{scheme}://{host}:{port}{tail}"),
+        _ => uri.into(),
+    }
 }
 
 /// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
@@ -311,10 +349,28 @@ impl Launcher {
             moves.push((pins.dir(), &plan.hotplug_dir));
         }
         let dest_xml = migratable::for_target(&xml, &moves);
+        let tls = plan.over_tcp();
+        let libvirt_uri = match (tls, &self.options.migration_tls) {
+            (false, _) => plan.libvirt_uri,
+            // The source's libvirtd presents this launcher's client certificate.
+            (true, Some(installed)) => format!(
+                "{}?pkipath={}",
+                plan.libvirt_uri,
+                uri_path(&installed.libvirt_dir)
+            ),
+            (true, None) => {
+                let e = LauncherError::MigrationTarget(
+                    "the target takes the guest over TCP: this launcher needs --tls-dir".into(),
+                );
+                return Err(self.migration_failed(e, false));
+            }
+        };
         let to = MigrateTo {
-            libvirt_uri: plan.libvirt_uri,
+            libvirt_uri,
+            tls,
             migration_uri: plan.migration_uri,
             disks_uri: plan.disks_uri,
+            listen_address: plan.listen_address,
             dest_xml,
             copy_disks,
             bandwidth_mib: request.bandwidth_mib,
@@ -624,6 +680,21 @@ pub(super) fn left_by_migration(observation: &Observation) -> bool {
     }
 }
 
+/// `path` as a URI query value: unreserved characters and `/` as they are, the rest
+/// percent-encoded.
+fn uri_path(path: &std::path::Path) -> String {
+    let mut out = String::new();
+    for byte in path.as_os_str().as_encoded_bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                out.push(*byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
 /// The target's plan for a migration into `runtime_dir`: its libvirt, and two sockets in the
 /// dir its QEMU may create files in.
 pub fn incoming_plan(
@@ -639,5 +710,80 @@ pub fn incoming_plan(
         disks_uri: socket("migration-disks.sock"),
         runtime_dir,
         hotplug_dir,
+        listen_address: None,
+    }
+}
+
+/// [`incoming_plan`] for a target listening at `listen`
+/// (`crate::migration_tls::TARGET_PORTS`).
+pub fn incoming_plan_tcp(
+    listen: std::net::SocketAddr,
+    runtime_dir: PathBuf,
+    hotplug_dir: PathBuf,
+) -> IncomingPlan {
+    let at = |offset: u16| std::net::SocketAddr::new(listen.ip(), listen.port() + offset);
+    IncomingPlan {
+        libvirt_uri: format!("qemu+tls://{}/system", at(1)),
+        migration_uri: format!("tcp://{}", at(2)),
+        disks_uri: format!("tcp://{}", at(3)),
+        runtime_dir,
+        hotplug_dir,
+        listen_address: (!listen.ip().is_unspecified()).then(|| listen.ip().to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_tcp_targets_plan_names_four_ports_and_is_reached_at_the_dialled_host() {
+        let plan = incoming_plan_tcp(
+            "0.0.0.0:7100".parse().unwrap(),
+            "/run/vm2".into(),
+            "/run/vm2/hotplug".into(),
+        );
+        assert!(plan.over_tcp());
+        // A wildcard is no address to listen on alone, nor to dial.
+        assert_eq!(plan.listen_address, None);
+        let reached = plan.reached_at("node-2.example");
+        assert_eq!(reached.libvirt_uri, "qemu+tls://node-2.example:7101/system");
+        assert_eq!(reached.migration_uri, "tcp://node-2.example:7102");
+        assert_eq!(reached.disks_uri, "tcp://node-2.example:7103");
+
+        let v6 = incoming_plan_tcp(
+            "[fd00::2]:7100".parse().unwrap(),
+            "/run/vm2".into(),
+            "/run/vm2/hotplug".into(),
+        );
+        assert_eq!(v6.listen_address.as_deref(), Some("fd00::2"));
+        assert_eq!(v6.migration_uri, "tcp://[fd00::2]:7102");
+        assert_eq!(
+            v6.reached_at("[fd00::2]").libvirt_uri,
+            "qemu+tls://[fd00::2]:7101/system"
+        );
+
+        // A target on unix sockets is neither.
+        let local = incoming_plan(
+            "qemu+unix:///system?socket=/run/vm2/libvirt/sock/libvirt-sock".into(),
+            "/run/vm2".into(),
+            Path::new("/run/vm2/private"),
+            "/run/vm2/hotplug".into(),
+        );
+        assert!(!local.over_tcp());
+        assert_eq!(local.clone().reached_at("elsewhere"), local);
+    }
+
+    #[test]
+    fn a_pkipath_is_percent_encoded_beyond_the_unreserved() {
+        assert_eq!(
+            uri_path(Path::new("/run/vm 1/tls&x")),
+            "/run/vm%201/tls%26x"
+        );
+        assert_eq!(
+            uri_path(Path::new("/run/vm-1/tls_a.b~")),
+            "/run/vm-1/tls_a.b~"
+        );
     }
 }

@@ -60,8 +60,8 @@ use last_sync::LastSync;
 use link::Link;
 use live_view::LiveView;
 pub use migration::{
-    incoming_plan, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole, MigrationState,
-    MigrationStatus,
+    incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole,
+    MigrationState, MigrationStatus, PrepareTarget,
 };
 pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
@@ -187,6 +187,8 @@ pub struct LaunchOptions {
     /// The hot-plugged block volumes' devices the VM starts with (a migration target's, as its
     /// source's last Sync gave them).
     pub block_devices: BTreeMap<String, BlockSource>,
+    /// Migrating over TCP (`run --tls-dir`): the credentials and libvirt's copy of them.
+    pub migration_tls: Option<crate::migration_tls::InstalledTls>,
 }
 
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
@@ -569,6 +571,12 @@ impl Launcher {
 
     pub fn domain_name(&self) -> &str {
         &self.domain_name
+    }
+
+    /// What this launcher presents to migrate over TCP (`run --tls-dir`), if anything.
+    pub fn migration_credentials(&self) -> Option<crate::migration_tls::MigrationTls> {
+        let installed = self.options.migration_tls.as_ref()?;
+        Some(installed.credentials.clone())
     }
 
     /// libvirt's live XML of the domain, or `None` when it is not defined.

@@ -67,6 +67,7 @@ pub(super) async fn test_launcher(name: &str) -> TestLauncher {
         runtime_dir: dir.path().into(),
         incoming: false,
         block_devices: Default::default(),
+        migration_tls: None,
     };
     let (launcher, kind) = Launcher::start(connector, vmi, options, rx).await.unwrap();
     assert_eq!(kind, StartKind::Created);

@@ -95,6 +95,18 @@ pub struct DaemonOptions {
     /// `clone(CLONE_NEWNS)` is refused there under podman ("Kernel does not provide mount
     /// namespace: Permission denied"), as KubeVirt turns it off too.
     pub domain_namespace: bool,
+    /// Migrating to or from another machine (`run --tls-dir`): QEMU's credentials, and for a
+    /// target (`--listen`) libvirt's TLS listener.
+    pub migration_tls: Option<Box<DaemonTls>>,
+}
+
+/// The daemon's part of a migration over TCP (`crate::migration_tls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonTls {
+    pub installed: crate::migration_tls::InstalledTls,
+    /// A target's: libvirtd serves TLS here (the source's libvirtd connects), and the incoming
+    /// QEMU listens on its address (`migration_address`).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// Told the name of a daemon the launcher started when it exits.
@@ -383,7 +395,11 @@ impl PrivateDaemon {
         let files = [
             (
                 self.dir.join("libvirtd.conf"),
-                libvirtd_conf(&self.dir, &self.host_uuid()?),
+                libvirtd_conf(
+                    &self.dir,
+                    &self.host_uuid()?,
+                    self.options.migration_tls.as_deref(),
+                ),
             ),
             (
                 self.dir.join("etc/qemu.conf"),
@@ -475,6 +491,15 @@ impl PrivateDaemon {
         let one_cpu = first_allowed_cpu();
         let kvm = self.kvm_for_qemu();
         let mut command = lean::libvirtd_command(&self.dir);
+        if self
+            .options
+            .migration_tls
+            .as_ref()
+            .is_some_and(|t| t.listen.is_some())
+        {
+            // Its TLS listener (`libvirtd_conf`): without `--listen` it serves the unix socket only.
+            command.arg("--listen");
+        }
         command
             .arg("--config")
             .arg(self.dir.join(format!("{name}.conf")))
@@ -650,8 +675,8 @@ fn log_tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(10)..].join("\n")
 }
 
-fn libvirtd_conf(dir: &Path, host_uuid: &str) -> String {
-    format!(
+fn libvirtd_conf(dir: &Path, host_uuid: &str, tls: Option<&DaemonTls>) -> String {
+    let mut conf = format!(
         r#"# Written by vmlauncher for its private libvirtd; rewritten at every start.
 # Its own: libvirt refuses to migrate to a daemon that reports the source's host UUID, and every
 # private libvirtd on a machine would otherwise report the machine's.
@@ -673,7 +698,31 @@ admin_min_workers = 1
 admin_max_workers = 2
 "#,
         sock = dir.join("sock").display()
-    )
+    );
+    if let Some((tls, listen)) = tls.and_then(|t| Some((t, t.listen?))) {
+        use crate::migration_tls::{LIBVIRT_CA, LIBVIRT_SERVER_CERT, LIBVIRT_SERVER_KEY};
+        let file = |name: &str| tls.installed.libvirt_dir.join(name).display().to_string();
+        conf.push_str(&format!(
+            r#"# A migration target: the source's libvirtd connects over TLS, with a client
+# certificate from the same CA (checked: tls_no_verify_certificate = 0); no TCP without TLS.
+listen_tls = 1
+listen_tcp = 0
+listen_addr = "{addr}"
+tls_port = "{port}"
+key_file = "{key}"
+cert_file = "{cert}"
+ca_file = "{ca}"
+tls_no_verify_certificate = 0
+auth_tls = "none"
+"#,
+            addr = listen.ip(),
+            port = listen.port(),
+            key = file(LIBVIRT_SERVER_KEY),
+            cert = file(LIBVIRT_SERVER_CERT),
+            ca = file(LIBVIRT_CA),
+        ));
+    }
+    conf
 }
 
 const KVM_DEVICE: &str = "/dev/kvm";
@@ -746,7 +795,8 @@ seccomp_sandbox = 1
 clear_emulator_capabilities = 1
 swtpm_user = "+{uid}"
 swtpm_group = "+{gid}"
-{cgroups}"#,
+{cgroups}{tls}"#,
+        tls = migration_tls_conf(options.migration_tls.as_deref()),
         uid = options.qemu_user.uid,
         gid = options.qemu_user.gid,
         namespaces = if options.domain_namespace {
@@ -760,6 +810,19 @@ swtpm_group = "+{gid}"
         // leaves behind, and the next start refuses the file as "already in use".
         dynamic = u8::from(!options.qemu_user.is_root()),
     )
+}
+
+/// QEMU's part of a migration over TCP: its streams under TLS, both peers' certificates
+/// checked. (Where a target's QEMU listens comes with each migration, not from here:
+/// `migration_address` may not be a loopback address.)
+fn migration_tls_conf(tls: Option<&DaemonTls>) -> String {
+    tls.map(|tls| {
+        format!(
+            "migrate_tls_x509_cert_dir = \"{}\"\nmigrate_tls_x509_verify = 1\n",
+            tls.installed.qemu_dir.display()
+        )
+    })
+    .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -776,10 +839,57 @@ mod tests {
         fs::write(a.path().join("host-uuid"), "not a uuid").unwrap();
         let replaced = host_uuid_in(a.path()).unwrap();
         assert!(is_uuid(&replaced) && replaced != first, "{replaced}");
-        let conf = libvirtd_conf(a.path(), &replaced);
+        let conf = libvirtd_conf(a.path(), &replaced, None);
         assert!(
             conf.contains(&format!("host_uuid = \"{replaced}\"")),
             "{conf}"
         );
+    }
+
+    #[test]
+    fn a_target_on_tcp_listens_with_tls_only_and_every_tls_launcher_verifies_qemus_peer() {
+        let dir = Path::new("/run/vm2/libvirt");
+        let installed = crate::migration_tls::InstalledTls {
+            libvirt_dir: "/run/vm2/tls".into(),
+            qemu_dir: "/run/vm2/private/tls".into(),
+            credentials: crate::migration_tls::MigrationTls {
+                ca_cert: vec![],
+                server_cert: vec![],
+                server_key: vec![],
+                client_cert: vec![],
+                client_key: vec![],
+            },
+        };
+        let target = DaemonTls {
+            installed: installed.clone(),
+            listen: Some("10.0.0.2:7101".parse().unwrap()),
+        };
+        let conf = libvirtd_conf(dir, "uuid", Some(&target));
+        for line in [
+            "listen_tls = 1",
+            "listen_tcp = 0",
+            "listen_addr = \"10.0.0.2\"",
+            "tls_port = \"7101\"",
+            "key_file = \"/run/vm2/tls/serverkey.pem\"",
+            "ca_file = \"/run/vm2/tls/cacert.pem\"",
+            "tls_no_verify_certificate = 0",
+        ] {
+            assert!(conf.lines().any(|l| l == line), "{line}: {conf}");
+        }
+        // A source listens on nothing but its unix socket.
+        let source = DaemonTls {
+            installed,
+            listen: None,
+        };
+        assert!(!libvirtd_conf(dir, "uuid", Some(&source)).contains("listen_tls"));
+        let qemu = qemu_conf_text(&DaemonOptions {
+            migration_tls: Some(Box::new(source)),
+            ..Default::default()
+        });
+        assert!(
+            qemu.contains("migrate_tls_x509_cert_dir = \"/run/vm2/private/tls\"\nmigrate_tls_x509_verify = 1\n"),
+            "{qemu}"
+        );
+        assert!(!qemu_conf_text(&DaemonOptions::default()).contains("migrate_tls"));
     }
 }

@@ -15,6 +15,8 @@ pub struct MigrateTo {
     pub migration_uri: String,
     /// Where the target's QEMU serves its copies of the disks (`unix:///...`).
     pub disks_uri: String,
+    /// The address the target's QEMU listens on, over TCP (`None`: libvirt's default).
+    pub listen_address: Option<String>,
     /// The domain as the target defines it (the source's migratable XML, its paths the
     /// target's).
     pub dest_xml: String,
@@ -23,6 +25,9 @@ pub struct MigrateTo {
     pub copy_disks: Vec<String>,
     /// MiB/s; `None`: libvirt's default (no limit for a p2p migration).
     pub bandwidth_mib: Option<u64>,
+    /// Between machines: QEMU's memory and disk streams under TLS (`VIR_MIGRATE_TLS`, the
+    /// certificates of `migrate_tls_x509_cert_dir` on both sides).
+    pub tls: bool,
 }
 
 /// How far the migration in flight is: libvirt's job statistics.
@@ -71,12 +76,16 @@ impl Hypervisor {
             // Incremental: a copied overlay's backing (a container disk's image) is on both sides.
             flags |= sys::VIR_MIGRATE_NON_SHARED_INC;
         }
+        if to.tls {
+            flags |= sys::VIR_MIGRATE_TLS;
+        }
         let params = MigrateParameters {
             dest_xml: Some(to.dest_xml.clone()),
             uri: Some(to.migration_uri.clone()),
             disks_uri: (!to.copy_disks.is_empty()).then(|| to.disks_uri.clone()),
             migrate_disks: to.copy_disks.clone(),
             bandwidth: to.bandwidth_mib,
+            listen_address: to.listen_address.clone(),
             ..MigrateParameters::default()
         };
         let dom = self.domain(name)?;

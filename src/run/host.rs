@@ -17,11 +17,12 @@ use crate::host::cgroup::CgroupRoots;
 use crate::host::confine::HostPathPolicy;
 use crate::host::qemu_user::{QemuUser, QemuUserError};
 use crate::launcher::{HotplugOptions, LaunchOptions};
-use crate::libvirt::daemon::{DaemonOptions, PrivateDaemon};
+use crate::libvirt::daemon::{DaemonOptions, DaemonTls, PrivateDaemon};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::{Backend, Connector};
 use crate::lifecycle::RunStrategy;
 use crate::logs::{Bounded, LogBound};
+use crate::migration_tls::InstalledTls;
 use crate::spec::Validated;
 use crate::volumes::HostPaths;
 
@@ -58,6 +59,8 @@ pub struct HostRequest<'a> {
     pub qemu_user: QemuUser,
     /// Which block devices a Sync may attach.
     pub block_allow: crate::host::block_allow::BlockAllowList,
+    /// Migrating over TCP (`run --tls-dir`, and `--listen` for a target).
+    pub migration_tls: Option<DaemonTls>,
 }
 
 /// The user QEMU runs as: the one `--qemu-user` names, else the distribution's QEMU account;
@@ -141,6 +144,7 @@ pub struct LaunchBase {
     reconnect_timeout: Option<Duration>,
     host_paths: HostPathPolicy,
     runtime_dir: PathBuf,
+    migration_tls: Option<InstalledTls>,
 }
 
 impl LaunchBase {
@@ -154,6 +158,11 @@ impl LaunchBase {
     /// Where a launcher keeps its last accepted Sync.
     pub fn last_sync(&self) -> &Path {
         &self.hotplug.last_sync
+    }
+
+    /// Migrating over TCP: the credentials and where they were installed (`run --tls-dir`).
+    pub fn migration_tls(&self) -> Option<&InstalledTls> {
+        self.migration_tls.as_ref()
     }
 
     /// The launch options for `spec`: which of its volumes are block devices is read from the
@@ -178,6 +187,7 @@ impl LaunchBase {
             runtime_dir: self.runtime_dir.clone(),
             incoming: false,
             block_devices: Default::default(),
+            migration_tls: self.migration_tls.clone(),
         }
     }
 }
@@ -220,6 +230,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         host_paths,
         qemu_user,
         block_allow,
+        migration_tls,
     } = request;
     let (events_tx, events) = mpsc::unbounded_channel();
     let backend = match &connect {
@@ -231,6 +242,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
                 capability_cache: qemu_cache_dir,
                 qemu_user: qemu_user.clone(),
                 domain_namespace: !crate::init::is_container_entrypoint(),
+                migration_tls: migration_tls.clone().map(Box::new),
             },
         },
     };
@@ -347,6 +359,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             reconnect_timeout,
             host_paths,
             runtime_dir: rt.0.clone(),
+            migration_tls: migration_tls.map(|t| t.installed),
         },
         logs,
     }

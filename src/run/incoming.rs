@@ -52,10 +52,18 @@ impl Target<'_> {
                 return Err(RunError::Socket(e));
             }
         };
-        let api = Served::start(front.clone(), listener, self.qemu_uid);
+        let mut api = Served::start(front.clone(), listener, self.qemu_uid);
+        if let Err(e) = self.serve_tcp(&front, &mut api).await {
+            self.stop_daemon().await;
+            api.stop(self.socket).await;
+            return Err(RunError::Socket(e));
+        }
         say(format_args!("libvirt {uri}"));
         say(format_args!("waiting for an incoming migration"));
         say(format_args!("api unix:{}", self.socket.display()));
+        if let Some(listen) = self.opts.listen {
+            say(format_args!("api tcp:{listen} (mutual TLS)"));
+        }
         let mut events = Some(events);
         // A predecessor on this dir took a migration whose domain libvirt still has (killed
         // while the guest came in, or after): go on with the offer it took.
@@ -190,13 +198,34 @@ impl Target<'_> {
         })
     }
 
+    /// With `--listen`: the API on its TCP port too, for a source on another machine.
+    async fn serve_tcp(
+        &self,
+        front: &Arc<api::Front>,
+        api: &mut Served,
+    ) -> Result<(), api::ApiError> {
+        let (Some(listen), Some(tls)) = (self.opts.listen, self.base.migration_tls()) else {
+            return Ok(());
+        };
+        let listener = api::tcp::bind(listen).await?;
+        api.also_tcp(front.clone(), listener, tls.credentials.clone());
+        Ok(())
+    }
+
     fn plan(&self) -> IncomingPlan {
-        launcher::incoming_plan(
-            self.connector.uri(),
-            self.rt.0.clone(),
-            &self.paths.private_dir,
-            self.paths.hotplug_dir.clone(),
-        )
+        match self.opts.listen {
+            Some(listen) => launcher::incoming_plan_tcp(
+                listen,
+                self.rt.0.clone(),
+                self.paths.hotplug_dir.clone(),
+            ),
+            None => launcher::incoming_plan(
+                self.connector.uri(),
+                self.rt.0.clone(),
+                &self.paths.private_dir,
+                self.paths.hotplug_dir.clone(),
+            ),
+        }
     }
 
     async fn stop_daemon(&self) {

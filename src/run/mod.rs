@@ -90,6 +90,10 @@ pub struct RunOptions {
     pub allow_block_devices: Vec<crate::host::DevNumber>,
     /// `--guest-loopback` (`None`: decided by the network mode and the VMI).
     pub guest_loopback: Option<crate::host::loopback::GuestLoopback>,
+    /// `--tls-dir`: credentials to migrate between machines.
+    pub tls_dir: Option<PathBuf>,
+    /// `--listen`: a migration target's first TCP port (with `--incoming` and `--tls-dir`).
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// Progress lines for people and scripts: `vmlauncher: <what>`. A closed standard output (a
@@ -189,6 +193,8 @@ pub enum RunError {
     WarmCache(std::io::Error),
     #[error("cannot warm the capability cache: {0}")]
     WarmCachePanicked(tokio::task::JoinError),
+    #[error(transparent)]
+    MigrationTls(crate::migration_tls::TlsError),
 }
 
 /// Runs the VM until it is final or the launcher is told to stop.
@@ -224,6 +230,8 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         host_paths.check(spec).map_err(RunError::HostPaths)?;
     }
 
+    // Before libvirtd, whose configuration names them.
+    let migration_tls = install_migration_tls(&opts, &rt, &paths, &qemu_user)?;
     // Before libvirtd, and so QEMU, start in this cgroup.
     let _loopback = close_guest_loopback(&opts, &rt, qemu_uid)?;
     let Prepared {
@@ -248,6 +256,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
             opts.allow_block_devices.iter().copied(),
             crate::init::is_container_entrypoint(),
         ),
+        migration_tls,
     });
     let console_log = rt.console_log();
     if opts.console {
@@ -313,8 +322,8 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
 
 /// The API, served until `stop`.
 pub(super) struct Served {
-    stop: tokio::sync::oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<Result<(), api::ApiError>>,
+    stop: tokio::sync::watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<Result<(), api::ApiError>>>,
 }
 
 impl Served {
@@ -323,18 +332,41 @@ impl Served {
         listener: tokio::net::UnixListener,
         qemu_uid: u32,
     ) -> Served {
-        let (stop, api_stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(api::serve(front, listener, qemu_uid, async {
-            let _ = api_stopped.await;
+        let (stop, _) = tokio::sync::watch::channel(false);
+        let stopped = Self::stopped(&stop);
+        let server = tokio::spawn(api::serve(front, listener, qemu_uid, stopped));
+        Served {
+            stop,
+            servers: vec![server],
+        }
+    }
+
+    /// The same API over TCP under mutual TLS as well (a migration target on `--listen`).
+    pub(super) fn also_tcp(
+        &mut self,
+        front: std::sync::Arc<api::Front>,
+        listener: tokio::net::TcpListener,
+        tls: crate::migration_tls::MigrationTls,
+    ) {
+        let stopped = Self::stopped(&self.stop);
+        self.servers.push(tokio::spawn(async move {
+            api::tcp::serve(front, listener, &tls, stopped).await
         }));
-        Served { stop, server }
+    }
+
+    fn stopped(stop: &tokio::sync::watch::Sender<bool>) -> impl std::future::Future<Output = ()> {
+        let mut rx = stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
     }
 
     /// Called after the launcher's shut_down, which ends its event streams: a client that holds
     /// a unary call open must not keep the launcher here.
     pub(super) async fn stop(self, socket: &Path) {
-        let _ = self.stop.send(());
-        if tokio::time::timeout(Duration::from_secs(5), self.server)
+        let _ = self.stop.send(true);
+        let all = join_servers(self.servers);
+        if tokio::time::timeout(Duration::from_secs(5), all)
             .await
             .is_err()
         {
@@ -342,6 +374,43 @@ impl Served {
         }
         let _ = fs::remove_file(socket);
     }
+}
+
+/// Waits for every server in turn (each was told to stop at once).
+async fn join_servers(servers: Vec<tokio::task::JoinHandle<Result<(), api::ApiError>>>) {
+    for server in servers {
+        if let Ok(Err(e)) = server.await {
+            tracing::warn!(error = %crate::error_chain(&e), "the API server failed");
+        }
+    }
+}
+
+/// `--tls-dir`'s credentials, read and copied where libvirt (root's, in the runtime dir) and QEMU
+/// (its user's, in the private dir) read them; with `--listen`, where the target's libvirtd
+/// listens (the port after the API's).
+fn install_migration_tls(
+    opts: &RunOptions,
+    rt: &RuntimeDir,
+    paths: &crate::volumes::HostPaths,
+    qemu_user: &crate::host::qemu_user::QemuUser,
+) -> Result<Option<crate::libvirt::daemon::DaemonTls>, RunError> {
+    let Some(dir) = &opts.tls_dir else {
+        return Ok(None);
+    };
+    let tls = crate::migration_tls::MigrationTls::read(dir).map_err(RunError::MigrationTls)?;
+    let owner = crate::host::devnode::NodeOwner {
+        uid: qemu_user.uid,
+        gid: qemu_user.gid,
+    };
+    let installed = tls
+        .install(&rt.0.join("tls"), &paths.private_dir.join("tls"), owner)
+        .map_err(RunError::MigrationTls)?;
+    Ok(Some(crate::libvirt::daemon::DaemonTls {
+        installed,
+        listen: opts
+            .listen
+            .map(|api| std::net::SocketAddr::new(api.ip(), api.port() + 1)),
+    }))
 }
 
 /// Closes the host's loopback to the guest where `GuestLoopback::decide` says so. Asked for on
@@ -400,6 +469,7 @@ pub async fn warm_cache(cache: &Path) -> Result<Ended, RunError> {
                 // Probed as the launchers that use the cache will run QEMU.
                 qemu_user,
                 domain_namespace: false,
+                migration_tls: None,
             },
         )
         .map_err(|e| std::io::Error::other(crate::error_chain(&e)))?;

@@ -15,6 +15,40 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The first of `n` consecutive ports nobody listens on right now, on the host's loopback (a
+/// migration target on TCP takes four).
+pub fn free_ports(n: u16) -> u16 {
+    loop {
+        let first = free_port();
+        if first > u16::MAX - n {
+            continue;
+        }
+        let held: Vec<_> = (first..first + n)
+            .map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok())
+            .collect();
+        if held.len() == usize::from(n) {
+            return first;
+        }
+    }
+}
+
+/// A `--tls-dir` in `dir`, made by the script the README names, for a target dialled at
+/// 127.0.0.1.
+pub fn migration_credentials(dir: &std::path::Path) -> std::path::PathBuf {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/migration-tls.sh");
+    let out = std::process::Command::new(script)
+        .arg(dir)
+        .arg("127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.into()
+}
+
 /// One HTTP/1.0 GET; the whole answer.
 pub fn http_get(to: SocketAddr, path: &str) -> std::io::Result<String> {
     let mut stream = TcpStream::connect(to)?;

@@ -73,6 +73,7 @@ pub fn kubevirt_plan(
         disks_uri: unix(Some(BLOCK_MIGRATION_PORT)),
         runtime_dir,
         hotplug_dir,
+        listen_address: None,
     }
 }
 
