@@ -495,26 +495,18 @@ fn run_refuses_unusable_migration_credentials_and_listen_addresses() {
         &["run", "--incoming", "--listen", "127.0.0.1:7100"],
         "--tls-dir",
     );
-    refused(
-        &[
+    for (listen, says) in [
+        ("127.0.0.1:65534", "leaves no room for the 4 ports"),
+        ("node-2:7100", "is not ADDR:PORT"),
+    ] {
+        let args = [
             "run",
             "--incoming",
             "--tls-dir",
             tls_dir,
             "--listen",
-            "127.0.0.1:65534",
-        ],
-        "leaves no room for the 4 ports",
-    );
-    refused(
-        &[
-            "run",
-            "--incoming",
-            "--tls-dir",
-            tls_dir,
-            "--listen",
-            "node-2:7100",
-        ],
-        "is not ADDR:PORT",
-    );
+            listen,
+        ];
+        refused(&args, says);
+    }
 }

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::net::{free_port, http_get};
 use common::{
-    bin, cli_status, cli_sync, cli_wait_status, guest_vmi, hotplug_image, report_with, signal_pid,
-    with_claims, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
+    bin, cli_status, cli_sync, cli_wait_status, guest_vmi, hotplug_claims, hotplug_image,
+    report_with, signal_pid, with_claims, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE,
 };
 use vmlauncher::console::ConsoleLog;
 
@@ -25,13 +25,7 @@ const CONTAINER_DISK_BYTES: u64 = 64 << 20;
 /// The guest with a host disk, a container disk it writes its boot id to, a published HTTP port,
 /// and the hot-plugged claims `claims` (volume, serial).
 fn spec(name: &str, host_disk: &Path, claims: &[(&str, &str)]) -> String {
-    let (mut disks, mut volumes) = (String::new(), String::new());
-    for (volume, serial) in claims {
-        disks += &format!("      - {{name: {volume}, disk: {{bus: scsi}}, serial: {serial}}}\n");
-        volumes += &format!(
-            "  - {{name: {volume}, persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}}}\n"
-        );
-    }
+    let (disks, volumes) = hotplug_claims(claims);
     guest_vmi(
         name,
         "vmltest.write=CDISK-1",

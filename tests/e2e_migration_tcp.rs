@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::net::{free_ports, migration_credentials};
 use common::ConsoleWait;
 use common::{
-    bin, cli_status, cli_sync, guest_vmi, hotplug_image, report_with, Launched, BOOT_DEADLINE,
-    GUEST_DEADLINE,
+    bin, cli_status, cli_sync, guest_vmi, hotplug_claims, hotplug_image, report_with, Launched,
+    BOOT_DEADLINE, GUEST_DEADLINE,
 };
 use vmlauncher::api::proto;
 use vmlauncher::api::tcp::TcpTarget;
@@ -25,13 +25,7 @@ const MIGRATION_DEADLINE: Duration = Duration::from_secs(180);
 /// The guest with a container disk it writes its boot id to, and the hot-plugged claims
 /// `claims` (volume, serial).
 fn spec(claims: &[(&str, &str)]) -> String {
-    let (mut disks, mut volumes) = (String::new(), String::new());
-    for (volume, serial) in claims {
-        disks += &format!("      - {{name: {volume}, disk: {{bus: scsi}}, serial: {serial}}}\n");
-        volumes += &format!(
-            "  - {{name: {volume}, persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}}}\n"
-        );
-    }
+    let (disks, volumes) = hotplug_claims(claims);
     guest_vmi(
         "mig-tcp",
         "vmltest.write=CDISK-1",

@@ -117,6 +117,19 @@ pub fn set<S: AsRef<str>>(items: &[S]) -> std::collections::BTreeSet<String> {
     items.iter().map(|s| s.as_ref().to_string()).collect()
 }
 
+/// The scsi disks and hot-pluggable claim volumes of `claims` (volume, serial), as lines of a
+/// VMI's `devices.disks` and `volumes`.
+pub fn hotplug_claims(claims: &[(&str, &str)]) -> (String, String) {
+    let (mut disks, mut volumes) = (String::new(), String::new());
+    for (volume, serial) in claims {
+        disks += &format!("      - {{name: {volume}, disk: {{bus: scsi}}, serial: {serial}}}\n");
+        volumes += &format!(
+            "  - {{name: {volume}, persistentVolumeClaim: {{claimName: {volume}, hotpluggable: true}}}}\n"
+        );
+    }
+    (disks, volumes)
+}
+
 /// A hot-plugged claim's image, `<dir>/<volume>.img` of `bytes`, where the launcher looks for it.
 pub fn hotplug_image(dir: &Path, volume: &str, bytes: u64) {
     std::fs::create_dir_all(dir).unwrap();
