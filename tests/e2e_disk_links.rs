@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{guest_spec, with_claims, ConsoleWait, Launched, GUEST_DEADLINE};
+use common::{guest_spec, live_disk_source, with_claims, ConsoleWait, Launched, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};
 
 const TARGET_BYTES: &[u8] = b"#!/bin/sh\n# a file of the launcher's\n";
@@ -143,21 +143,6 @@ fn qemu_inodes(pid: i32) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// The `<source file>` of the live disk of `volume`.
-fn live_source(live: &str, volume: &str) -> Option<String> {
-    let doc = roxmltree::Document::parse(live).unwrap();
-    let alias = format!("ua-{volume}");
-    let disk = doc.descendants().find(|n| {
-        n.has_tag_name("disk")
-            && n.children()
-                .any(|c| c.has_tag_name("alias") && c.attribute("name") == Some(alias.as_str()))
-    })?;
-    disk.children()
-        .find(|c| c.has_tag_name("source"))?
-        .attribute("file")
-        .map(str::to_string)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned() {
     use std::os::unix::fs::PermissionsExt;
@@ -260,7 +245,7 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned()
     // launcher writes, never the hotplug dir's path, which the node daemon (and a tenant) write.
     let pin = vm.dir().join("pins/late.img");
     assert_eq!(
-        live_source(&live, "late").as_deref(),
+        live_disk_source(&live, "late").as_deref(),
         pin.to_str(),
         "{live}"
     );
@@ -316,7 +301,7 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned()
     assert!(start.starts_with(written.as_bytes()), "{:?}", &start[..32]);
     let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
     assert_eq!(
-        live_source(&live, "later").as_deref(),
+        live_disk_source(&live, "later").as_deref(),
         vm.dir().join("pins/later.img").to_str()
     );
 
@@ -441,7 +426,7 @@ async fn a_hot_pluggable_file_present_at_start_is_pinned_before_qemu_starts() {
     let pin = vm.dir().join("pins/early.img");
     let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
     assert_eq!(
-        live_source(&live, "early").as_deref(),
+        live_disk_source(&live, "early").as_deref(),
         pin.to_str(),
         "{live}"
     );

@@ -170,6 +170,14 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     assert_eq!(answer["migration"]["state"], "Completed", "{answer}");
     assert_eq!(answer["target"]["state"], "Completed", "{answer}");
     left_by_migration(&mut one);
+    // The hot-plugged file is opened on the target through the target's own pin of the inode
+    // its launcher checked, as on the source.
+    let live = common::live_xml(&two.libvirt_uri(), &format!("default_{name}"));
+    assert_eq!(
+        common::live_disk_source(&live, "hot1").as_deref(),
+        two.dir().join("pins/hot1.img").to_str(),
+        "{live}"
+    );
     let arrived = cli_status(&two.socket());
     assert_eq!(arrived["phase"], "Running", "{arrived}");
     assert_eq!(arrived["vmState"], "Active", "{arrived}");

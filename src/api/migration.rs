@@ -133,6 +133,11 @@ impl Front {
             runtime_dir: plan.runtime_dir.display().to_string(),
             hotplug_dir: plan.hotplug_dir.display().to_string(),
             listen_address: plan.listen_address.unwrap_or_default(),
+            pins: plan
+                .pins
+                .into_iter()
+                .map(|(volume, pin)| (volume, pin.display().to_string()))
+                .collect(),
         })
     }
 }
@@ -201,6 +206,11 @@ async fn prepare_remote(
         runtime_dir: reply.runtime_dir.into(),
         hotplug_dir: reply.hotplug_dir.into(),
         listen_address: Some(reply.listen_address).filter(|a| !a.is_empty()),
+        pins: reply
+            .pins
+            .into_iter()
+            .map(|(volume, pin)| (volume, pin.into()))
+            .collect(),
     })
 }
 

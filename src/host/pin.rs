@@ -128,6 +128,22 @@ impl Pins {
         remove_pin(&self.path(volume))
     }
 
+    /// The pins there are, by volume: after a start's or a migration target's pinning, those
+    /// made (a refused pin leaves no file).
+    pub fn list(&self) -> std::collections::BTreeMap<String, PathBuf> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Default::default();
+        };
+        entries
+            .flatten()
+            .filter_map(|entry| {
+                let name = entry.file_name();
+                let volume = volume_of(&name.to_string_lossy())?.to_owned();
+                Some((volume, entry.path()))
+            })
+            .collect()
+    }
+
     /// Removes every pin but those of `keep` (a restarted launcher adopting a domain keeps the
     /// pins of the volumes it still has; `keep` empty at the VM's end).
     pub fn keep_only(&self, keep: &std::collections::BTreeSet<String>) {

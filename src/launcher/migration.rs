@@ -135,6 +135,9 @@ pub struct IncomingPlan {
     pub disks_uri: String,
     pub runtime_dir: PathBuf,
     pub hotplug_dir: PathBuf,
+    /// The target's pins (`host::pin`), by volume: where its QEMU is to open each claim and
+    /// hot-plugged file, the inode its launcher checked.
+    pub pins: std::collections::BTreeMap<String, PathBuf>,
     /// A target on TCP: the one address its QEMU listens on (`None`: every address). libvirt
     /// takes it from the source's call (`VIR_MIGRATE_PARAM_LISTEN_ADDRESS`): its own
     /// `migration_address` may not be a loopback one.
@@ -160,6 +163,21 @@ impl IncomingPlan {
     pub fn over_tcp(&self) -> bool {
         self.migration_uri.starts_with("tcp://")
     }
+}
+
+/// Each disk of the source's `xml` whose volume the target pinned: its source here, and the
+/// target's pin.
+fn pinned_sources<'a>(
+    xml: &str,
+    pins: &'a std::collections::BTreeMap<String, PathBuf>,
+) -> Result<Vec<(PathBuf, &'a std::path::Path)>, crate::domain::LiveXmlError> {
+    Ok(crate::domain::live_disks(xml)?
+        .into_iter()
+        .filter_map(|disk| {
+            let there = pins.get(disk.volume()?)?;
+            Some((PathBuf::from(disk.source?), there.as_path()))
+        })
+        .collect())
 }
 
 /// `scheme://HOST:PORT/rest` with `host` in place of HOST; other URIs as they are.
@@ -279,6 +297,11 @@ impl Launcher {
         self.run(request).await
     }
 
+    /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
+    pub fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
+        self.pins().map(|p| p.list()).unwrap_or_default()
+    }
+
     /// Cancels the migration in flight; the guest keeps running here.
     pub fn cancel_migration(&self) -> Result<(), LauncherError> {
         let migrating = self
@@ -338,8 +361,13 @@ impl Launcher {
             Ok(disks) => disks,
             Err(e) => return Err(self.migration_failed(e.into(), false)),
         };
-        // A pinned hot-plugged file becomes the target's volume path (`<hotplug>/<volume>.img`,
-        // the pin's own file name): the target gives it to QEMU by path, as it does claims.
+        // Each image the target pinned (claims, hot-plugged files) is named by its pin there;
+        // another pinned hot-plugged file becomes the target's volume path
+        // (`<hotplug>/<volume>.img`, the pin's own file name), given to QEMU by path.
+        let pinned_there = match pinned_sources(&xml, &plan.pins) {
+            Ok(pinned) => pinned,
+            Err(e) => return Err(self.migration_failed(e.into(), false)),
+        };
         let pins = self.pins();
         let mut moves: Vec<(&std::path::Path, &std::path::Path)> = vec![
             (&self.options.runtime_dir, &plan.runtime_dir),
@@ -348,6 +376,11 @@ impl Launcher {
         if let Some(pins) = &pins {
             moves.push((pins.dir(), &plan.hotplug_dir));
         }
+        moves.extend(
+            pinned_there
+                .iter()
+                .map(|(here, there)| (here.as_path(), *there)),
+        );
         let dest_xml = migratable::for_target(&xml, &moves);
         let tls = plan.over_tcp();
         let libvirt_uri = match (tls, &self.options.migration_tls) {
@@ -711,6 +744,7 @@ pub fn incoming_plan(
         runtime_dir,
         hotplug_dir,
         listen_address: None,
+        pins: Default::default(),
     }
 }
 
@@ -729,6 +763,7 @@ pub fn incoming_plan_tcp(
         runtime_dir,
         hotplug_dir,
         listen_address: (!listen.ip().is_unspecified()).then(|| listen.ip().to_string()),
+        pins: Default::default(),
     }
 }
 
@@ -773,6 +808,33 @@ mod tests {
         );
         assert!(!local.over_tcp());
         assert_eq!(local.clone().reached_at("elsewhere"), local);
+    }
+
+    #[test]
+    fn what_the_target_pinned_is_named_by_its_pin_and_the_rest_moves_by_directory() {
+        let xml = "<domain><devices>\
+            <disk type='file' device='disk'><source file='/run/a/pins/hot1.img'/>\
+              <target dev='sdb' bus='scsi'/><alias name='ua-hot1'/></disk>\
+            <disk type='file' device='disk'><source file='/run/a/pins/hot2.img'/>\
+              <target dev='sdc' bus='scsi'/><alias name='ua-hot2'/></disk>\
+            <disk type='file' device='disk'><source file='/claims/c/disk.img' fdgroup='vml-c'/>\
+              <target dev='sdd' bus='scsi'/><alias name='ua-c'/></disk>\
+            </devices></domain>";
+        let pins = [
+            ("hot1".to_string(), PathBuf::from("/run/b/pins/hot1.img")),
+            ("c".to_string(), PathBuf::from("/run/b/pins/c.img")),
+        ]
+        .into_iter()
+        .collect();
+        let pinned = pinned_sources(xml, &pins).unwrap();
+        let mut moves: Vec<(&Path, &Path)> = vec![(Path::new("/run/a/pins"), Path::new("/hot/b"))];
+        moves.extend(pinned.iter().map(|(here, there)| (here.as_path(), *there)));
+        let moved = migratable::for_target(xml, &moves);
+        assert!(moved.contains("'/run/b/pins/hot1.img'"), "{moved}");
+        assert!(moved.contains("'/run/b/pins/c.img'"), "{moved}");
+        // Not pinned there (its launcher could not mount): the volume's path in its hotplug dir.
+        assert!(moved.contains("'/hot/b/hot2.img'"), "{moved}");
+        assert!(!moved.contains("fdgroup"), "{moved}");
     }
 
     #[test]

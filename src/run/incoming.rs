@@ -122,7 +122,9 @@ impl Target<'_> {
                 .expect("taken once: a failed start ends the run");
             match Launcher::start(self.connector.clone(), spec, options, events).await {
                 Ok((launcher, _)) => {
-                    let _ = reply.send(Ok(self.plan()));
+                    let mut plan = self.plan();
+                    plan.pins = launcher.incoming_pins();
+                    let _ = reply.send(Ok(plan));
                     front.set(launcher.clone());
                     break launcher;
                 }

@@ -64,3 +64,18 @@ impl LibvirtJudge {
         });
     }
 }
+
+/// The `<source file>` of the live disk of `volume`.
+pub fn live_disk_source(live: &str, volume: &str) -> Option<String> {
+    let doc = roxmltree::Document::parse(live).unwrap();
+    let alias = format!("ua-{volume}");
+    let disk = doc.descendants().find(|n| {
+        n.has_tag_name("disk")
+            && n.children()
+                .any(|c| c.has_tag_name("alias") && c.attribute("name") == Some(alias.as_str()))
+    })?;
+    disk.children()
+        .find(|c| c.has_tag_name("source"))?
+        .attribute("file")
+        .map(str::to_string)
+}

@@ -74,6 +74,8 @@ pub fn kubevirt_plan(
         runtime_dir,
         hotplug_dir,
         listen_address: None,
+        // KubeVirt's handler carries no pins: the images go to QEMU by their paths.
+        pins: Default::default(),
     }
 }
 
