@@ -656,7 +656,13 @@ pub async fn serve(
 }
 
 /// Every service of the launcher's API on `builder`: the launcher's, health, reflection.
-async fn services(mut builder: Server, front: Arc<Front>) -> tonic::transport::server::Router {
+async fn services<L>(
+    mut builder: Server<L>,
+    front: Arc<Front>,
+) -> tonic::transport::server::Router<L>
+where
+    L: Clone,
+{
     let (health, health_service) = tonic_health::server::health_reporter();
     // The first status is set before the server answers anything ("" starts as SERVING).
     let first = serving(&front.status());

@@ -1,26 +1,30 @@
 //! The credentials of a migration between machines (`run --tls-dir DIR`): one directory the
-//! operator provides, in the layout QEMU reads (libvirt's `migrate_tls_x509_cert_dir`), every
-//! certificate signed by one CA both launchers trust. They guard the three channels a migration
-//! over TCP opens:
+//! operator provides, with two sets in the layout QEMU reads (libvirt's
+//! `migrate_tls_x509_cert_dir`: `ca-cert.pem`, `server-cert.pem`, `server-key.pem`,
+//! `client-cert.pem`, `client-key.pem`), each from a CA of its own:
 //!
-//! - the target launcher's API (gRPC over TCP, mutual TLS: `api::tcp`),
-//! - the source's libvirtd talking to the target's (`qemu+tls`, libvirt's own TLS listener),
-//! - QEMU's memory stream and the disks' NBD copy (`VIR_MIGRATE_TLS`).
+//! - `DIR/*.pem`, the launchers': the target launcher's API (gRPC over TCP, mutual TLS:
+//!   `api::tcp`) and the source's libvirtd talking to the target's (`qemu+tls`, libvirt's TLS
+//!   listener, which runs as root). Read by root only.
+//! - `DIR/qemu/*.pem`, QEMU's: its memory stream and the disks' NBD copy (`VIR_MIGRATE_TLS`).
+//!   QEMU's user must read its key, so a guest that escapes into QEMU has it: signed by another
+//!   CA, it opens neither a launcher's API nor a libvirtd, on this machine or any other. Only
+//!   another QEMU waiting for a migration takes it.
 //!
-//! Each side presents its certificate and checks the other's against the CA; the target's
-//! server certificate must name the address the source dials (a DNS name or an IP address in its
-//! subjectAltName). The launcher copies the files into its runtime dir: libvirt's client wants
-//! them under other names (`pkipath`), and QEMU, an unprivileged user, must be able to read its
-//! copy while the operator's stays root's.
+//! Each side presents its certificate and checks the other's against the CA; a target's server
+//! certificates (both sets) must name the address the source dials (a DNS name or an IP address
+//! in its subjectAltName). The launcher copies the files into its runtime dir: libvirt's client
+//! wants them under other names (`pkipath`), and QEMU's user its own readable copy while the
+//! operator's stays root's.
 
 use std::fs;
 use std::io::{self, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::host::devnode::NodeOwner;
 
-/// The files of `--tls-dir`, named as QEMU reads them.
+/// The files of each set of `--tls-dir`, named as QEMU reads them.
 pub const CA_CERT: &str = "ca-cert.pem";
 pub const SERVER_CERT: &str = "server-cert.pem";
 pub const SERVER_KEY: &str = "server-key.pem";
@@ -43,9 +47,12 @@ pub const TARGET_PORTS: u16 = 4;
 /// A certificate chain or key is a few KiB; anything near this is not one.
 const MAX_FILE: u64 = 64 * 1024;
 
-/// The credentials as read from `--tls-dir`.
+/// QEMU's set: a subdirectory of `--tls-dir`.
+pub const QEMU_SUBDIR: &str = "qemu";
+
+/// One set of credentials: a CA, and a server and a client certificate with their keys.
 #[derive(Clone, PartialEq, Eq)]
-pub struct MigrationTls {
+pub struct Credentials {
     pub ca_cert: Vec<u8>,
     pub server_cert: Vec<u8>,
     pub server_key: Vec<u8>,
@@ -54,10 +61,17 @@ pub struct MigrationTls {
 }
 
 /// Keys stay out of logs and `{:?}`.
-impl std::fmt::Debug for MigrationTls {
+impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("MigrationTls { .. }")
+        f.write_str("Credentials { .. }")
     }
+}
+
+/// The credentials as read from `--tls-dir`: the launchers' and QEMU's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrationTls {
+    pub launcher: Credentials,
+    pub qemu: Credentials,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +91,14 @@ pub enum TlsError {
         file: &'static str,
         what: &'static str,
     },
+    #[error("--tls-dir {dir}: QEMU's credentials (qemu/) must come from a CA of their own: QEMU's user reads them, and the launchers' CA would let it into every launcher's API and libvirtd")]
+    SharedCa { dir: PathBuf },
+    #[error("--tls-dir {dir}: the {which} certificates and keys are not usable for TLS: {reason}")]
+    Unusable {
+        dir: PathBuf,
+        which: &'static str,
+        reason: String,
+    },
     #[error("cannot install the migration credentials in {path}")]
     Install {
         path: PathBuf,
@@ -86,8 +108,21 @@ pub enum TlsError {
 }
 
 impl MigrationTls {
-    /// Reads the five files of `dir`, each a regular file of at most 64 KiB holding PEM.
+    /// Reads the launchers' set in `dir` and QEMU's in `dir/qemu`, each file a regular file of
+    /// at most 64 KiB holding PEM; QEMU's CA must not be the launchers'.
     pub fn read(dir: &Path) -> Result<MigrationTls, TlsError> {
+        let launcher = Credentials::read(dir)?;
+        let qemu = Credentials::read(&dir.join(QEMU_SUBDIR))?;
+        if qemu.ca_cert == launcher.ca_cert {
+            return Err(TlsError::SharedCa { dir: dir.into() });
+        }
+        Ok(MigrationTls { launcher, qemu })
+    }
+}
+
+impl Credentials {
+    /// Reads the five files of `dir`.
+    fn read(dir: &Path) -> Result<Credentials, TlsError> {
         let read = |file: &'static str, what: &'static str| -> Result<Vec<u8>, TlsError> {
             let bytes = read_bounded(&dir.join(file)).map_err(|e| match e {
                 None => TlsError::NotAFile {
@@ -111,7 +146,7 @@ impl MigrationTls {
             }
             Ok(bytes)
         };
-        Ok(MigrationTls {
+        Ok(Credentials {
             ca_cert: read(CA_CERT, "CERTIFICATE")?,
             server_cert: read(SERVER_CERT, "CERTIFICATE")?,
             server_key: read(SERVER_KEY, "PRIVATE KEY")?,
@@ -119,32 +154,38 @@ impl MigrationTls {
             client_key: read(CLIENT_KEY, "PRIVATE KEY")?,
         })
     }
+}
 
-    /// Writes the copies libvirt and QEMU read: `libvirt_dir` (root's, 0700: the client's
-    /// `pkipath` and the server's files) and `qemu_dir` (QEMU's user's, 0700, its files 0400).
-    /// Rewritten at every start, like the daemon's configuration.
+impl MigrationTls {
+    /// Writes the copies libvirt and QEMU read: `libvirt_dir` (the launchers' set under
+    /// libvirt's names: the client's `pkipath` and the server's files; root's, 0700, files 0400)
+    /// and `qemu_dir` (QEMU's set; root's with QEMU's group, 0750, files 0440: QEMU's user
+    /// reads them and can replace nothing there, nor redirect these writes). Both are under the
+    /// runtime dir, root's. Rewritten at every start, like the daemon's configuration.
     pub fn install(
         &self,
         libvirt_dir: &Path,
         qemu_dir: &Path,
         qemu: NodeOwner,
     ) -> Result<InstalledTls, TlsError> {
+        let l = &self.launcher;
         let libvirt_files: [(&str, &[u8]); 5] = [
-            (LIBVIRT_CA, &self.ca_cert),
-            (LIBVIRT_CLIENT_CERT, &self.client_cert),
-            (LIBVIRT_CLIENT_KEY, &self.client_key),
-            (LIBVIRT_SERVER_CERT, &self.server_cert),
-            (LIBVIRT_SERVER_KEY, &self.server_key),
+            (LIBVIRT_CA, &l.ca_cert),
+            (LIBVIRT_CLIENT_CERT, &l.client_cert),
+            (LIBVIRT_CLIENT_KEY, &l.client_key),
+            (LIBVIRT_SERVER_CERT, &l.server_cert),
+            (LIBVIRT_SERVER_KEY, &l.server_key),
         ];
         write_dir(libvirt_dir, &libvirt_files, None)?;
+        let q = &self.qemu;
         let qemu_files: [(&str, &[u8]); 5] = [
-            (CA_CERT, &self.ca_cert),
-            (CLIENT_CERT, &self.client_cert),
-            (CLIENT_KEY, &self.client_key),
-            (SERVER_CERT, &self.server_cert),
-            (SERVER_KEY, &self.server_key),
+            (CA_CERT, &q.ca_cert),
+            (CLIENT_CERT, &q.client_cert),
+            (CLIENT_KEY, &q.client_key),
+            (SERVER_CERT, &q.server_cert),
+            (SERVER_KEY, &q.server_key),
         ];
-        write_dir(qemu_dir, &qemu_files, Some(qemu))?;
+        write_dir(qemu_dir, &qemu_files, Some(qemu.gid))?;
         Ok(InstalledTls {
             libvirt_dir: libvirt_dir.into(),
             qemu_dir: qemu_dir.into(),
@@ -158,7 +199,7 @@ impl MigrationTls {
 pub struct InstalledTls {
     /// libvirt's names: the source libvirtd's `pkipath`, the target libvirtd's server files.
     pub libvirt_dir: PathBuf,
-    /// QEMU's names, readable by QEMU's user: `migrate_tls_x509_cert_dir`.
+    /// QEMU's set, readable by QEMU's group: `migrate_tls_x509_cert_dir`.
     pub qemu_dir: PathBuf,
     /// What the launcher itself presents and checks (its API over TCP, as server or client).
     pub credentials: MigrationTls,
@@ -189,29 +230,33 @@ fn read_bounded(path: &Path) -> Result<Vec<u8>, Option<io::Error>> {
     Ok(bytes)
 }
 
-/// Makes `dir` (0700, given to `owner` when there is one) holding exactly `files`, each 0400
-/// (0600 while written), replaced whole.
-fn write_dir(
-    dir: &Path,
-    files: &[(&str, &[u8])],
-    owner: Option<NodeOwner>,
-) -> Result<(), TlsError> {
+/// Makes `dir` (root's; 0700, or 0750 with group `group`) holding `files`, each root's 0400
+/// (0440 with `group`), replaced whole. `dir`'s parent is root's alone: nothing there is
+/// anyone else's to swap, and a `dir` that is not a directory (a link) is refused.
+fn write_dir(dir: &Path, files: &[(&str, &[u8])], group: Option<u32>) -> Result<(), TlsError> {
     let install = |path: &Path| {
         let path = path.to_path_buf();
         move |source| TlsError::Install { path, source }
     };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(install(dir))?;
-    let chown = |path: &Path| -> Result<(), TlsError> {
-        if let Some(o) = owner {
-            std::os::unix::fs::lchown(path, Some(o.uid), Some(o.gid)).map_err(install(path))?;
-        }
-        Ok(())
+    let (dir_mode, file_mode) = if group.is_some() {
+        (0o750, 0o440)
+    } else {
+        (0o700, 0o400)
     };
-    chown(dir)?;
+    match fs::DirBuilder::new().mode(dir_mode).create(dir) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            if !fs::symlink_metadata(dir).map_err(install(dir))?.is_dir() {
+                return Err(install(dir)(io::Error::other("not a directory")));
+            }
+        }
+        made => made.map_err(install(dir))?,
+    }
+    let own = |path: &Path, mode: u32| -> Result<(), TlsError> {
+        std::os::unix::fs::lchown(path, Some(0), Some(group.unwrap_or(0)))
+            .map_err(install(path))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(install(path))
+    };
+    own(dir, dir_mode)?;
     for (name, bytes) in files {
         let path = dir.join(name);
         let aside = dir.join(format!(".{name}.new"));
@@ -220,11 +265,12 @@ fn write_dir(
             .write(true)
             .create_new(true)
             .mode(0o400)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&aside)
             .map_err(install(&aside))?;
         io::Write::write_all(&mut file, bytes).map_err(install(&aside))?;
         drop(file);
-        chown(&aside)?;
+        own(&aside, file_mode)?;
         fs::rename(&aside, &path).map_err(install(&path))?;
     }
     Ok(())
@@ -233,21 +279,26 @@ fn write_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::fs::MetadataExt;
 
     const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    const QEMU_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIQ\n-----END CERTIFICATE-----\n";
     const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n";
 
     fn operator_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for (name, text) in [
-            (CA_CERT, CERT),
-            (SERVER_CERT, CERT),
-            (SERVER_KEY, KEY),
-            (CLIENT_CERT, CERT),
-            (CLIENT_KEY, KEY),
-        ] {
-            fs::write(dir.path().join(name), text).unwrap();
+        for (sub, ca) in [("", CERT), (QEMU_SUBDIR, QEMU_CA)] {
+            let set = dir.path().join(sub);
+            fs::create_dir_all(&set).unwrap();
+            for (name, text) in [
+                (CA_CERT, ca),
+                (SERVER_CERT, CERT),
+                (SERVER_KEY, KEY),
+                (CLIENT_CERT, CERT),
+                (CLIENT_KEY, KEY),
+            ] {
+                fs::write(set.join(name), text).unwrap();
+            }
         }
         dir
     }
@@ -258,6 +309,14 @@ mod tests {
         fs::remove_file(dir.path().join(CLIENT_KEY)).unwrap();
         let e = MigrationTls::read(dir.path()).unwrap_err();
         assert!(e.to_string().contains("cannot read client-key.pem"), "{e}");
+
+        let dir = operator_dir();
+        fs::remove_file(dir.path().join("qemu").join(CLIENT_KEY)).unwrap();
+        let e = MigrationTls::read(dir.path()).unwrap_err();
+        assert!(
+            e.to_string().contains("qemu: cannot read client-key.pem"),
+            "{e}"
+        );
 
         let dir = operator_dir();
         fs::remove_file(dir.path().join(SERVER_KEY)).unwrap();
@@ -290,22 +349,25 @@ mod tests {
     }
 
     #[test]
-    fn installs_libvirts_names_for_root_and_qemus_for_its_user() {
+    fn qemus_credentials_from_the_launchers_ca_are_refused() {
+        let dir = operator_dir();
+        fs::write(dir.path().join("qemu").join(CA_CERT), CERT).unwrap();
+        let e = MigrationTls::read(dir.path()).unwrap_err();
+        assert!(matches!(e, TlsError::SharedCa { .. }), "{e}");
+    }
+
+    #[test]
+    fn installs_libvirts_names_for_root_and_qemus_readable_by_its_group_alone() {
         let tls = MigrationTls::read(operator_dir().path()).unwrap();
         let run = tempfile::tempdir().unwrap();
-        let me = NodeOwner {
-            uid: nix::unistd::getuid().as_raw(),
-            gid: nix::unistd::getgid().as_raw(),
+        let qemu = NodeOwner {
+            uid: 107,
+            gid: 4242,
         };
-        let installed = tls
-            .install(&run.path().join("tls"), &run.path().join("private/tls"), me)
-            .unwrap();
+        let (libvirt, qemu_dir) = (run.path().join("tls"), run.path().join("qemu-tls"));
         // Twice: a restarted launcher rewrites them over its predecessor's read-only files.
-        let installed = {
-            drop(installed);
-            tls.install(&run.path().join("tls"), &run.path().join("private/tls"), me)
-                .unwrap()
-        };
+        tls.install(&libvirt, &qemu_dir, qemu).unwrap();
+        let installed = tls.install(&libvirt, &qemu_dir, qemu).unwrap();
         for name in [
             LIBVIRT_CA,
             LIBVIRT_CLIENT_CERT,
@@ -314,17 +376,32 @@ mod tests {
             LIBVIRT_SERVER_KEY,
         ] {
             let meta = fs::metadata(installed.libvirt_dir.join(name)).unwrap();
-            assert_eq!(meta.permissions().mode() & 0o777, 0o400, "{name}");
+            assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o400), "{name}");
         }
         assert_eq!(
-            fs::read(installed.libvirt_dir.join(LIBVIRT_CLIENT_KEY)).unwrap(),
-            KEY.as_bytes()
+            fs::read(installed.libvirt_dir.join(LIBVIRT_CA)).unwrap(),
+            CERT.as_bytes()
         );
         for name in [CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY] {
             let meta = fs::metadata(installed.qemu_dir.join(name)).unwrap();
-            assert_eq!((meta.uid(), meta.mode() & 0o777), (me.uid, 0o400), "{name}");
+            let owner = (meta.uid(), meta.gid(), meta.mode() & 0o777);
+            assert_eq!(owner, (0, 4242, 0o440), "{name}");
         }
+        // QEMU's set is QEMU's CA's, never the launchers'.
+        assert_eq!(
+            fs::read(installed.qemu_dir.join(CA_CERT)).unwrap(),
+            QEMU_CA.as_bytes()
+        );
         let dir = fs::metadata(&installed.qemu_dir).unwrap();
-        assert_eq!(dir.mode() & 0o777, 0o700);
+        assert_eq!((dir.uid(), dir.gid(), dir.mode() & 0o777), (0, 4242, 0o750));
+
+        // A link where the directory should be is refused, its target untouched.
+        let elsewhere = run.path().join("elsewhere");
+        fs::create_dir(&elsewhere).unwrap();
+        fs::remove_dir_all(&qemu_dir).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &qemu_dir).unwrap();
+        let e = tls.install(&libvirt, &qemu_dir, qemu).unwrap_err();
+        assert!(matches!(e, TlsError::Install { .. }), "{e}");
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
     }
 }

@@ -75,19 +75,62 @@ fn migrate(source: &Path, port: u16, tls: &Path) -> (Option<i32>, serde_json::Va
 }
 
 /// The target's status over its TCP API, as a client holding `tls` sees it.
-fn status_over_tcp(port: u16, tls: &Path) -> Result<proto::Status, String> {
-    let tls = MigrationTls::read(tls).map_err(|e| e.to_string())?;
+fn status_over_tcp(port: u16, tls: &MigrationTls) -> Result<proto::Status, tonic::Status> {
     let target = TcpTarget::parse(&format!("127.0.0.1:{port}")).unwrap();
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let mut client = vmlauncher::api::tcp::connect(&target, &tls)
+        let mut client = vmlauncher::api::tcp::connect(&target, tls)
             .await
-            .map_err(|e| vmlauncher::error_chain(&e))?;
+            .map_err(|e| tonic::Status::unavailable(vmlauncher::error_chain(&e)))?;
         client
             .get_status(proto::GetStatusRequest {})
             .await
             .map(|r| r.into_inner())
-            .map_err(|s| s.to_string())
     })
+}
+
+/// A call a migration does not make (`GetSpec`), over the TCP API.
+fn spec_over_tcp(port: u16, tls: &MigrationTls) -> tonic::Status {
+    let target = TcpTarget::parse(&format!("127.0.0.1:{port}")).unwrap();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client = vmlauncher::api::tcp::connect(&target, tls).await.unwrap();
+        client
+            .get_spec(proto::GetSpecRequest {})
+            .await
+            .expect_err("over TCP only a migration's calls are served")
+    })
+}
+
+/// Whether the libvirtd listening on `port` takes a client with these files (libvirt's
+/// `pkipath` names: `cacert.pem`, `clientcert.pem`, `clientkey.pem`).
+fn libvirtd_takes(port: u16, ca: &Path, cert: &Path, key: &Path) -> bool {
+    let pki = tempfile::tempdir().unwrap();
+    for (from, to) in [
+        (ca, "cacert.pem"),
+        (cert, "clientcert.pem"),
+        (key, "clientkey.pem"),
+    ] {
+        std::fs::copy(from, pki.path().join(to)).unwrap();
+    }
+    let uri = format!(
+        "qemu+tls://127.0.0.1:{}/system?pkipath={}",
+        port + 1,
+        pki.path().display()
+    );
+    Command::new("virsh")
+        .args(["-c", &uri, "version"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// What is listening on 127.0.0.1's `port`, and on every address.
+fn listening(port: u16) -> String {
+    let out = Command::new("ss")
+        .args(["-Hltn", &format!("sport = :{port}")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]
@@ -95,6 +138,8 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     let certs = tempfile::tempdir().unwrap();
     let tls = migration_credentials(&certs.path().join("ours"));
     let strangers = migration_credentials(&certs.path().join("strangers"));
+    let ours = MigrationTls::read(&tls).unwrap();
+    let theirs = MigrationTls::read(&strangers).unwrap();
 
     let mut source =
         Launched::start_owned(pod_dir).run(&spec(&[]), &["--tls-dir", tls.to_str().unwrap()]);
@@ -106,24 +151,71 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
         });
     let boot_id = wrote.split_whitespace().nth(2).unwrap().to_string();
 
-    // The target's API answers a client of the same CA only.
     let port = free_ports(4);
     let mut refusing = target_on_tcp(&tls, port);
-    let waiting = status_over_tcp(port, &tls).unwrap();
+    // The API and libvirtd listen on the address given, not on every one.
+    for p in [port, port + 1] {
+        let found = listening(p);
+        assert!(found.contains(&format!("127.0.0.1:{p}")), "{p}: {found}");
+        assert_eq!(found.lines().count(), 1, "{p}: {found}");
+    }
+    // The target's API answers a client with a certificate of the launchers' CA, and serves
+    // it a migration's calls only.
+    let waiting = status_over_tcp(port, &ours).unwrap();
     assert_eq!(waiting.phase, "Scheduled", "{waiting:?}");
-    let refused = status_over_tcp(port, &strangers).unwrap_err();
-    assert!(!refused.is_empty());
+    let refused = spec_over_tcp(port, &ours);
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    // A client that trusts the target but presents another CA's certificate is refused, and so
+    // is one presenting QEMU's (whose user reads its key).
+    for (whose, cert, key) in [
+        (
+            "another CA's",
+            &theirs.launcher.client_cert,
+            &theirs.launcher.client_key,
+        ),
+        ("QEMU's", &ours.qemu.client_cert, &ours.qemu.client_key),
+    ] {
+        let mut impostor = ours.clone();
+        impostor.launcher.client_cert = cert.clone();
+        impostor.launcher.client_key = key.clone();
+        assert!(
+            status_over_tcp(port, &impostor).is_err(),
+            "the API took {whose} certificate"
+        );
+    }
+    // libvirtd's TLS listener likewise: ours is taken, QEMU's and another CA's are not.
+    let ca = tls.join("ca-cert.pem");
+    assert!(libvirtd_takes(
+        port,
+        &ca,
+        &tls.join("client-cert.pem"),
+        &tls.join("client-key.pem")
+    ));
+    for set in [tls.join("qemu"), strangers.clone()] {
+        assert!(
+            !libvirtd_takes(
+                port,
+                &ca,
+                &set.join("client-cert.pem"),
+                &set.join("client-key.pem")
+            ),
+            "libvirtd took {}",
+            set.display()
+        );
+    }
 
-    // QEMU's streams are under TLS too: with the source's QEMU holding another CA's
-    // credentials (its API and libvirt's still ours), the guest cannot go, and stays.
-    let qemu_tls = source.dir().join("private/tls");
-    let ours: Vec<(String, Vec<u8>)> = ["ca-cert.pem", "client-cert.pem", "client-key.pem"]
+    // QEMU's streams are under TLS, and the target's QEMU checks its peer: the source's QEMU
+    // presents a certificate of another QEMU CA (trusting both, so that only the target's
+    // check can stop it), and the guest cannot go, and stays.
+    let qemu_tls = source.dir().join("qemu-tls");
+    let kept: Vec<(String, Vec<u8>)> = ["ca-cert.pem", "client-cert.pem", "client-key.pem"]
         .iter()
         .map(|f| (f.to_string(), std::fs::read(qemu_tls.join(f)).unwrap()))
         .collect();
-    for (file, _) in &ours {
-        std::fs::copy(strangers.join(file), qemu_tls.join(file)).unwrap();
-    }
+    let both_cas = [ours.qemu.ca_cert.clone(), theirs.qemu.ca_cert.clone()].concat();
+    std::fs::write(qemu_tls.join("ca-cert.pem"), both_cas).unwrap();
+    std::fs::write(qemu_tls.join("client-cert.pem"), &theirs.qemu.client_cert).unwrap();
+    std::fs::write(qemu_tls.join("client-key.pem"), &theirs.qemu.client_key).unwrap();
     let (code, _, stderr) = migrate(&source.socket(), port, &tls);
     assert_ne!(code, Some(0), "{stderr}");
     let still = cli_status(&source.socket());
@@ -131,7 +223,15 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     assert_eq!(still["migration"]["state"], "Failed", "{still}");
     // The target whose guest never came ends as such.
     assert_eq!(refusing.wait_exit(MIGRATION_DEADLINE).code(), Some(7));
-    for (file, bytes) in &ours {
+    // Refused by the target's QEMU itself, which checked the source's certificate.
+    let target_qemu =
+        std::fs::read_to_string(refusing.dir().join("libvirt/log/qemu/default_mig-tcp.log"))
+            .unwrap_or_default();
+    assert!(
+        target_qemu.contains("The certificate hasn't got a known issuer"),
+        "{target_qemu}\n{stderr}"
+    );
+    for (file, bytes) in &kept {
         std::fs::write(qemu_tls.join(file), bytes).unwrap();
     }
 
@@ -145,7 +245,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     assert!(stderr.contains("migrating: "), "{stderr}");
     source.wait_stdout("phase Succeeded (Succeeded; Migrated)", MIGRATION_DEADLINE);
     assert_eq!(source.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    let arrived = status_over_tcp(port, &tls).unwrap();
+    let arrived = status_over_tcp(port, &ours).unwrap();
     assert_eq!(arrived.phase, "Running", "{arrived:?}");
 
     // The target is a full launcher: a hot-plug there, and the guest, the same boot, reads

@@ -156,7 +156,7 @@ pub(super) fn migrate_request(
                         .await
                         .map_err(|e| crate::error_chain(&e))?;
                     let plan = prepare_remote(client, tcp.to_string(), offer).await?;
-                    Ok(plan.reached_at(&tcp.host))
+                    plan.dialled_over_tcp(&tcp.host, tcp.port)
                 })
             }),
             (Some(_), None) => return Err(tonic::Status::failed_precondition(
@@ -169,7 +169,9 @@ pub(super) fn migrate_request(
                         let client = super::connect(&target)
                             .await
                             .map_err(|e| crate::error_chain(&e))?;
-                        prepare_remote(client, target.display().to_string(), offer).await
+                        prepare_remote(client, target.display().to_string(), offer)
+                            .await?
+                            .dialled_locally()
                     })
                 })
             }

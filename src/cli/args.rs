@@ -282,6 +282,13 @@ fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
     let addr: std::net::SocketAddr = text
         .parse()
         .map_err(|_| format!("{text:?} is not ADDR:PORT (an IP address and a port)"))?;
+    if let std::net::SocketAddr::V6(v6) = addr {
+        if v6.scope_id() != 0 {
+            return Err(format!(
+                "{text:?}: a link-local address with a scope is not one a source could dial"
+            ));
+        }
+    }
     let last = u32::from(addr.port()) + u32::from(vmlauncher::migration_tls::TARGET_PORTS) - 1;
     if addr.port() == 0 || last > u32::from(u16::MAX) {
         return Err(format!(

@@ -145,18 +145,44 @@ pub struct IncomingPlan {
 }
 
 impl IncomingPlan {
-    /// A target across TCP names its own listen address, which may be a wildcard: the source
-    /// reaches each of its listeners at the host it dialled, the name the target's certificate
-    /// carries.
-    pub fn reached_at(mut self, host: &str) -> IncomingPlan {
-        for uri in [
-            &mut self.libvirt_uri,
-            &mut self.migration_uri,
-            &mut self.disks_uri,
-        ] {
-            *uri = with_host(uri, host);
+    /// A target dialled over TCP at `host:port` (`run --incoming --listen`): its listeners are
+    /// where the source dialled it, on the four fixed ports, whatever its answer names. The
+    /// answer is another machine's: only its dirs, its pins and the address its QEMU listens
+    /// on (an IP address) are taken from it, and it must be one for TCP.
+    pub fn dialled_over_tcp(mut self, host: &str, port: u16) -> Result<IncomingPlan, String> {
+        if !self.migration_uri.starts_with("tcp://") {
+            return Err(format!(
+                "{host}:{port} does not take a migration over TCP (started without --listen?)"
+            ));
         }
-        self
+        if let Some(listen) = &self.listen_address {
+            if listen.parse::<std::net::IpAddr>().is_err() {
+                return Err(format!(
+                    "{host}:{port} listens on {listen:?}, not an IP address"
+                ));
+            }
+        }
+        let at = |offset: u16| format!("{host}:{}", u32::from(port) + u32::from(offset));
+        self.libvirt_uri = format!("qemu+tls://{}/system", at(1));
+        self.migration_uri = format!("tcp://{}", at(2));
+        self.disks_uri = format!("tcp://{}", at(3));
+        Ok(self)
+    }
+
+    /// A target dialled by its unix socket, on this machine: its answer must name unix
+    /// sockets only, the local kind of migration.
+    pub fn dialled_locally(self) -> Result<IncomingPlan, String> {
+        let local = self.libvirt_uri.starts_with("qemu+unix:///")
+            && self.migration_uri.starts_with("unix:///")
+            && self.disks_uri.starts_with("unix:///")
+            && self.listen_address.is_none();
+        if !local {
+            return Err(format!(
+                "the target answered with another kind of migration ({}, {})",
+                self.libvirt_uri, self.migration_uri
+            ));
+        }
+        Ok(self)
     }
 
     /// Whether the target takes the guest over TCP (between machines), not unix sockets.
@@ -178,19 +204,6 @@ fn pinned_sources<'a>(
             Some((PathBuf::from(disk.source?), there.as_path()))
         })
         .collect())
-}
-
-/// `scheme://HOST:PORT/rest` with `host` in place of HOST; other URIs as they are.
-fn with_host(uri: &str, host: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.into();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once(':') {
-        Some((_, port)) if !port.contains(']') => format!("{scheme}://{host}:{port}{tail}"),
-        _ => uri.into(),
-    }
 }
 
 /// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
@@ -762,7 +775,8 @@ pub fn incoming_plan_tcp(
         disks_uri: format!("tcp://{}", at(3)),
         runtime_dir,
         hotplug_dir,
-        listen_address: (!listen.ip().is_unspecified()).then(|| listen.ip().to_string()),
+        // A wildcard too: without one libvirt listens on every address of both families.
+        listen_address: Some(listen.ip().to_string()),
         pins: Default::default(),
     }
 }
@@ -773,33 +787,38 @@ mod tests {
     use std::path::Path;
 
     #[test]
-    fn a_tcp_targets_plan_names_four_ports_and_is_reached_at_the_dialled_host() {
+    fn a_tcp_target_is_reached_where_it_was_dialled_whatever_it_answers() {
         let plan = incoming_plan_tcp(
             "0.0.0.0:7100".parse().unwrap(),
             "/run/vm2".into(),
             "/run/vm2/hotplug".into(),
         );
         assert!(plan.over_tcp());
-        // A wildcard is no address to listen on alone, nor to dial.
-        assert_eq!(plan.listen_address, None);
-        let reached = plan.reached_at("node-2.example");
+        // Where the target's QEMU listens, wildcard or not; but no address to dial.
+        assert_eq!(plan.listen_address.as_deref(), Some("0.0.0.0"));
+        let reached = plan
+            .clone()
+            .dialled_over_tcp("node-2.example", 7100)
+            .unwrap();
         assert_eq!(reached.libvirt_uri, "qemu+tls://node-2.example:7101/system");
         assert_eq!(reached.migration_uri, "tcp://node-2.example:7102");
         assert_eq!(reached.disks_uri, "tcp://node-2.example:7103");
 
-        let v6 = incoming_plan_tcp(
-            "[fd00::2]:7100".parse().unwrap(),
-            "/run/vm2".into(),
-            "/run/vm2/hotplug".into(),
-        );
-        assert_eq!(v6.listen_address.as_deref(), Some("fd00::2"));
-        assert_eq!(v6.migration_uri, "tcp://[fd00::2]:7102");
-        assert_eq!(
-            v6.reached_at("[fd00::2]").libvirt_uri,
-            "qemu+tls://[fd00::2]:7101/system"
-        );
+        // An answer naming other places is not followed.
+        let mut lying = plan.clone();
+        lying.libvirt_uri = "qemu+ext://x/system?command=/sbin/poweroff".into();
+        lying.migration_uri = "tcp://elsewhere:1".into();
+        let reached = lying.dialled_over_tcp("[fd00::2]", 7100).unwrap();
+        assert_eq!(reached.libvirt_uri, "qemu+tls://[fd00::2]:7101/system");
+        assert_eq!(reached.migration_uri, "tcp://[fd00::2]:7102");
+        let mut unix = plan.clone();
+        unix.migration_uri = "unix:///run/x.sock".into();
+        assert!(unix.dialled_over_tcp("node-2", 7100).is_err());
+        let mut listen = plan;
+        listen.listen_address = Some("x' --evil".into());
+        assert!(listen.dialled_over_tcp("node-2", 7100).is_err());
 
-        // A target on unix sockets is neither.
+        // A target on unix sockets answers with those only.
         let local = incoming_plan(
             "qemu+unix:///system?socket=/run/vm2/libvirt/sock/libvirt-sock".into(),
             "/run/vm2".into(),
@@ -807,7 +826,10 @@ mod tests {
             "/run/vm2/hotplug".into(),
         );
         assert!(!local.over_tcp());
-        assert_eq!(local.clone().reached_at("elsewhere"), local);
+        assert_eq!(local.clone().dialled_locally().unwrap(), local);
+        let mut remote = local;
+        remote.libvirt_uri = "qemu+tls://elsewhere/system".into();
+        assert!(remote.dialled_locally().is_err());
     }
 
     #[test]

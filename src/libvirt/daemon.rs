@@ -851,13 +851,19 @@ mod tests {
         let dir = Path::new("/run/vm2/libvirt");
         let installed = crate::migration_tls::InstalledTls {
             libvirt_dir: "/run/vm2/tls".into(),
-            qemu_dir: "/run/vm2/private/tls".into(),
-            credentials: crate::migration_tls::MigrationTls {
-                ca_cert: vec![],
-                server_cert: vec![],
-                server_key: vec![],
-                client_cert: vec![],
-                client_key: vec![],
+            qemu_dir: "/run/vm2/qemu-tls".into(),
+            credentials: {
+                let none = crate::migration_tls::Credentials {
+                    ca_cert: vec![],
+                    server_cert: vec![],
+                    server_key: vec![],
+                    client_cert: vec![],
+                    client_key: vec![],
+                };
+                crate::migration_tls::MigrationTls {
+                    launcher: none.clone(),
+                    qemu: none,
+                }
             },
         };
         let target = DaemonTls {
@@ -887,7 +893,9 @@ mod tests {
             ..Default::default()
         });
         assert!(
-            qemu.contains("migrate_tls_x509_cert_dir = \"/run/vm2/private/tls\"\nmigrate_tls_x509_verify = 1\n"),
+            qemu.contains(
+                "migrate_tls_x509_cert_dir = \"/run/vm2/qemu-tls\"\nmigrate_tls_x509_verify = 1\n"
+            ),
             "{qemu}"
         );
         assert!(!qemu_conf_text(&DaemonOptions::default()).contains("migrate_tls"));

@@ -231,7 +231,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     }
 
     // Before libvirtd, whose configuration names them.
-    let migration_tls = install_migration_tls(&opts, &rt, &paths, &qemu_user)?;
+    let migration_tls = install_migration_tls(&opts, &rt, &qemu_user)?;
     // Before libvirtd, and so QEMU, start in this cgroup.
     let _loopback = close_guest_loopback(&opts, &rt, qemu_uid)?;
     let Prepared {
@@ -385,25 +385,25 @@ async fn join_servers(servers: Vec<tokio::task::JoinHandle<Result<(), api::ApiEr
     }
 }
 
-/// `--tls-dir`'s credentials, read and copied where libvirt (root's, in the runtime dir) and QEMU
-/// (its user's, in the private dir) read them; with `--listen`, where the target's libvirtd
-/// listens (the port after the API's).
+/// `--tls-dir`'s credentials, read, checked usable, and copied where libvirt (root's) and QEMU
+/// (its group's, read-only) read them, both in the runtime dir; with `--listen`, where the
+/// target's libvirtd listens (the port after the API's).
 fn install_migration_tls(
     opts: &RunOptions,
     rt: &RuntimeDir,
-    paths: &crate::volumes::HostPaths,
     qemu_user: &crate::host::qemu_user::QemuUser,
 ) -> Result<Option<crate::libvirt::daemon::DaemonTls>, RunError> {
     let Some(dir) = &opts.tls_dir else {
         return Ok(None);
     };
     let tls = crate::migration_tls::MigrationTls::read(dir).map_err(RunError::MigrationTls)?;
+    api::tcp::check_usable(&tls, dir).map_err(RunError::MigrationTls)?;
     let owner = crate::host::devnode::NodeOwner {
         uid: qemu_user.uid,
         gid: qemu_user.gid,
     };
     let installed = tls
-        .install(&rt.0.join("tls"), &paths.private_dir.join("tls"), owner)
+        .install(&rt.0.join("tls"), &rt.0.join("qemu-tls"), owner)
         .map_err(RunError::MigrationTls)?;
     Ok(Some(crate::libvirt::daemon::DaemonTls {
         installed,
