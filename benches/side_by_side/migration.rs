@@ -400,7 +400,7 @@ impl RawHost {
             };
             Box::new(DaemonTls {
                 installed: tls
-                    .install(&dir.join("tls"), &private.join("tls"), owner)
+                    .install(&dir.join("tls"), &dir.join("qemu-tls"), owner)
                     .unwrap(),
                 listen: Some(([127, 0, 0, 1], port + 1).into()),
             })
