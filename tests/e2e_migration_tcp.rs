@@ -22,33 +22,44 @@ use vmlauncher::migration_tls::MigrationTls;
 
 const MIGRATION_DEADLINE: Duration = Duration::from_secs(180);
 
-/// The guest with a container disk it writes its boot id to, and the hot-plugged claims
-/// `claims` (volume, serial).
+/// The guest with a container disk it writes its boot id to, a claim (a PVC's `disk.img`), and
+/// the hot-plugged claims `claims` (volume, serial).
 fn spec(claims: &[(&str, &str)]) -> String {
     let (disks, volumes) = hotplug_claims(claims);
     guest_vmi(
         "mig-tcp",
         "vmltest.write=CDISK-1",
         &format!(
-            "    devices:\n      disks:\n      - {{name: cdisk, disk: {{bus: scsi}}, serial: CDISK-1}}\n{disks}"
+            "    devices:\n      disks:\n      - {{name: cdisk, disk: {{bus: scsi}}, serial: CDISK-1}}\n      - {{name: claim1, disk: {{bus: scsi}}, serial: CLAIM-1}}\n{disks}"
         ),
-        &format!("  volumes:\n  - {{name: cdisk, containerDisk: {{image: example/disk}}}}\n{volumes}"),
+        &format!("  volumes:\n  - {{name: cdisk, containerDisk: {{image: example/disk}}}}\n  - {{name: claim1, persistentVolumeClaim: {{claimName: claim1}}}}\n{volumes}"),
     )
 }
 
-/// A runtime dir as a pod of this VMI has it: the container disk's image.
-fn pod_dir(dir: &Path) {
+const CLAIM: &str = "vmi-disks/claim1/disk.img";
+
+/// A runtime dir as a pod of this VMI has it: the container disk's image, and the claim, shared
+/// with the pod `from` (a hard link: one file, two places), as a PVC mounted in both pods is.
+fn pod_dir(dir: &Path, from: Option<&Path>) {
     std::fs::create_dir_all(dir.join("container-disks")).unwrap();
     std::fs::File::create(dir.join("container-disks/disk_0.img"))
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
+    std::fs::create_dir_all(dir.join(CLAIM).parent().unwrap()).unwrap();
+    match from {
+        Some(from) => std::fs::hard_link(from.join(CLAIM), dir.join(CLAIM)).unwrap(),
+        None => std::fs::File::create(dir.join(CLAIM))
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap(),
+    }
 }
 
-fn target_on_tcp(tls: &Path, port: u16) -> Launched {
+fn target_on_tcp(source: &Path, tls: &Path, port: u16) -> Launched {
     let listen = format!("127.0.0.1:{port}");
     let mut target = Launched::incoming(
-        pod_dir,
+        |dir| pod_dir(dir, Some(source)),
         &["--tls-dir", tls.to_str().unwrap(), "--listen", &listen],
     );
     target.wait_stdout(&format!("api tcp:{listen} (mutual TLS)"), BOOT_DEADLINE);
@@ -141,8 +152,8 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     let ours = MigrationTls::read(&tls).unwrap();
     let theirs = MigrationTls::read(&strangers).unwrap();
 
-    let mut source =
-        Launched::start_owned(pod_dir).run(&spec(&[]), &["--tls-dir", tls.to_str().unwrap()]);
+    let mut source = Launched::start_owned(|dir| pod_dir(dir, None))
+        .run(&spec(&[]), &["--tls-dir", tls.to_str().unwrap()]);
     source.boot();
     let wrote = source
         .console()
@@ -152,7 +163,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     let boot_id = wrote.split_whitespace().nth(2).unwrap().to_string();
 
     let port = free_ports(4);
-    let mut refusing = target_on_tcp(&tls, port);
+    let mut refusing = target_on_tcp(source.dir(), &tls, port);
     // The API and libvirtd listen on the address given, not on every one.
     for p in [port, port + 1] {
         let found = listening(p);
@@ -237,7 +248,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
 
     // With the right credentials everywhere, it goes; the CLI reads the target's end over TCP.
     let port = free_ports(4);
-    let mut target = target_on_tcp(&tls, port);
+    let mut target = target_on_tcp(source.dir(), &tls, port);
     let (code, answer, stderr) = migrate(&source.socket(), port, &tls);
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(answer["migration"]["state"], "Completed", "{answer}");
@@ -247,6 +258,14 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     assert_eq!(source.wait_exit(GUEST_DEADLINE).code(), Some(0));
     let arrived = status_over_tcp(port, &ours).unwrap();
     assert_eq!(arrived.phase, "Running", "{arrived:?}");
+    // The claim, given by descriptor on the source, is opened on the target through the
+    // target's pin of the inode it checked, never by its path.
+    let live = common::live_xml(&target.libvirt_uri(), "default_mig-tcp");
+    assert_eq!(
+        common::live_disk_source(&live, "claim1").as_deref(),
+        target.dir().join("pins/claim1.img").to_str(),
+        "{live}"
+    );
 
     // The target is a full launcher: a hot-plug there, and the guest, the same boot, reads
     // back from its container disk, whose copy came through NBD under TLS.
@@ -258,6 +277,11 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
         &spec(&[("hot1", "HOT-1")]),
     );
     let report = report_with(&mut console, "HOT-1");
+    assert!(
+        report.serials.contains(&"CLAIM-1".to_string()),
+        "{:?}",
+        report.serials
+    );
     assert_eq!(report.boot_id, boot_id, "a second boot");
     assert_eq!(report.read_back, format!("vmltest {boot_id}"));
     let log = std::fs::read_to_string(target.dir().join("console.log")).unwrap();

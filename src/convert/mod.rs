@@ -613,12 +613,14 @@ fn disks(
             shareable: disk.shareable == Some(true) || shared,
             fd_group: (tenant_file && !hotpluggable).then(|| format!("vml-{}", disk.name)),
             given_to_qemu: tenant_file && hotpluggable,
-            // Hot-plugged files go to QEMU by path (libvirt 9.0 cannot pass a descriptor on
-            // hot-plug): by the launcher's pin of what it checked, never by the hotplug dir's.
+            // Where a tenant's file goes when not by descriptor: hot-plugged ones always
+            // (libvirt 9.0 cannot pass a descriptor on hot-plug), claims on a migration target
+            // (descriptors cannot travel with libvirt's migration). By the launcher's pin of what
+            // it checked, never by the claim's or hotplug dir's path.
             pin: opts
                 .pin_dir
                 .as_deref()
-                .filter(|_| tenant_file && hotpluggable)
+                .filter(|_| tenant_file)
                 .map(|dir| crate::host::pin::Pins::in_dir(dir).path(&disk.name)),
         });
     }

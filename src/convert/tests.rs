@@ -555,8 +555,18 @@ fn hot_plugged_files_are_pinned_and_boot_claims_passed_by_descriptor() {
         xml.contains("<source file=\"/run/vml/pins/late.img\">"),
         "{xml}"
     );
+    // A boot claim goes by descriptor, its path beside it; its pin is where a migration target,
+    // which cannot take descriptors, gives it.
     let data = disk("data");
-    assert!(data.pin.is_none() && data.fd_group.is_some());
+    assert!(data.fd_group.is_some());
+    assert_eq!(
+        data.pin.as_deref(),
+        Some(Path::new("/run/vml/pins/data.img"))
+    );
+    assert!(
+        xml.contains("<source file=\"/run/vml/vmi-disks/data/disk.img\" fdgroup=\"vml-data\""),
+        "{xml}"
+    );
     // Without pins (a `--connect`ed libvirt, or claims not passed by descriptor): by path.
     o.pin_dir = None;
     assert!(convert(&vmi(&text), &o)

@@ -351,16 +351,21 @@ pub struct DiskDef {
     /// by `fdgroup` ("Could not dup FD" from QEMU on `blockdev-add`): QEMU opens these by path,
     /// as its unprivileged user.
     pub given_to_qemu: bool,
-    /// Where QEMU opens a `given_to_qemu` image instead of its source: the launcher's pin of the
-    /// inode it checked, a bind mount in QEMU's mount namespace (`host::pin`), so that the
-    /// source's directory, which others write, is not resolved again. `None`: the source.
+    /// Where QEMU opens a tenant's image when it does not get it by descriptor (`fd_group`:
+    /// a hot-plug, or a migration target, whose descriptors cannot travel): the launcher's pin
+    /// of the inode it checked, a bind mount in QEMU's mount namespace (`host::pin`), so that
+    /// the source's directory, which others write, is not resolved again. `None`: the source.
     pub pin: Option<PathBuf>,
 }
 
 impl DiskDef {
-    /// The path QEMU is given: the pin, else the source.
+    /// The path QEMU is given: the source of an image passed by descriptor (libvirt names it
+    /// beside the `fdgroup`), else the pin, else the source.
     pub fn qemu_path(&self) -> &Path {
-        self.pin.as_deref().unwrap_or(self.source.path())
+        match (&self.fd_group, &self.pin) {
+            (None, Some(pin)) => pin,
+            _ => self.source.path(),
+        }
     }
 }
 

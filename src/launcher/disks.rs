@@ -75,17 +75,13 @@ impl Launcher {
             }
         }
         if !fd_groups {
-            let pins = self.pins();
             for disk in &mut def.disks {
-                // A claim or hot-plugged file: given to QEMU's user, and pinned. The domain
-                // arrives with a QEMU libvirt starts for the migration, whose mount namespace
-                // is copied from libvirtd's then: pinned there now, the checked inode is what
-                // it opens (the source names the pins in the domain it sends, from the plan).
-                let tenant_file = disk.fd_group.take().is_some() || disk.given_to_qemu;
-                disk.given_to_qemu |= tenant_file;
-                disk.pin = tenant_file
-                    .then(|| pins.as_ref().map(|p| p.path(&disk.volume)))
-                    .flatten();
+                // A claim, then, is given to QEMU's user and pinned (its `pin`, from convert), as
+                // a hot-plugged file is. The domain arrives with a QEMU libvirt starts for the
+                // migration, whose mount namespace is copied from libvirtd's then: pinned there
+                // now, the checked inode is what it opens (the source names the pins in the
+                // domain it sends, from the plan).
+                disk.given_to_qemu |= disk.fd_group.take().is_some();
                 if let Some(backing) = disk.backing.as_mut() {
                     backing.fd_group = None;
                 }
