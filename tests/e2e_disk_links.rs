@@ -210,13 +210,16 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned()
     console.line("the guest sees both disks", GUEST_DEADLINE, |l| {
         l.contains("VMLTEST-SERIALS") && l.contains("serial=Data-1") && l.contains("serial=Late-1")
     });
-    let wrote = console.line(
+    // The guest writes a new disk and reports its disks in whichever order comes: its write is
+    // looked for from the log's start (Late-1 is plugged once until here).
+    let mut writes = vm.console();
+    let wrote = writes.line(
         "the guest wrote the hot-plugged disk",
         GUEST_DEADLINE,
         |l| l.contains("VMLTEST-WROTE Late-1 "),
     );
     let written = format!("vmltest {}", wrote.split_whitespace().last().unwrap());
-    let read = console.line("the guest reads it back", GUEST_DEADLINE, |l| {
+    let read = writes.line("the guest reads it back", GUEST_DEADLINE, |l| {
         l.contains("VMLTEST-READ Late-1 ")
     });
     assert!(read.contains(&written), "{read}");

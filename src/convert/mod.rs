@@ -584,6 +584,12 @@ fn disks(
             },
             fd_group: (opts.claims_by_fd && !block && !hotpluggable)
                 .then(|| format!("vml-{}-backing", disk.name)),
+            // Where a migration target, which takes no descriptors, gives it (`DiskDef::pin`).
+            pin: opts
+                .pin_dir
+                .as_deref()
+                .filter(|_| !block && !hotpluggable)
+                .map(|dir| crate::host::pin::Pins::in_dir(dir).backing_path(&disk.name)),
         });
         disks.push(DiskDef {
             volume: disk.name.clone(),

@@ -559,6 +559,8 @@ fn hot_plugged_files_are_pinned_and_boot_claims_passed_by_descriptor() {
     // which cannot take descriptors, gives it.
     let data = disk("data");
     assert!(data.fd_group.is_some());
+    // A hot-plugged file has no overlay; a container disk's backing has its pin path too.
+    assert!(late.backing.is_none());
     assert_eq!(
         data.pin.as_deref(),
         Some(Path::new("/run/vml/pins/data.img"))

@@ -102,6 +102,19 @@ pub struct BackingDef {
     /// Passed to QEMU as a descriptor the launcher opened, under this libvirt fd group (as
     /// `DiskDef::fd_group`), rather than opened by QEMU through its path.
     pub fd_group: Option<String>,
+    /// Where QEMU opens it when not by descriptor (a migration target): the launcher's pin of
+    /// the inode it checked (`DiskDef::pin`), `<pins>/<volume>.backing.img`.
+    pub pin: Option<PathBuf>,
+}
+
+impl BackingDef {
+    /// The path QEMU is given: as [`DiskDef::qemu_path`].
+    pub fn qemu_path(&self) -> &Path {
+        match (&self.fd_group, &self.pin) {
+            (None, Some(pin)) => pin,
+            _ => self.source.path(),
+        }
+    }
 }
 
 /// A virtio-mem device: `size_kib` of hot-pluggable memory, `requested_kib` of it asked to be

@@ -104,13 +104,11 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
             } else {
                 empty(w, "source", &source_attrs)?;
             }
-            if let Some((backing, format)) = disk
-                .backing
-                .as_ref()
-                .and_then(|b| Some((&b.source, b.format?)))
+            if let Some((backing, format)) =
+                disk.backing.as_ref().and_then(|b| Some((b, b.format?)))
             {
-                let (backing_type, attr) = source_kind(backing);
-                let path = backing.path().to_string_lossy();
+                let (backing_type, attr) = source_kind(&backing.source);
+                let path = backing.qemu_path().to_string_lossy();
                 w.create_element("backingStore")
                     .with_attribute(("type", backing_type))
                     .write_inner_content(|w| {

@@ -256,7 +256,12 @@ pub fn open_for_qemu(
             }
             match &backing.fd_group {
                 Some(group) => fds.push((group.clone(), file)),
-                None => give_to(&file, path, owner).map_err(|e| (disk.volume.clone(), e))?,
+                None => {
+                    give_to(&file, path, owner).map_err(|e| (disk.volume.clone(), e))?;
+                    if backing.pin.is_some() {
+                        out.to_pin.push((pin::backing_name(&disk.volume), file));
+                    }
+                }
             }
         }
     }

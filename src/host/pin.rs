@@ -91,6 +91,13 @@ impl Pins {
         path_in(&self.dir, volume)
     }
 
+    /// Where the backing of volume `volume`'s overlay is pinned (`<dir>/<volume>.backing.img`:
+    /// a volume's name has no dot, so the two never meet). Its pin name ([`Pins::pin`]) is
+    /// `<volume>.backing`.
+    pub fn backing_path(&self, volume: &str) -> PathBuf {
+        path_in(&self.dir, &backing_name(volume))
+    }
+
     /// Pins `image` (opened and checked by the launcher) as `volume`'s pin, in the mount
     /// namespace of process `namespace_of`. A pin left from before is replaced.
     pub fn pin(
@@ -128,8 +135,8 @@ impl Pins {
         remove_pin(&self.path(volume))
     }
 
-    /// The pins there are, by volume: after a start's or a migration target's pinning, those
-    /// made (a refused pin leaves no file).
+    /// The pins there are, by pin name (a volume, or `<volume>.backing`): after a start's or a
+    /// migration target's pinning, those made (a refused pin leaves no file).
     pub fn list(&self) -> std::collections::BTreeMap<String, PathBuf> {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return Default::default();
@@ -137,9 +144,10 @@ impl Pins {
         entries
             .flatten()
             .filter_map(|entry| {
-                let name = entry.file_name();
-                let volume = volume_of(&name.to_string_lossy())?.to_owned();
-                Some((volume, entry.path()))
+                let file_name = entry.file_name();
+                let name = file_name.to_string_lossy();
+                volume_of(&name)?;
+                Some((name.strip_suffix(".img")?.to_owned(), entry.path()))
             })
             .collect()
     }
@@ -186,9 +194,21 @@ fn path_in(dir: &Path, volume: &str) -> PathBuf {
     dir.join(format!("{volume}.img"))
 }
 
-/// The volume a pin's file name names.
+/// The pin name of volume `volume`'s backing.
+pub fn backing_name(volume: &str) -> String {
+    format!("{volume}{BACKING}")
+}
+
+const BACKING: &str = ".backing";
+
+/// The volume a pin's file name names (its own, or its backing's).
 fn volume_of(file_name: &str) -> Option<&str> {
-    file_name.strip_suffix(".img").filter(|v| !v.is_empty())
+    let name = file_name.strip_suffix(".img")?;
+    name.strip_suffix(BACKING)
+        .unwrap_or(name)
+        .split('.')
+        .next()
+        .filter(|v| !v.is_empty())
 }
 
 /// The empty file the image is mounted on, the launcher's (root's, 0600): what QEMU sees is
@@ -318,6 +338,12 @@ mod tests {
         let pins = Pins::under(Path::new("/run/vml"));
         assert_eq!(pins.path("data"), Path::new("/run/vml/pins/data.img"));
         assert_eq!(volume_of("data.img"), Some("data"));
+        // An overlay's backing is its volume's (a volume's name has no dot).
+        assert_eq!(
+            pins.backing_path("data"),
+            Path::new("/run/vml/pins/data.backing.img")
+        );
+        assert_eq!(volume_of("data.backing.img"), Some("data"));
         assert_eq!(volume_of(".img"), None);
         assert_eq!(volume_of("data"), None);
     }

@@ -101,7 +101,11 @@ impl Launcher {
         let opened = opened.map_err(|(volume, source)| DiskNotReady { volume, source })?;
         // QEMU's mount namespace is made from libvirtd's as QEMU starts: a pin made there
         // now is in QEMU's. Pins of volumes this start leaves out go first.
-        let pinned: BTreeSet<String> = opened.to_pin.iter().map(|(v, _)| v.clone()).collect();
+        let pinned: BTreeSet<String> = opened
+            .to_pin
+            .iter()
+            .map(|(name, _)| name.strip_suffix(".backing").unwrap_or(name).to_owned())
+            .collect();
         let namespace_of = self.link.connector().daemon_pid();
         let failed = super::host_work(|| {
             if let Some(pins) = self.pins() {
@@ -147,26 +151,36 @@ impl Launcher {
         let Some(pins) = self.pins() else {
             return failed;
         };
-        for (volume, file) in to_pin {
+        for (name, file) in to_pin {
+            // A disk's image, or its overlay's backing (`<volume>.backing`).
+            let volume = name.strip_suffix(".backing").unwrap_or(&name).to_owned();
             let Some(disk) = disks.iter_mut().find(|d| d.volume == volume) else {
                 continue;
             };
+            let pin = if name == volume {
+                &mut disk.pin
+            } else {
+                match disk.backing.as_mut() {
+                    Some(backing) => &mut backing.pin,
+                    None => continue,
+                }
+            };
             let pinned = match namespace_of {
-                Some(pid) => pins.pin(&volume, &file, pid),
+                Some(pid) => pins.pin(&name, &file, pid),
                 None => Err(host::pin::PinError::NoProcess {
-                    path: pins.path(&volume),
+                    path: pins.path(&name),
                 }),
             };
             match pinned {
-                Ok(path) => disk.pin = Some(path),
+                Ok(path) => *pin = Some(path),
                 Err(host::pin::PinError::Unavailable { path, source }) => {
                     tracing::warn!(
                         %volume,
                         pin = %path.display(),
                         error = %source,
-                        "cannot pin the hot-plugged image (mounting is not available here): QEMU opens it by its path in the hotplug dir"
+                        "cannot pin the image (mounting is not available here): QEMU opens it by its path"
                     );
-                    disk.pin = None;
+                    *pin = None;
                 }
                 Err(e) => failed.push((volume, HostError::Pin(e))),
             }

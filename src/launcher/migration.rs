@@ -191,19 +191,44 @@ impl IncomingPlan {
     }
 }
 
-/// Each disk of the source's `xml` whose volume the target pinned: its source here, and the
-/// target's pin.
+/// Each image of the source's `xml` the target pinned: its path here, and the target's pin. A
+/// disk's image is pinned as its volume, its overlay's backing as `<volume>.backing`.
 fn pinned_sources<'a>(
     xml: &str,
     pins: &'a std::collections::BTreeMap<String, PathBuf>,
 ) -> Result<Vec<(PathBuf, &'a std::path::Path)>, crate::domain::LiveXmlError> {
-    Ok(crate::domain::live_disks(xml)?
-        .into_iter()
-        .filter_map(|disk| {
-            let there = pins.get(disk.volume()?)?;
-            Some((PathBuf::from(disk.source?), there.as_path()))
-        })
-        .collect())
+    let doc = roxmltree::Document::parse(xml).map_err(crate::domain::LiveXmlError::Malformed)?;
+    let file_of = |node: roxmltree::Node| {
+        node.children()
+            .find(|c| c.has_tag_name("source"))?
+            .attribute("file")
+            .map(PathBuf::from)
+    };
+    let mut moves = Vec::new();
+    for disk in doc.descendants().filter(|n| n.has_tag_name("disk")) {
+        let Some(volume) = disk
+            .children()
+            .find(|c| c.has_tag_name("alias"))
+            .and_then(|a| a.attribute("name"))
+            .and_then(|a| a.strip_prefix(crate::domain::USER_ALIAS_PREFIX))
+        else {
+            continue;
+        };
+        let backing = disk.children().find(|c| c.has_tag_name("backingStore"));
+        let images = [
+            (volume.to_owned(), file_of(disk)),
+            (
+                crate::host::pin::backing_name(volume),
+                backing.and_then(file_of),
+            ),
+        ];
+        for (name, here) in images {
+            if let (Some(here), Some(there)) = (here, pins.get(&name)) {
+                moves.push((here, there.as_path()));
+            }
+        }
+    }
+    Ok(moves)
 }
 
 /// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
@@ -841,19 +866,34 @@ mod tests {
               <target dev='sdc' bus='scsi'/><alias name='ua-hot2'/></disk>\
             <disk type='file' device='disk'><source file='/claims/c/disk.img' fdgroup='vml-c'/>\
               <target dev='sdd' bus='scsi'/><alias name='ua-c'/></disk>\
+            <disk type='file' device='disk'><source file='/run/a/private/cd.qcow2'/>\
+              <backingStore type='file'><format type='raw'/>\
+                <source file='/run/a/container-disks/disk_0.img' fdgroup='vml-cd-backing'/>\
+              <backingStore/></backingStore>\
+              <target dev='sde' bus='scsi'/><alias name='ua-cd'/></disk>\
             </devices></domain>";
         let pins = [
             ("hot1".to_string(), PathBuf::from("/run/b/pins/hot1.img")),
             ("c".to_string(), PathBuf::from("/run/b/pins/c.img")),
+            (
+                "cd.backing".to_string(),
+                PathBuf::from("/run/b/pins/cd.backing.img"),
+            ),
         ]
         .into_iter()
         .collect();
         let pinned = pinned_sources(xml, &pins).unwrap();
-        let mut moves: Vec<(&Path, &Path)> = vec![(Path::new("/run/a/pins"), Path::new("/hot/b"))];
+        let mut moves: Vec<(&Path, &Path)> = vec![
+            (Path::new("/run/a/pins"), Path::new("/hot/b")),
+            (Path::new("/run/a"), Path::new("/run/b")),
+        ];
         moves.extend(pinned.iter().map(|(here, there)| (here.as_path(), *there)));
         let moved = migratable::for_target(xml, &moves);
         assert!(moved.contains("'/run/b/pins/hot1.img'"), "{moved}");
         assert!(moved.contains("'/run/b/pins/c.img'"), "{moved}");
+        // An overlay's backing by its pin there; the overlay itself moves with the runtime dir.
+        assert!(moved.contains("'/run/b/pins/cd.backing.img'"), "{moved}");
+        assert!(moved.contains("'/run/b/private/cd.qcow2'"), "{moved}");
         // Not pinned there (its launcher could not mount): the volume's path in its hotplug dir.
         assert!(moved.contains("'/hot/b/hot2.img'"), "{moved}");
         assert!(!moved.contains("fdgroup"), "{moved}");
