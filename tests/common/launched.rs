@@ -36,6 +36,9 @@ pub struct Launched {
     stdout: mpsc::Receiver<String>,
     stdout_seen: Vec<String>,
     exited: Option<ExitStatus>,
+    /// SIGKILLed with its daemons left running and no successor to adopt them yet: dropping it
+    /// stops them.
+    killed: bool,
 }
 
 impl Launched {
@@ -193,6 +196,7 @@ impl Launched {
             stdout,
             stdout_seen: Vec::new(),
             exited: None,
+            killed: false,
         }
     }
 
@@ -206,11 +210,13 @@ impl Launched {
         self.child.kill().unwrap();
         let status = self.child.wait().unwrap();
         self.exited = Some(status);
+        self.killed = true;
     }
 
     /// A new launcher in this (killed) one's runtime dir, as a restarted container's: it adopts
     /// what is left there and takes over the dir's cleanup.
     pub fn successor(&mut self, spec: &str, extra_args: &[&str]) -> Launched {
+        self.killed = false;
         let mut next = Launched::start_in(self.dir(), spec, extra_args);
         next._owned = self._owned.take();
         next.scratch = self.scratch.clone();
@@ -350,13 +356,16 @@ pub fn signal_pid(pid: i32, signal: nix::sys::signal::Signal) -> nix::Result<()>
 }
 
 impl Drop for Launched {
-    /// A failed test must not leave a launcher, a libvirtd or a QEMU behind.
+    /// A failed test must not leave a launcher, a libvirtd or a QEMU behind; nor a test that
+    /// SIGKILLed its launcher and started no successor to adopt what it left.
     fn drop(&mut self) {
-        if self.exited.is_some() {
+        if self.exited.is_some() && !self.killed {
             return;
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
         let qemu_pids = std::fs::read_dir(self.dir().join("libvirt/run/qemu"))
             .into_iter()
             .flatten()
