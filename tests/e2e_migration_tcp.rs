@@ -135,23 +135,6 @@ fn libvirtd_takes(port: u16, ca: &Path, cert: &Path, key: &Path) -> bool {
         .success()
 }
 
-/// The `<source file>` of the backing of `volume`'s overlay in the live XML.
-fn backing_source(live: &str, volume: &str) -> Option<String> {
-    let doc = roxmltree::Document::parse(live).unwrap();
-    let alias = format!("ua-{volume}");
-    let disk = doc.descendants().find(|n| {
-        n.has_tag_name("disk")
-            && n.children()
-                .any(|c| c.has_tag_name("alias") && c.attribute("name") == Some(alias.as_str()))
-    })?;
-    let backing = disk.children().find(|c| c.has_tag_name("backingStore"))?;
-    backing
-        .children()
-        .find(|c| c.has_tag_name("source"))?
-        .attribute("file")
-        .map(str::to_string)
-}
-
 /// What is listening on 127.0.0.1's `port`, and on every address.
 fn listening(port: u16) -> String {
     let out = Command::new("ss")
@@ -285,7 +268,7 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     );
     // And the container disk's image under its overlay (copied through NBD) likewise.
     assert_eq!(
-        backing_source(&live, "cdisk").as_deref(),
+        common::live_backing_source(&live, "cdisk").as_deref(),
         target.dir().join("pins/cdisk.backing.img").to_str(),
         "{live}"
     );

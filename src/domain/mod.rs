@@ -110,10 +110,20 @@ pub struct BackingDef {
 impl BackingDef {
     /// The path QEMU is given: as [`DiskDef::qemu_path`].
     pub fn qemu_path(&self) -> &Path {
-        match (&self.fd_group, &self.pin) {
-            (None, Some(pin)) => pin,
-            _ => self.source.path(),
-        }
+        qemu_path(&self.fd_group, &self.pin, &self.source)
+    }
+}
+
+/// Where QEMU opens an image: its source when passed by descriptor (libvirt names it beside the
+/// `fdgroup`), else its pin, else its source.
+fn qemu_path<'a>(
+    fd_group: &Option<String>,
+    pin: &'a Option<PathBuf>,
+    source: &'a DiskSource,
+) -> &'a Path {
+    match (fd_group, pin) {
+        (None, Some(pin)) => pin,
+        _ => source.path(),
     }
 }
 
@@ -372,13 +382,9 @@ pub struct DiskDef {
 }
 
 impl DiskDef {
-    /// The path QEMU is given: the source of an image passed by descriptor (libvirt names it
-    /// beside the `fdgroup`), else the pin, else the source.
+    /// The path QEMU is given ([`qemu_path`]).
     pub fn qemu_path(&self) -> &Path {
-        match (&self.fd_group, &self.pin) {
-            (None, Some(pin)) => pin,
-            _ => self.source.path(),
-        }
+        qemu_path(&self.fd_group, &self.pin, &self.source)
     }
 }
 

@@ -67,6 +67,15 @@ impl LibvirtJudge {
 
 /// The `<source file>` of the live disk of `volume`.
 pub fn live_disk_source(live: &str, volume: &str) -> Option<String> {
+    live_source_of(live, volume, false)
+}
+
+/// The `<source file>` of the backing of `volume`'s overlay in the live XML.
+pub fn live_backing_source(live: &str, volume: &str) -> Option<String> {
+    live_source_of(live, volume, true)
+}
+
+fn live_source_of(live: &str, volume: &str, backing: bool) -> Option<String> {
     let doc = roxmltree::Document::parse(live).unwrap();
     let alias = format!("ua-{volume}");
     let disk = doc.descendants().find(|n| {
@@ -74,7 +83,13 @@ pub fn live_disk_source(live: &str, volume: &str) -> Option<String> {
             && n.children()
                 .any(|c| c.has_tag_name("alias") && c.attribute("name") == Some(alias.as_str()))
     })?;
-    disk.children()
+    let holder = if backing {
+        disk.children().find(|c| c.has_tag_name("backingStore"))?
+    } else {
+        disk
+    };
+    holder
+        .children()
         .find(|c| c.has_tag_name("source"))?
         .attribute("file")
         .map(str::to_string)
