@@ -7,7 +7,11 @@
 //! `HotplugVolumeMounted` = `MountedToPod`, or `VolumeReady` = `Ready` once attached), so a volume in any other phase is left
 //! out of the spec, with its disk, as if not asked for yet. And Go writes the zero value of every
 //! field its struct does not mark `omitempty`: an empty `resources: {}`, a `creationTimestamp:
-//! null`; the spec parser takes those as KubeVirt does.
+//! null`; the spec parser takes those as KubeVirt does. And a VMI from virt-handler's informer
+//! cache has no `apiVersion` and `kind` at all (client-go drops the type meta of objects it
+//! decodes into a typed cache): the cmd protocol carries only VMIs, so a missing one is
+//! `kubevirt.io/v1` `VirtualMachineInstance`, as KubeVirt's launcher, which never reads them,
+//! takes it. One that is there and says something else is still refused by the spec check.
 
 use std::collections::BTreeMap;
 
@@ -60,6 +64,14 @@ pub fn from_handler(bytes: &[u8]) -> Result<HandlerSync, VmiError> {
             why: "not a JSON object",
         });
     };
+    for (key, value) in [
+        ("apiVersion", "kubevirt.io/v1"),
+        ("kind", "VirtualMachineInstance"),
+    ] {
+        object
+            .entry(key)
+            .or_insert_with(|| Value::String(value.to_string()));
+    }
     let status = object.remove("status");
     let phases = volume_phases(status.as_ref());
     let meta = object.get("metadata");
@@ -213,6 +225,33 @@ mod tests {
                 "s1"
             );
         }
+    }
+
+    #[test]
+    fn a_vmi_from_the_informer_cache_has_no_type_meta_and_is_a_vmi() {
+        let mut cached: Value = serde_json::from_str(&vmi("")).unwrap();
+        let object = cached.as_object_mut().unwrap();
+        object.remove("apiVersion");
+        object.remove("kind");
+        let sync = from_handler(cached.to_string().as_bytes()).unwrap();
+        let spec = crate::spec::parse(&sync.spec_text).unwrap();
+        assert_eq!(spec.metadata.name, "testvmi");
+        let text: Value = serde_json::from_str(&sync.spec_text).unwrap();
+        assert_eq!(
+            (&text["apiVersion"], &text["kind"]),
+            (
+                &Value::from("kubevirt.io/v1"),
+                &Value::from("VirtualMachineInstance")
+            )
+        );
+    }
+
+    #[test]
+    fn a_vmi_that_says_it_is_something_else_is_still_refused() {
+        let other = vmi("").replace("\"kind\":\"VirtualMachineInstance\"", "\"kind\":\"Pod\"");
+        let sync = from_handler(other.as_bytes()).unwrap();
+        let e = crate::spec::parse(&sync.spec_text).unwrap_err().to_string();
+        assert!(e.contains("kind"), "{e}");
     }
 
     #[test]
