@@ -24,6 +24,10 @@ pub struct HostPaths {
     /// Hot-plugged claims (`hotpluggable: true`): `<hotplug_dir>/<volume>` for a block device
     /// (a node the launcher makes), `<hotplug_dir>/<volume>.img` for a file.
     pub hotplug_dir: PathBuf,
+    /// Where cloud-init's NoCloud ISO goes: `<dir>/<namespace>/<name>/noCloud.iso`, KubeVirt's
+    /// layout (its launcher's `<ephemeral-disk-dir>/cloud-init-data`), where virt-handler reads
+    /// the ISO's size for the VMI's volume status. None: `<private_dir>/cloud-init/<volume>.iso`.
+    pub cloud_init_dir: Option<PathBuf>,
 }
 
 pub const OVMF_DIR: &str = "/usr/share/OVMF";
@@ -38,6 +42,7 @@ impl HostPaths {
             private_dir: "/var/run/kubevirt-private/vmlauncher".into(),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: "/var/run/kubevirt/hotplug-disks".into(),
+            cloud_init_dir: None,
         }
     }
 
@@ -50,6 +55,7 @@ impl HostPaths {
             private_dir: runtime_dir.join("private"),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: runtime_dir.join("hotplug"),
+            cloud_init_dir: None,
         }
     }
 
@@ -270,11 +276,19 @@ pub fn resolve_source(
             if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
                 files.push(("network-config".to_string(), network));
             }
-            ResolvedVolume {
-                path: paths
+            // KubeVirt allows one cloud-init volume per VMI, so its ISO's name is fixed there.
+            let path = match &paths.cloud_init_dir {
+                Some(dir) => dir
+                    .join(namespace)
+                    .join(&vmi.metadata.name)
+                    .join("noCloud.iso"),
+                None => paths
                     .private_dir
                     .join("cloud-init")
                     .join(format!("{name}.iso")),
+            };
+            ResolvedVolume {
+                path,
                 block: false,
                 format: ImageFormat::Raw,
                 preparation: Preparation::CloudInit { files },

@@ -443,7 +443,7 @@ fn a_cancelled_migration_leaves_the_guest_on_its_source() {
     );
 
     // The target's guest never came: its domain goes; virt-handler cleans up, and the launcher
-    // ends as MigrationFailed.
+    // exits 0 as KubeVirt's does (the domain told virt-handler it failed).
     target
         .notify
         .domain("the incoming domain gone", MIGRATION_DEADLINE, |_, d| {
@@ -457,7 +457,7 @@ fn a_cancelled_migration_leaves_the_guest_on_its_source() {
         );
     }
     let status = target.launcher.wait_exit(Duration::from_secs(90));
-    assert_eq!(status.code(), Some(7), "{}", target.launcher.stderr_text());
+    assert_eq!(status.code(), Some(0), "{}", target.launcher.stderr_text());
 
     // The guest still runs its first boot on the source.
     common::hotplug_image(&source.dirs.hotplug(), "hot1", 8 << 20);

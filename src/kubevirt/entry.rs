@@ -75,6 +75,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
         firmware_dir: flags.ovmf_path.clone(),
         hotplug_dir: flags.hotplug_disk_dir.clone(),
+        cloud_init_dir: Some(flags.ephemeral_disk_dir.join("cloud-init-data")),
         ..HostPaths::pod()
     };
     let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[])
@@ -169,17 +170,19 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
             ended
         }
     };
-    if let Some(launcher) = front.launcher() {
-        launcher.shut_down().await;
-    } else {
-        let c = prepared.connector.clone();
-        let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-    }
+    // Marked gone before libvirtd goes: a Delete from virt-handler from here on finds nothing
+    // to delete and succeeds, as KubeVirt's launcher answers for a domain it cannot find.
     if !front.meta().deleted {
         front.update_meta(|m| {
             m.deleted = true;
             m.domain.deletion_timestamp = Some(now_rfc3339());
         });
+    }
+    if let Some(launcher) = front.launcher() {
+        launcher.shut_down().await;
+    } else {
+        let c = prepared.connector.clone();
+        let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
     }
     if !notifier.flush(Duration::from_secs(5)).await {
         tracing::warn!("virt-handler was not told everything before the launcher exits");
@@ -187,6 +190,21 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     let _ = stop_server.send(());
     let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
     let _ = fs::remove_file(sockets.join(READY_SOCKET));
+    ended.map(as_kubevirts_launcher_ends)
+}
+
+/// KubeVirt's launcher exits 0 however its VM ended (powered off, destroyed after the grace
+/// period, crashed, migrated away or never arrived): virt-handler learns how from the domain,
+/// and the pod's exit code says only whether the launcher itself failed (a non-zero code makes
+/// virt-launcher-monitor log a "dirty virt-launcher shutdown"). The way it ended is logged.
+fn as_kubevirts_launcher_ends(ended: Ended) -> Ended {
+    if let Ended::VmFinal { phase, reason } = ended {
+        let why = reason.map(|r| format!(" ({r:?})")).unwrap_or_default();
+        crate::run::say(format_args!(
+            "the VM ended {phase:?}{why}; exiting 0, as KubeVirt's launcher does"
+        ));
+        return Ended::Done;
+    }
     ended
 }
 
@@ -250,19 +268,22 @@ async fn vm_over(
         }
         let _ = tokio::time::timeout(left, meta.changed()).await;
     };
+    // Over when the launcher's VM is final, or once virt-handler deleted the domain: it does so
+    // only for a VMI it has made final (a guest that powered off, a deleted VMI), and KubeVirt's
+    // launcher ends with its domain.
     let mut changes = launcher.subscribe_course();
     loop {
         let status = changes.borrow_and_update().clone();
-        if status.finished {
+        if status.finished || meta.borrow_and_update().deleted {
             return Ok(Ended::VmFinal {
                 phase: status.phase,
                 reason: status.phase_reason,
             });
         }
-        changes
-            .changed()
-            .await
-            .map_err(|_| VirtLauncherError::StatusClosed)?;
+        tokio::select! {
+            changed = changes.changed() => changed.map_err(|_| VirtLauncherError::StatusClosed)?,
+            changed = meta.changed() => changed.map_err(|_| VirtLauncherError::StatusClosed)?,
+        }
     }
 }
 

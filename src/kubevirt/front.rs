@@ -47,6 +47,9 @@ pub enum FrontError {
     DomainJson(String),
     #[error(transparent)]
     Migration(#[from] MigrationError),
+    /// The guest agent's answer did not do (a freeze or thaw).
+    #[error("{0}")]
+    Agent(String),
 }
 
 /// What the launcher tells virt-handler about the VMI beyond libvirt's XML.
@@ -78,6 +81,8 @@ pub struct Front {
     /// sees it, shut off because it migrated, until it deletes it (as KubeVirt's source
     /// keeps its domain defined).
     last_xml: Mutex<Option<String>>,
+    /// The thaw a freeze armed for when its `unfreezeTimeoutSeconds` pass.
+    pub(super) safety_thaw: super::fsfreeze::SafetyThaw,
 }
 
 impl Front {
@@ -110,6 +115,7 @@ impl Front {
             qemu_version: OnceLock::new(),
             qemu_user,
             last_xml: Mutex::new(None),
+            safety_thaw: Default::default(),
         }
     }
 
@@ -166,6 +172,13 @@ impl Front {
                 }
             }
         };
+        if vm_is_down(&launcher) {
+            // KubeVirt's launcher starts a domain only for a VMI that never ran: a guest that
+            // powered off stays off, and virt-handler, which may sync once more before it sees
+            // that, is answered success (it makes the VMI final from the domain).
+            tracing::info!("the VM is down; a Sync has nothing to change");
+            return Ok(());
+        }
         let grace = grace_of(&sync.spec_text);
         let outcome = launcher
             .sync(SyncInput {
@@ -314,12 +327,18 @@ impl Front {
         result.map(drop).map_err(FrontError::from)
     }
 
-    /// `ShutdownVirtualMachine`: ACPI, and the grace period's start stamped (once).
+    /// `ShutdownVirtualMachine`: ACPI, and the grace period's start stamped (once). A VM that is
+    /// already down is left as it is, successfully: virt-handler sends the ACPI request again
+    /// every few seconds until it sees the domain off, and KubeVirt's launcher signals only a
+    /// running or paused domain.
     pub async fn shutdown(&self) -> Result<(), FrontError> {
         if self.nothing_to_stop() {
             return Ok(());
         }
         let launcher = self.running()?.clone();
+        if vm_is_down(&launcher) {
+            return Ok(());
+        }
         self.meta.send_if_modified(|m| {
             if m.domain.grace_deletion_timestamp.is_some() {
                 return false;
@@ -340,8 +359,14 @@ impl Front {
             .map_err(FrontError::from)
     }
 
-    /// `DeleteVirtualMachine`: the definition goes (the VM is stopped first if it runs).
+    /// `DeleteVirtualMachine`: the definition goes (the VM is stopped first if it runs). A
+    /// domain that is already gone (deleted, or the launcher is ending) is deleted: KubeVirt's
+    /// launcher answers success when it cannot find the domain, and virt-handler's final
+    /// cleanup depends on it.
     pub async fn delete(&self) -> Result<(), FrontError> {
+        if self.meta.borrow().deleted {
+            return Ok(());
+        }
         let Some(launcher) = self.launcher.get().cloned() else {
             return Ok(());
         };
@@ -531,6 +556,13 @@ fn grace_of(spec_text: &str) -> Option<i64> {
 /// Now, as Kubernetes writes a `metav1.Time`.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// The guest is not running and will not by itself: its domain is off (shut off, crashed, or
+/// never started) or the launcher's VM is over.
+fn vm_is_down(launcher: &Launcher) -> bool {
+    let status = launcher.status();
+    status.finished || status.power_state.is_none_or(|p| !p.state.is_active())
 }
 
 #[cfg(test)]
