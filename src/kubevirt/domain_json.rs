@@ -65,6 +65,9 @@ pub struct DomainMeta {
     /// whose source is a pin is shown at its volume's path, `<hotplug dir>/<volume>.img`, as
     /// KubeVirt's launcher names it (the pin is the launcher's own business).
     pub pins: Option<(PathBuf, PathBuf)>,
+    /// `Status.FSFreezeStatus.Status`: `frozen` or `thawed` once a freeze or thaw was asked
+    /// (virt-handler shows `frozen` as the VMI's `fsFreezeStatus`).
+    pub fs_freeze_status: Option<String>,
 }
 
 /// KubeVirt's `api.MigrationMetadata`: how virt-handler follows a migration, on both sides.
@@ -237,7 +240,11 @@ fn envelope(meta: &DomainMeta, spec: Value, (status, reason): (&str, &str)) -> V
         "apiVersion": API_VERSION,
         "ObjectMeta": object_meta,
         "Spec": spec,
-        "Status": {"Status": status, "Reason": reason},
+        "Status": {
+            "Status": status,
+            "Reason": reason,
+            "FSFreezeStatus": {"Status": meta.fs_freeze_status.clone().unwrap_or_default()},
+        },
     })
 }
 

@@ -8,6 +8,7 @@ pub mod domain_json;
 mod entry;
 pub mod flags;
 mod front;
+mod fsfreeze;
 pub mod guest_agent;
 mod migration;
 pub mod notify;

@@ -293,16 +293,26 @@ impl Cmd for CmdService {
 
     async fn freeze_virtual_machine(
         &self,
-        _: Request<FreezeRequest>,
+        request: Request<FreezeRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("freeze_virtual_machine"))
+        let seconds = request.get_ref().unfreeze_timeout_seconds.max(0) as u64;
+        let front = self.front.clone();
+        self.detached("FreezeVirtualMachine", async move {
+            front.freeze(std::time::Duration::from_secs(seconds)).await
+        })
+        .await
     }
 
     async fn unfreeze_virtual_machine(
         &self,
         _: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("unfreeze_virtual_machine"))
+        let front = self.front.clone();
+        self.detached(
+            "UnfreezeVirtualMachine",
+            async move { front.thaw(true).await },
+        )
+        .await
     }
 
     /// Answers at once, as KubeVirt's launcher does: the migration runs on, its outcome is in
