@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the tiny test guest from Debian packages alone (no image download): the cloud kernel,
 # the virtio/scsi/net modules it needs, and a busybox initramfs whose /init reports on the serial
-# console and serves HTTP on the network. Cached: the output is rebuilt only when the kernel
-# package or the guest's scripts change.
-# Output: $VMLAUNCHER_GUEST_DIR (default /var/cache/vmlauncher/test-guest)/{vmlinuz,initrd.img}
+# console and serves HTTP on the network; and the same kernel and initramfs on a small bootable
+# disk (extlinux), for where a guest must come as a disk image: a KubeVirt containerDisk under
+# the real virt-handler (tests/e2e_kubevirt_node.rs). Cached: the output is rebuilt only when the
+# kernel package or the guest's scripts change.
+# Output: $VMLAUNCHER_GUEST_DIR (default /var/cache/vmlauncher/test-guest)/{vmlinuz,initrd.img,disk.img}
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${VMLAUNCHER_GUEST_DIR:-/var/cache/vmlauncher/test-guest}
@@ -39,7 +41,26 @@ add() {
 for m in virtio_pci virtio_scsi sd_mod virtio_blk sr_mod isofs button evdev virtio_net virtio_mem; do add "$m"; done
 printf '%s\n' "${order[@]}" > "$root/modules.order"
 (cd "$root" && find . | LC_ALL=C sort | cpio -o -H newc --quiet --reproducible | gzip -9n) > "$work/initrd.img"
+# The bootable disk: one ext4 partition holding extlinux, the kernel and the initramfs (the
+# layout of scripts/build-debian-image.sh, 64 MiB; 4 KiB blocks: extlinux cannot load a kernel
+# from the 1 KiB blocks mkfs picks for so small a filesystem). Its console is the serial port.
+boot="$work/boot-root"; mnt="$work/mnt"
+mkdir -p "$boot/boot/extlinux" "$mnt"
+cp "$work/k/boot/vmlinuz-$kver" "$boot/boot/vmlinuz"
+cp "$work/initrd.img" "$boot/boot/initrd.img"
+printf '%s\n' 'DEFAULT vmltest' 'TIMEOUT 0' 'PROMPT 0' 'LABEL vmltest' '  LINUX /boot/vmlinuz' \
+  '  INITRD /boot/initrd.img' '  APPEND console=ttyS0 loglevel=1 memhp_default_state=online_movable' \
+  > "$boot/boot/extlinux/extlinux.conf"
+mkfs.ext4 -q -F -L vmltest -b 4096 -O ^64bit,^metadata_csum -d "$boot" "$work/boot.ext4" 63M >/dev/null
+mount -o loop "$work/boot.ext4" "$mnt"
+extlinux --install "$mnt/boot/extlinux" >/dev/null 2>&1 || { umount "$mnt"; echo "build-test-guest: extlinux failed" >&2; exit 1; }
+umount "$mnt"
+truncate -s 64M "$work/disk.img"
+printf 'label: dos\nstart=2048, type=83, bootable\n' | sfdisk -q "$work/disk.img" 2>/dev/null
+dd if=/usr/lib/EXTLINUX/mbr.bin of="$work/disk.img" bs=440 count=1 conv=notrunc status=none
+dd if="$work/boot.ext4" of="$work/disk.img" bs=1M seek=1 conv=notrunc,sparse status=none
 mkdir -p "$out"
+cp --sparse=always "$work/disk.img" "$out/disk.img.new" && mv "$out/disk.img.new" "$out/disk.img"
 cp "$work/k/boot/vmlinuz-$kver" "$out/vmlinuz.new" && mv "$out/vmlinuz.new" "$out/vmlinuz"
 cp "$work/initrd.img" "$out/initrd.img.new" && mv "$out/initrd.img.new" "$out/initrd.img"
 echo "$stamp" > "$out/stamp"
