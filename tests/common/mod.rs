@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod cli;
+pub mod cluster;
 pub mod console;
 pub mod forward;
 pub mod grpc;

@@ -1,0 +1,469 @@
+//! Under a real KubeVirt node: KubeVirt's own virt-handler, unmodified, fed by a real
+//! kube-apiserver with KubeVirt's CRDs (`../shared/kubevirt-cluster`), drives vmlauncher's image
+//! from `kubectl create` to the VMI's end. Only virt-controller and the kubelet are played
+//! (`common::cluster`). Each flow is its own test; the cluster is one for the whole binary,
+//! brought up by the first test that needs it and torn down when all have run, whatever happened.
+//! It cannot come up: every test fails, none is skipped.
+//!
+//! The tests assert only what KubeVirt writes: the VMI's phase and conditions as virt-handler sets
+//! them (every version watched: `Synchronized` is never `False`), virt-handler's log and its REST
+//! answers; and the guest's own console.
+
+mod common;
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::{condition, unique, Cluster, Console, LauncherPod, VmiWatch};
+use libtest_mimic::{Arguments, Failed, Trial};
+use serde_json::Value;
+
+const NS: &str = "default";
+/// Booting: the Debian image's cloud-init under TCG on two busy cores (about 75 s alone).
+const DEBIAN_BOOT: Duration = Duration::from_secs(300);
+/// The tiny guest from its disk: about 5 s alone.
+const TINY_BOOT: Duration = Duration::from_secs(90);
+/// From `Scheduled` to `Running`: virt-handler's first Sync defines and starts the domain.
+const TO_RUNNING: Duration = Duration::from_secs(60);
+/// The VMIs' `terminationGracePeriodSeconds`.
+const GRACE: u64 = 30;
+
+/// The cluster, brought up once, by the first test that needs it.
+static CLUSTER: Mutex<Option<Result<Arc<Cluster>, String>>> = Mutex::new(None);
+
+fn cluster() -> Arc<Cluster> {
+    let mut slot = CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
+    let state = slot.get_or_insert_with(|| {
+        std::panic::catch_unwind(Cluster::up)
+            .map(Arc::new)
+            .map_err(|e| {
+                e.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            })
+    });
+    match state {
+        Ok(c) => c.clone(),
+        Err(why) => panic!("the cluster did not come up: {why}"),
+    }
+}
+
+fn main() -> ExitCode {
+    let mut args = Arguments::from_args();
+    // One guest at a time: two cores, TCG.
+    args.test_threads.get_or_insert(1);
+    let tests = [
+        trial("kubectl_create_to_succeeded", kubectl_create_to_succeeded),
+        trial(
+            "pause_and_unpause_through_virt_handler",
+            pause_and_unpause_through_virt_handler,
+        ),
+        trial(
+            "soft_reboot_through_virt_handler",
+            soft_reboot_through_virt_handler,
+        ),
+        trial(
+            "freeze_without_an_agent_is_refused_as_kubevirt_refuses_it",
+            freeze_without_an_agent,
+        ),
+        trial(
+            "a_guest_that_powers_itself_off_succeeds",
+            a_guest_that_powers_itself_off_succeeds,
+        ),
+        trial(
+            "a_launcher_killed_fails_its_vmi",
+            a_launcher_killed_fails_its_vmi,
+        ),
+    ];
+    let conclusion = libtest_mimic::run(&args, tests.into());
+    // Torn down however the tests ended.
+    drop(CLUSTER.lock().unwrap_or_else(|e| e.into_inner()).take());
+    conclusion.exit_code()
+}
+
+fn trial(name: &'static str, test: fn(&Cluster)) -> Trial {
+    Trial::test(name, move || {
+        test(&cluster());
+        Ok::<(), Failed>(())
+    })
+}
+
+/// The test guest from its bootable disk (`scripts/build-test-guest.sh`), and the Debian image.
+fn tiny_disk() -> std::path::PathBuf {
+    common::guest_dir().join("disk.img")
+}
+
+fn debian_disk() -> std::path::PathBuf {
+    let disk = std::path::PathBuf::from("/var/cache/vmlauncher/debian/disk.img");
+    assert!(
+        disk.exists(),
+        "no {}: run scripts/build-debian-image.sh (scripts/test.sh does)",
+        disk.display()
+    );
+    disk
+}
+
+/// A VMI as a user writes it: `domain` and `volumes` given, the finalizer virt-controller
+/// would add already on it.
+fn vmi_manifest(name: &str, domain: &str, cloud_init: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: {name}
+  namespace: {NS}
+  finalizers: [kubevirt.io/virtualMachineControllerFinalize]
+spec:
+  terminationGracePeriodSeconds: {GRACE}
+  domain:
+{domain}
+    devices:
+      autoattachGraphicsDevice: false
+      disks:
+        - {{name: root, disk: {{bus: virtio}}, bootOrder: 1}}
+        - {{name: cloudinit, disk: {{bus: virtio}}}}
+  volumes:
+    - name: root
+      containerDisk: {{image: "localhost/test-disk:none"}}
+    - name: cloudinit
+      cloudInitNoCloud:
+        userData: |
+{cloud_init}
+"#
+    )
+}
+
+/// The tiny guest's VMI; `user_data` lines go into its cloud-init user data.
+fn tiny_vmi(name: &str, user_data: &[&str]) -> String {
+    let mut lines = vec!["          #cloud-config".to_string()];
+    lines.extend(user_data.iter().map(|l| format!("          {l}")));
+    vmi_manifest(
+        name,
+        "    cpu: {sockets: 1, cores: 2}\n    memory: {guest: 256Mi}",
+        &lines.join("\n"),
+    )
+}
+
+/// A VMI started on the node: created, its launcher pod played, scheduled, `Running`.
+struct Started {
+    name: String,
+    watch: VmiWatch,
+    pod: LauncherPod,
+    console: Console,
+    created: Instant,
+}
+
+fn start(cluster: &Cluster, name: &str, manifest: &str, disk: &std::path::Path) -> Started {
+    let created = Instant::now();
+    cluster.create(manifest);
+    let watch = VmiWatch::start(cluster, NS, name);
+    let created_vmi = watch.until("created", TO_RUNNING, |v| v["metadata"]["uid"].is_string());
+    let uid = created_vmi["metadata"]["uid"].as_str().unwrap().to_string();
+    let pod = LauncherPod::play(cluster, NS, name, &uid, disk);
+    let console = pod.console();
+    // virt-controller, once the launcher pod runs: the node label and the status it writes,
+    // with a volume status per volume (sorted by name), which virt-handler fills in.
+    let mut volumes: Vec<&str> = created_vmi["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    volumes.sort();
+    let volume_status: Vec<Value> = volumes
+        .iter()
+        .map(|v| serde_json::json!({"name": v, "target": ""}))
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {"labels": {"kubevirt.io/nodeName": "node01"}},
+        "status": {
+            "phase": "Scheduled",
+            "nodeName": "node01",
+            "activePods": {(pod.uid.clone()): "node01"},
+            "qosClass": "Burstable",
+            "launcherContainerImageVersion": common::pod::IMAGE,
+            "migrationTransport": "Unix",
+            "volumeStatus": volume_status,
+        },
+    });
+    cluster.kubectl_ok(&[
+        "-n",
+        NS,
+        "patch",
+        "vmi",
+        name,
+        "--type=merge",
+        "-p",
+        &patch.to_string(),
+    ]);
+    watch.phase("Running", TO_RUNNING);
+    eprintln!(
+        "{name}: Running {:.1} s after kubectl create",
+        created.elapsed().as_secs_f64()
+    );
+    Started {
+        name: name.into(),
+        watch,
+        pod,
+        console,
+        created,
+    }
+}
+
+impl Started {
+    /// What holds for every VMI while virt-handler drives it: no sync failed.
+    fn assert_synchronized(&self, cluster: &Cluster) {
+        let failures = self.watch.sync_failures();
+        assert!(failures.is_empty(), "Synchronized=False: {failures:?}");
+        let failed_syncs: Vec<Value> = cluster
+            .handler_lines(&self.name)
+            .into_iter()
+            .filter(|l| l["msg"] == "Synchronizing the VirtualMachineInstance failed.")
+            .collect();
+        assert!(
+            failed_syncs.is_empty(),
+            "virt-handler's failed syncs: {failed_syncs:?}"
+        );
+    }
+
+    /// The VMI's end once it is final: deleted (by its owner, or virt-controller for a VMI of a
+    /// VM), and virt-controller's last step, its finalizer off; the VMI gone.
+    fn finalize(&self, cluster: &Cluster) {
+        cluster.kubectl_ok(&["-n", NS, "delete", "vmi", &self.name, "--wait=false"]);
+        cluster.kubectl_ok(&[
+            "-n",
+            NS,
+            "patch",
+            "vmi",
+            &self.name,
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/metadata/finalizers"}]"#,
+        ]);
+        self.watch.gone(Duration::from_secs(60));
+    }
+
+    /// virt-handler's final cleanup of the VMI, done: its domain removed from its cache.
+    fn cleaned_up(&self, cluster: &Cluster) {
+        cluster.wait_handler(
+            &self.name,
+            "Removing domain from cache during final cleanup",
+            0,
+            Duration::from_secs(60),
+        );
+    }
+
+    /// `kubectl delete` of a running VMI: ACPI within the grace period, `Succeeded` (virt-handler
+    /// would write `Failed` for a destroyed guest), its final cleanup, the launcher exits 0.
+    fn delete_to_succeeded(&self, cluster: &Cluster, powered_off: &str) {
+        let asked = Instant::now();
+        cluster.kubectl_ok(&["-n", NS, "delete", "vmi", &self.name, "--wait=false"]);
+        self.console
+            .wait_for(powered_off, Duration::from_secs(GRACE));
+        let vmi = self
+            .watch
+            .until("final", Duration::from_secs(GRACE + 30), |v| {
+                matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+            });
+        assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+        assert!(
+            asked.elapsed() < Duration::from_secs(GRACE),
+            "Succeeded only {:?} after the delete: beyond the grace period",
+            asked.elapsed()
+        );
+        self.cleaned_up(cluster);
+        self.finalize(cluster);
+        assert_eq!(
+            self.pod.wait_exit(Duration::from_secs(90)),
+            0,
+            "{}",
+            self.pod.log()
+        );
+        self.assert_synchronized(cluster);
+    }
+}
+
+/// The whole life of a Debian VMI with its cloud-init, as a user has it: `kubectl create`,
+/// `Running`, the guest's boot line, a change virt-handler syncs again, `kubectl delete`.
+fn kubectl_create_to_succeeded(cluster: &Cluster) {
+    let name = "debian";
+    let manifest = vmi_manifest(
+        name,
+        "    cpu: {cores: 1}\n    memory: {guest: 1Gi}",
+        "          #cloud-config\n          runcmd:\n          - echo \"VMLAUNCHER-DEBIAN-READY after $(cut -d' ' -f1 /proc/uptime)s\" > /dev/ttyS0",
+    );
+    let vm = start(cluster, name, &manifest, &debian_disk());
+    // The cloud-init ISO is where virt-handler looks for it: it writes its size in the status.
+    vm.watch.until(
+        "with the cloud-init ISO's size",
+        Duration::from_secs(30),
+        |v| {
+            v["status"]["volumeStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["name"] == "cloudinit" && s["size"].as_u64().is_some_and(|n| n > 0))
+        },
+    );
+    let line = vm.console.wait_for("VMLAUNCHER-DEBIAN-READY", DEBIAN_BOOT);
+    eprintln!(
+        "{name}: {line} ({:.0} s after kubectl create)",
+        vm.created.elapsed().as_secs_f64()
+    );
+
+    // A change to the VMI: virt-handler syncs again, with the VMI from its informer cache (no
+    // apiVersion, no kind), and the launcher takes it.
+    let synced = cluster.handler_count(name, "Synchronization loop succeeded.");
+    cluster.kubectl_ok(&[
+        "-n",
+        NS,
+        "label",
+        "vmi",
+        name,
+        "vmlauncher.test/changed=yes",
+    ]);
+    cluster.wait_handler(
+        name,
+        "Synchronization loop succeeded.",
+        synced,
+        Duration::from_secs(30),
+    );
+    vm.assert_synchronized(cluster);
+
+    // systemd powers the guest off on the ACPI button; the kernel's last line says so.
+    vm.delete_to_succeeded(cluster, "reboot: Power down");
+    assert_eq!(
+        vm.watch.phases(),
+        ["Scheduled", "Running", "Succeeded"].map(String::from)
+    );
+}
+
+/// `virtctl pause` and `unpause` go through virt-handler's REST server to the launcher; the VMI's
+/// `Paused` condition comes and goes.
+fn pause_and_unpause_through_virt_handler(cluster: &Cluster) {
+    let name = format!("pause-{}", unique());
+    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    vm.console.wait_for("VMLTEST-BOOTED", TINY_BOOT);
+    let (code, body) = cluster.rest("PUT", NS, &name, "pause", None);
+    assert_eq!(code, 202, "pause: {body}");
+    let paused = vm.watch.until("Paused", Duration::from_secs(30), |v| {
+        condition(v, "Paused").is_some_and(|c| c["status"] == "True")
+    });
+    assert_eq!(
+        condition(&paused, "Paused").unwrap()["reason"],
+        "PausedByUser",
+        "{paused:#}"
+    );
+    // A pause by the user survives virt-handler's next sync.
+    let synced = cluster.handler_count(&name, "Synchronization loop succeeded.");
+    cluster.kubectl_ok(&[
+        "-n",
+        NS,
+        "label",
+        "vmi",
+        &name,
+        "vmlauncher.test/changed=yes",
+    ]);
+    cluster.wait_handler(
+        &name,
+        "Synchronization loop succeeded.",
+        synced,
+        Duration::from_secs(30),
+    );
+    assert!(
+        condition(&vm.watch.latest().unwrap(), "Paused").is_some(),
+        "a Sync resumed the paused VM"
+    );
+    let (code, body) = cluster.rest("PUT", NS, &name, "unpause", None);
+    assert_eq!(code, 202, "unpause: {body}");
+    vm.watch.until("unpaused", Duration::from_secs(30), |v| {
+        condition(v, "Paused").is_none()
+    });
+    vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
+}
+
+/// `virtctl soft-reboot` without a guest agent: KubeVirt's launcher presses the ACPI button for
+/// a reboot; the guest boots a second time and the VMI stays `Running`.
+fn soft_reboot_through_virt_handler(cluster: &Cluster) {
+    let name = format!("reboot-{}", unique());
+    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    let first = vm.console.wait_for("VMLTEST-UPTIME", TINY_BOOT);
+    let (code, body) = cluster.rest("PUT", NS, &name, "softreboot", None);
+    assert_eq!(code, 202, "softreboot: {body}");
+    vm.console
+        .wait_for("VMLTEST-ACPI-POWEROFF", Duration::from_secs(30));
+    let second = vm.console.wait_for("VMLTEST-UPTIME", TINY_BOOT);
+    let boot_id = |line: &str| line.split_whitespace().nth(1).map(String::from);
+    assert_ne!(boot_id(&first), boot_id(&second), "{first} / {second}");
+    assert_eq!(vm.watch.latest().unwrap()["status"]["phase"], "Running");
+    vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
+}
+
+/// `virtctl freeze` needs the guest agent: without one, KubeVirt's launcher fails the call, and
+/// virt-handler answers 400 with its reason; the VM runs on, untouched.
+fn freeze_without_an_agent(cluster: &Cluster) {
+    let name = format!("freeze-{}", unique());
+    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    vm.console.wait_for("VMLTEST-BOOTED", TINY_BOOT);
+    let (code, body) = cluster.rest(
+        "PUT",
+        NS,
+        &name,
+        "freeze",
+        Some(r#"{"unfreezeTimeout":"5m0s"}"#),
+    );
+    assert_eq!(code, 400, "freeze: {body}");
+    assert!(
+        body.contains("agent"),
+        "freeze's refusal does not say why: {body}"
+    );
+    let vmi = vm.watch.latest().unwrap();
+    assert_eq!(vmi["status"]["phase"], "Running");
+    assert!(vmi["status"]["fsFreezeStatus"].is_null(), "{vmi:#}");
+    vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
+}
+
+/// A guest that powers itself off, with no delete: virt-handler makes the VMI `Succeeded`, cleans
+/// up, and the launcher exits 0.
+fn a_guest_that_powers_itself_off_succeeds(cluster: &Cluster) {
+    let name = format!("selfoff-{}", unique());
+    let vm = start(
+        cluster,
+        &name,
+        &tiny_vmi(&name, &["vmltest-poweroff-after: 2"]),
+        &tiny_disk(),
+    );
+    vm.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
+    let vmi = vm.watch.until("final", Duration::from_secs(60), |v| {
+        matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+    });
+    assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+    vm.cleaned_up(cluster);
+    vm.finalize(cluster);
+    assert_eq!(
+        vm.pod.wait_exit(Duration::from_secs(90)),
+        0,
+        "{}",
+        vm.pod.log()
+    );
+    vm.assert_synchronized(cluster);
+}
+
+/// The launcher SIGKILLed under a running VMI: virt-handler's watchdog finds its socket dead and
+/// fails the VMI ("The VirtualMachineInstance crashed."), as with KubeVirt's launcher.
+fn a_launcher_killed_fails_its_vmi(cluster: &Cluster) {
+    let name = format!("killed-{}", unique());
+    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    vm.pod.kill();
+    // virt-handler's watchdog: a tick every 11 s, a socket dead for 30 s.
+    vm.watch.phase("Failed", Duration::from_secs(120));
+    cluster.wait_handler(
+        &name,
+        "Removing domain from cache during final cleanup",
+        0,
+        Duration::from_secs(60),
+    );
+    vm.finalize(cluster);
+}
