@@ -16,6 +16,8 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
           iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/e2e_pod_nic_hotplug.rs)
           openssl                # test certificates for a migration over TCP (scripts/migration-tls.sh)
+          curl xz-utils          # the KubeVirt node (tests/e2e_kubevirt_node.rs): virt-handler's REST
+                                 # server; ../shared/kubevirt-cluster/bin/*.xz unpacked once
           podman runc catatonit) # the pod: image build, kube play (runc: see below)
 missing=()
 for p in "${packages[@]}"; do

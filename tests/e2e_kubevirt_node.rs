@@ -76,6 +76,10 @@ fn main() -> ExitCode {
             "a_launcher_killed_fails_its_vmi",
             a_launcher_killed_fails_its_vmi,
         ),
+        trial(
+            "another_topology_and_cloud_init_as_virt_handler_leaves_them",
+            another_topology_and_cloud_init,
+        ),
     ];
     let conclusion = libtest_mimic::run(&args, tests.into());
     // Torn down however the tests ended.
@@ -466,4 +470,71 @@ fn a_launcher_killed_fails_its_vmi(cluster: &Cluster) {
         Duration::from_secs(60),
     );
     vm.finalize(cluster);
+}
+
+/// A VMI written otherwise, passed on by virt-handler with nothing defaulted (no virt-api here
+/// to fill in buses or a machine type): two sockets of one core with two threads, memory from
+/// the resources' request, a disk without a bus, cloud-init on a SCSI CD-ROM (the cloud
+/// kernel has no AHCI for KubeVirt's default SATA) as base64 user data with network data. The guest reads its seed and powers itself off; the VMI ends `Succeeded`.
+fn another_topology_and_cloud_init(cluster: &Cluster) {
+    let name = format!("other-{}", unique());
+    let b64 = |text: &str| {
+        use std::io::Write;
+        let mut child = std::process::Command::new("base64")
+            .arg("-w0")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
+    };
+    let manifest = format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: {name}
+  namespace: {NS}
+  labels: {{special: other}}
+  finalizers: [kubevirt.io/virtualMachineControllerFinalize]
+spec:
+  domain:
+    cpu: {{sockets: 2, cores: 1, threads: 2}}
+    resources: {{requests: {{memory: 320Mi}}}}
+    devices:
+      disks:
+        - {{name: containerdisk, disk: {{}}}}
+        - {{name: cloudinitdisk, cdrom: {{bus: scsi}}}}
+  volumes:
+    - name: containerdisk
+      containerDisk: {{image: "localhost/test-disk:none"}}
+    - name: cloudinitdisk
+      cloudInitNoCloud:
+        userDataBase64: {user}
+        networkDataBase64: {network}
+"#,
+        user = b64("#cloud-config\nvmltest-poweroff-after: 3\n"),
+        network = b64("version: 2\nethernets: {}\n"),
+    );
+    let vm = start(cluster, &name, &manifest, &tiny_disk());
+    vm.console.wait_for("VMLTEST-CPUS 4", TINY_BOOT);
+    vm.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
+    let vmi = vm.watch.until("final", Duration::from_secs(60), |v| {
+        matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+    });
+    assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+    vm.cleaned_up(cluster);
+    vm.finalize(cluster);
+    assert_eq!(
+        vm.pod.wait_exit(Duration::from_secs(90)),
+        0,
+        "{}",
+        vm.pod.log()
+    );
+    vm.assert_synchronized(cluster);
 }

@@ -235,16 +235,16 @@ fn envelope(meta: &DomainMeta, spec: Value, (status, reason): (&str, &str)) -> V
     if let Some(ts) = &meta.deletion_timestamp {
         object_meta.insert("deletionTimestamp".into(), ts.clone().into());
     }
+    let mut status = json!({"Status": status, "Reason": reason});
+    if let Some(fs) = &meta.fs_freeze_status {
+        status["FSFreezeStatus"] = json!({ "Status": fs });
+    }
     json!({
         "kind": KIND,
         "apiVersion": API_VERSION,
         "ObjectMeta": object_meta,
         "Spec": spec,
-        "Status": {
-            "Status": status,
-            "Reason": reason,
-            "FSFreezeStatus": {"Status": meta.fs_freeze_status.clone().unwrap_or_default()},
-        },
+        "Status": status,
     })
 }
 

@@ -230,6 +230,7 @@ mod tests {
     #[test]
     fn a_vmi_from_the_informer_cache_has_no_type_meta_and_is_a_vmi() {
         let mut cached: Value = serde_json::from_str(&vmi("")).unwrap();
+        cached["spec"]["domain"]["memory"] = serde_json::json!({"guest": "64Mi"});
         let object = cached.as_object_mut().unwrap();
         object.remove("apiVersion");
         object.remove("kind");

@@ -240,3 +240,16 @@ fn a_pinned_file_is_shown_at_its_volumes_path() {
         "/run/vml/pins/late.img"
     );
 }
+
+#[test]
+fn a_freeze_shows_in_the_status_and_nothing_shows_before_one() {
+    let mut meta = DomainMeta::default();
+    assert!(gone_domain_json(&meta)["Status"]
+        .get("FSFreezeStatus")
+        .is_none());
+    meta.fs_freeze_status = Some("frozen".into());
+    assert_eq!(
+        gone_domain_json(&meta)["Status"]["FSFreezeStatus"],
+        serde_json::json!({"Status": "frozen"})
+    );
+}
