@@ -80,6 +80,10 @@ fn main() -> ExitCode {
             "another_topology_and_cloud_init_as_virt_handler_leaves_them",
             another_topology_and_cloud_init,
         ),
+        trial(
+            "a_volume_hot_plugged_and_unplugged_under_virt_handler",
+            a_volume_hot_plugged_and_unplugged,
+        ),
     ];
     let conclusion = libtest_mimic::run(&args, tests.into());
     // Torn down however the tests ended.
@@ -537,4 +541,99 @@ spec:
         vm.pod.log()
     );
     vm.assert_synchronized(cluster);
+}
+
+/// A filesystem PVC hot-plugged as KubeVirt does it, from the launcher's side of virt-handler's
+/// mount: the volume's `disk.img` appears as `<hotplug-disks>/hp1.img` (virt-handler's bind mount
+/// of the attachment pod's volume; here the file itself, owned by QEMU's user as virt-handler
+/// makes it) and its status says `MountedToPod`; virt-handler's next Sync carries it, the guest
+/// sees its serial, and virt-handler reads the disk's target back from the domain: `Ready`.
+/// Unplugged from the spec, the guest loses it and virt-handler marks it `UnMountedFromPod`.
+fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
+    let name = format!("hotplug-{}", unique());
+    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    vm.console.wait_for("VMLTEST-DISKS", TINY_BOOT);
+    let image = vm.pod.hotplug.join("hp1.img");
+    let file = std::fs::File::create(&image).unwrap();
+    file.set_len(16 << 20).unwrap();
+    std::os::unix::fs::chown(&image, Some(107), Some(107)).unwrap();
+    let plug = serde_json::json!([
+        {"op": "add", "path": "/spec/volumes/-", "value":
+            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}},
+        {"op": "add", "path": "/spec/domain/devices/disks/-", "value":
+            {"name": "hp1", "serial": "hp1-serial", "disk": {"bus": "scsi"}}},
+        {"op": "add", "path": "/status/volumeStatus/-", "value": {
+            "name": "hp1", "target": "", "phase": "MountedToPod", "hotplugVolume": {},
+            "persistentVolumeClaimInfo": {"claimName": "hp1", "volumeMode": "Filesystem",
+                "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}}}},
+    ]);
+    cluster.kubectl_ok(&[
+        "-n",
+        NS,
+        "patch",
+        "vmi",
+        &name,
+        "--type=json",
+        "-p",
+        &plug.to_string(),
+    ]);
+    let seen = vm.console.wait_for("hp1-serial", Duration::from_secs(60));
+    assert!(seen.contains("hp1-serial:32768"), "{seen}");
+    let hp1 = |v: &Value| -> Option<Value> {
+        v["status"]["volumeStatus"]
+            .as_array()?
+            .iter()
+            .find(|s| s["name"] == "hp1")
+            .cloned()
+    };
+    let ready = vm
+        .watch
+        .until("with hp1 Ready", Duration::from_secs(60), |v| {
+            hp1(v).is_some_and(|s| {
+                s["phase"] == "Ready" && s["target"].as_str().is_some_and(|t| t.starts_with("sd"))
+            })
+        });
+    eprintln!("{name}: hp1 {}", hp1(&ready).unwrap());
+
+    // Unplugged: out of the spec (its status stays until virt-controller drops it).
+    let spec = vm.watch.latest().unwrap();
+    let index = |list: &str| {
+        spec["spec"]
+            .pointer(list)
+            .and_then(Value::as_array)
+            .unwrap()
+            .iter()
+            .position(|d| d["name"] == "hp1")
+            .unwrap()
+    };
+    let unplug = serde_json::json!([
+        {"op": "remove", "path": format!("/spec/domain/devices/disks/{}", index("/domain/devices/disks"))},
+        {"op": "remove", "path": format!("/spec/volumes/{}", index("/volumes"))},
+    ]);
+    cluster.kubectl_ok(&[
+        "-n",
+        NS,
+        "patch",
+        "vmi",
+        &name,
+        "--type=json",
+        "-p",
+        &unplug.to_string(),
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let line = vm.console.wait_for(
+            "VMLTEST-DISKS",
+            deadline.saturating_duration_since(Instant::now()),
+        );
+        if !line.contains("hp1-serial") {
+            break;
+        }
+    }
+    vm.watch.until(
+        "with hp1 unmounted from the pod",
+        Duration::from_secs(60),
+        |v| hp1(v).is_some_and(|s| s["phase"] == "UnMountedFromPod"),
+    );
+    vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
 }

@@ -531,6 +531,9 @@ pub struct LauncherPod {
     /// The guest's console log, in the launcher's runtime dir in the `private` emptyDir (read
     /// from the host: it outlives the container, whose last lines a reader inside would lose).
     console_log: PathBuf,
+    /// The `hotplug-disks` emptyDir on the host, where virt-handler mounts a hot-plugged volume's
+    /// image as `<volume>.img`.
+    pub hotplug: PathBuf,
 }
 
 impl LauncherPod {
@@ -561,6 +564,7 @@ impl LauncherPod {
         };
         let sockets = empty_dir("sockets");
         let private = empty_dir("private");
+        let hotplug = empty_dir("hotplug-disks");
         std::fs::create_dir_all(cluster.run.join("pods")).unwrap();
         let pod = format!("virt-launcher-{name}");
         let manifest = cluster.run.join(format!("pods/{pod}.yaml"));
@@ -590,14 +594,17 @@ spec:
       volumeMounts:
         - {{name: sockets, mountPath: /var/run/kubevirt/sockets}}
         - {{name: private, mountPath: /var/run/kubevirt-private}}
+        - {{name: hotplug-disks, mountPath: /var/run/kubevirt/hotplug-disks}}
         - {{name: disk, mountPath: /var/run/kubevirt/container-disks/disk_0.img, readOnly: true}}
   volumes:
     - {{name: sockets, hostPath: {{path: "{sockets}", type: Directory}}}}
     - {{name: private, hostPath: {{path: "{private}", type: Directory}}}}
+    - {{name: hotplug-disks, hostPath: {{path: "{hotplug}", type: Directory}}}}
     - {{name: disk, hostPath: {{path: "{disk}", type: File}}}}
 "#,
                 sockets = sockets.display(),
                 private = private.display(),
+                hotplug = hotplug.display(),
                 disk = disk.display(),
             ),
         )
@@ -621,6 +628,7 @@ spec:
             uid,
             sockets,
             console_log: private.join("vmlauncher/console.log"),
+            hotplug,
         };
         let ready = played.sockets.join("launcher-sock");
         let serving = vmlauncher::host::watch::wait_for_change_in(
