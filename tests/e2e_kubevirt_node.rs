@@ -15,7 +15,9 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::{condition, unique, Cluster, Console, LauncherPod, VmiWatch};
+use common::cluster::{
+    condition, is_mount_point, unique, AttachmentPod, Cluster, Console, LauncherPod, VmiWatch,
+};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::Value;
 
@@ -263,6 +265,25 @@ impl Started {
         );
     }
 
+    /// A guest that powers itself off with no delete: virt-handler makes the VMI `Succeeded` and
+    /// cleans up, the launcher exits 0.
+    fn powers_itself_off_to_succeeded(&self, cluster: &Cluster) {
+        self.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
+        let vmi = self.watch.until("final", Duration::from_secs(60), |v| {
+            matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+        });
+        assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+        self.cleaned_up(cluster);
+        self.finalize(cluster);
+        assert_eq!(
+            self.pod.wait_exit(Duration::from_secs(90)),
+            0,
+            "{}",
+            self.pod.log()
+        );
+        self.assert_synchronized(cluster);
+    }
+
     /// `kubectl delete` of a running VMI: ACPI within the grace period, `Succeeded` (virt-handler
     /// would write `Failed` for a destroyed guest), its final cleanup, the launcher exits 0.
     fn delete_to_succeeded(&self, cluster: &Cluster, powered_off: &str) {
@@ -443,20 +464,7 @@ fn a_guest_that_powers_itself_off_succeeds(cluster: &Cluster) {
         &tiny_vmi(&name, &["vmltest-poweroff-after: 2"]),
         &tiny_disk(),
     );
-    vm.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
-    let vmi = vm.watch.until("final", Duration::from_secs(60), |v| {
-        matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-    });
-    assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
-    vm.cleaned_up(cluster);
-    vm.finalize(cluster);
-    assert_eq!(
-        vm.pod.wait_exit(Duration::from_secs(90)),
-        0,
-        "{}",
-        vm.pod.log()
-    );
-    vm.assert_synchronized(cluster);
+    vm.powers_itself_off_to_succeeded(cluster);
 }
 
 /// The launcher SIGKILLed under a running VMI: virt-handler's watchdog finds its socket dead and
@@ -482,22 +490,6 @@ fn a_launcher_killed_fails_its_vmi(cluster: &Cluster) {
 /// kernel has no AHCI for KubeVirt's default SATA) as base64 user data with network data. The guest reads its seed and powers itself off; the VMI ends `Succeeded`.
 fn another_topology_and_cloud_init(cluster: &Cluster) {
     let name = format!("other-{}", unique());
-    let b64 = |text: &str| {
-        use std::io::Write;
-        let mut child = std::process::Command::new("base64")
-            .arg("-w0")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(text.as_bytes())
-            .unwrap();
-        String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap()
-    };
     let manifest = format!(
         r#"apiVersion: kubevirt.io/v1
 kind: VirtualMachineInstance
@@ -522,48 +514,34 @@ spec:
         userDataBase64: {user}
         networkDataBase64: {network}
 "#,
-        user = b64("#cloud-config\nvmltest-poweroff-after: 3\n"),
-        network = b64("version: 2\nethernets: {}\n"),
+        user = base64("#cloud-config\nvmltest-poweroff-after: 3\n"),
+        network = base64("version: 2\nethernets: {}\n"),
     );
     let vm = start(cluster, &name, &manifest, &tiny_disk());
     vm.console.wait_for("VMLTEST-CPUS 4", TINY_BOOT);
-    vm.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
-    let vmi = vm.watch.until("final", Duration::from_secs(60), |v| {
-        matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-    });
-    assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
-    vm.cleaned_up(cluster);
-    vm.finalize(cluster);
-    assert_eq!(
-        vm.pod.wait_exit(Duration::from_secs(90)),
-        0,
-        "{}",
-        vm.pod.log()
-    );
-    vm.assert_synchronized(cluster);
+    vm.powers_itself_off_to_succeeded(cluster);
 }
 
-/// A filesystem PVC hot-plugged as KubeVirt does it, from the launcher's side of virt-handler's
-/// mount: the volume's `disk.img` appears as `<hotplug-disks>/hp1.img` (virt-handler's bind mount
-/// of the attachment pod's volume; here the file itself, owned by QEMU's user as virt-handler
-/// makes it) and its status says `MountedToPod`; virt-handler's next Sync carries it, the guest
-/// sees its serial, and virt-handler reads the disk's target back from the domain: `Ready`.
-/// Unplugged from the spec, the guest loses it and virt-handler marks it `UnMountedFromPod`.
+/// A filesystem PVC hot-plugged as KubeVirt does it, through virt-handler's own mount: its
+/// attachment pod runs (the PVC at `/hp1`, `hp.sock` in its `hotplug-disks` emptyDir) and its
+/// status says `AttachedToNode` (virt-controller's part); virt-handler finds the image through
+/// that pod's mounts, bind-mounts it into the launcher pod as `hotplug-disks/hp1.img` and marks
+/// it `MountedToPod`; its next Sync carries it, the guest sees its serial, and virt-handler reads
+/// the target back from the domain: `Ready`. Out of the spec, the guest loses it, virt-handler
+/// unmounts it and marks it `UnMountedFromPod`.
 fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
     let name = format!("hotplug-{}", unique());
     let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
     vm.console.wait_for("VMLTEST-DISKS", TINY_BOOT);
-    let image = vm.pod.hotplug.join("hp1.img");
-    let file = std::fs::File::create(&image).unwrap();
-    file.set_len(16 << 20).unwrap();
-    std::os::unix::fs::chown(&image, Some(107), Some(107)).unwrap();
+    let attachment = AttachmentPod::play(cluster, "hp1", 16 << 20);
     let plug = serde_json::json!([
         {"op": "add", "path": "/spec/volumes/-", "value":
             {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}},
         {"op": "add", "path": "/spec/domain/devices/disks/-", "value":
             {"name": "hp1", "serial": "hp1-serial", "disk": {"bus": "scsi"}}},
         {"op": "add", "path": "/status/volumeStatus/-", "value": {
-            "name": "hp1", "target": "", "phase": "MountedToPod", "hotplugVolume": {},
+            "name": "hp1", "target": "", "phase": "AttachedToNode",
+            "hotplugVolume": {"attachPodName": attachment.name, "attachPodUID": attachment.uid},
             "persistentVolumeClaimInfo": {"claimName": "hp1", "volumeMode": "Filesystem",
                 "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}}}},
     ]);
@@ -594,6 +572,13 @@ fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
             })
         });
     eprintln!("{name}: hp1 {}", hp1(&ready).unwrap());
+    // virt-handler's bind mount, in the node's mount namespace.
+    let mounted = vm.pod.hotplug.join("hp1.img");
+    assert!(
+        is_mount_point(&mounted),
+        "{} is not virt-handler's mount",
+        mounted.display()
+    );
 
     // Unplugged: out of the spec (its status stays until virt-controller drops it).
     let spec = vm.watch.latest().unwrap();
@@ -635,5 +620,41 @@ fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
         Duration::from_secs(60),
         |v| hp1(v).is_some_and(|s| s["phase"] == "UnMountedFromPod"),
     );
+    assert!(
+        !is_mount_point(&mounted),
+        "virt-handler left {} mounted",
+        mounted.display()
+    );
+    assert!(attachment.image.exists());
+    assert_eq!(
+        vm.watch.volume_phases("hp1"),
+        [
+            "AttachedToNode",
+            "MountedToPod",
+            "Ready",
+            "UnMountedFromPod"
+        ]
+        .map(String::from)
+    );
     vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
+}
+
+/// Standard base64 with padding, as a user writes `userDataBase64`.
+fn base64(text: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    out
 }

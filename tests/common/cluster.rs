@@ -69,23 +69,29 @@ impl Cluster {
         // when it reads a CRD before its first status (".status.conditions accessor error"):
         // the script is idempotent, so a second run waits again on what the first started.
         let mut tries = 0;
-        while let Err(why) = cluster.script("cluster-up.sh") {
+        while let Err(why) = cluster.script(&cluster.scripts.join("cluster-up.sh"), &[]) {
             tries += 1;
             assert!(tries < 3, "the cluster cannot come up: {why}");
             eprintln!("cluster-up.sh failed; once more: {why}");
         }
+        // virt-handler with the mount propagation of KubeVirt's DaemonSet, which the hot-plug
+        // path needs: tests/kubevirt-node/handler-up.sh says how it differs from the cluster's
+        // own handler-up.sh, and why.
+        let handler_up = repo().join("tests/kubevirt-node/handler-up.sh");
         cluster
-            .script("handler-up.sh")
+            .script(&handler_up, &[cluster.scripts.as_os_str()])
             .unwrap_or_else(|why| panic!("virt-handler cannot come up: {why}"));
         cluster.trust_rest_client();
         cluster
     }
 
-    fn script(&self, name: &str) -> Result<(), String> {
+    fn script(&self, path: &Path, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+        let name = path.file_name().unwrap().to_string_lossy();
         let started = Instant::now();
         let out = Command::new("timeout")
             .arg(UP_WITHIN.as_secs().to_string())
-            .arg(self.scripts.join(name))
+            .arg(path)
+            .args(args)
             .env("RUN", &self.run)
             .env("CONTAINERS_CONF", repo().join("deploy/containers.conf"))
             .current_dir(repo())
@@ -124,6 +130,13 @@ impl Cluster {
             .current_dir(repo())
             .stdin(Stdio::null())
             .output();
+        // The node dir's shared mount (tests/kubevirt-node/handler-up.sh), with any hot-plug
+        // mount virt-handler left under it.
+        let _ = Command::new("umount")
+            .args(["--recursive", "--lazy"])
+            .arg(self.run.join("node"))
+            .stderr(Stdio::null())
+            .status();
     }
 
     pub fn kubectl(&self, args: &[&str]) -> Output {
@@ -490,6 +503,25 @@ impl VmiWatch {
             .collect()
     }
 
+    /// The phases the volume `name` went through in the VMI's status, in order, each once.
+    pub fn volume_phases(&self, name: &str) -> Vec<String> {
+        let mut phases: Vec<String> = Vec::new();
+        for e in self.seen.lock().unwrap().iter() {
+            let volumes = e["object"]["status"]["volumeStatus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let phase = volumes
+                .iter()
+                .find(|v| v["name"] == name)
+                .and_then(|v| v["phase"].as_str().map(String::from));
+            if let Some(p) = phase.filter(|p| phases.last() != Some(p)) {
+                phases.push(p);
+            }
+        }
+        phases
+    }
+
     /// The phases the VMI went through, in order, each once.
     pub fn phases(&self) -> Vec<String> {
         let mut phases: Vec<String> = Vec::new();
@@ -594,7 +626,7 @@ spec:
       volumeMounts:
         - {{name: sockets, mountPath: /var/run/kubevirt/sockets}}
         - {{name: private, mountPath: /var/run/kubevirt-private}}
-        - {{name: hotplug-disks, mountPath: /var/run/kubevirt/hotplug-disks}}
+        - {{name: hotplug-disks, mountPath: /var/run/kubevirt/hotplug-disks, mountPropagation: HostToContainer}}
         - {{name: disk, mountPath: /var/run/kubevirt/container-disks/disk_0.img, readOnly: true}}
   volumes:
     - {{name: sockets, hostPath: {{path: "{sockets}", type: Directory}}}}
@@ -781,4 +813,105 @@ impl Drop for Console {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// KubeVirt's hotplug attachment pod for one filesystem volume, as virt-controller has the
+/// kubelet run it: its PVC mounted at `/<volume>` (here a host dir holding `disk.img`), its
+/// `hotplug-disks` emptyDir at `/path` with the socket `hp.sock` its process listens on (KubeVirt's
+/// runs `container-disk --copy-path /path/hp`). virt-handler finds the process by that socket
+/// and the volume by that process's mounts, then bind-mounts the image into the launcher pod.
+#[derive(Debug)]
+pub struct AttachmentPod {
+    manifest: PathBuf,
+    pub uid: String,
+    pub name: String,
+    /// `disk.img` on the host.
+    pub image: PathBuf,
+}
+
+impl AttachmentPod {
+    pub fn play(cluster: &Cluster, volume: &str, size: u64) -> AttachmentPod {
+        let uid = uuid();
+        let pod_dir = cluster.run.join(format!("node/pods/{uid}/volumes"));
+        let sockets = pod_dir.join("kubernetes.io~empty-dir/hotplug-disks");
+        let claim = pod_dir.join(format!("kubernetes.io~local-volume/{volume}"));
+        for dir in [&sockets, &claim] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        let image = claim.join("disk.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        let name = format!("hp-volume-{volume}-{}", &uid[..8]);
+        let manifest = cluster.run.join(format!("pods/{name}.yaml"));
+        std::fs::write(
+            &manifest,
+            format!(
+                r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}}}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: hotplug-disk
+      image: {IMAGE}
+      command: ["perl", "-MIO::Socket::UNIX", "-e",
+        "my $s = IO::Socket::UNIX->new(Type => SOCK_STREAM(), Local => '/path/hp.sock', Listen => 1) or die $!; while (my $c = $s->accept) {{ close $c }}"]
+      volumeMounts:
+        - {{name: hotplug-disks, mountPath: /path}}
+        - {{name: claim, mountPath: /{volume}}}
+  volumes:
+    - {{name: hotplug-disks, hostPath: {{path: "{sockets}", type: Directory}}}}
+    - {{name: claim, hostPath: {{path: "{claim}", type: Directory}}}}
+"#,
+                sockets = sockets.display(),
+                claim = claim.display(),
+            ),
+        )
+        .unwrap();
+        let out = podman(&[
+            "kube",
+            "play",
+            "--network",
+            "none",
+            manifest.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "podman kube play: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let socket = sockets.join("hp.sock");
+        let listening = vmlauncher::host::watch::wait_for_change_in(
+            &[&sockets],
+            Instant::now() + Duration::from_secs(30),
+            || socket.exists(),
+        )
+        .unwrap();
+        assert!(
+            listening,
+            "the attachment pod never listened on {}",
+            socket.display()
+        );
+        AttachmentPod {
+            manifest,
+            uid,
+            name,
+            image,
+        }
+    }
+}
+
+impl Drop for AttachmentPod {
+    fn drop(&mut self) {
+        let _ = podman(&["kube", "down", self.manifest.to_str().unwrap()]);
+    }
+}
+
+/// Whether `path` is a mount point in this (the host's) mount namespace.
+pub fn is_mount_point(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let path = path.to_str().unwrap();
+    text.lines().any(|l| l.split(' ').nth(4) == Some(path))
 }
