@@ -82,7 +82,7 @@ pub struct Front {
     /// keeps its domain defined).
     last_xml: Mutex<Option<String>>,
     /// The thaw a freeze armed for when its `unfreezeTimeoutSeconds` pass.
-    pub(super) safety_thaw: super::fsfreeze::SafetyThaw,
+    pub(super) safety_thaw: SafetyThaw,
 }
 
 impl Front {
@@ -556,6 +556,24 @@ fn grace_of(spec_text: &str) -> Option<i64> {
 /// Now, as Kubernetes writes a `metav1.Time`.
 pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// The armed safety thaw, aborted by a thaw or a new freeze.
+#[derive(Debug, Default)]
+pub struct SafetyThaw(Mutex<Option<tokio::task::JoinHandle<()>>>);
+
+impl SafetyThaw {
+    pub(super) fn cancel(&self) {
+        if let Some(task) = self.0.lock().expect("safety thaw lock").take() {
+            task.abort();
+        }
+    }
+
+    pub(super) fn arm(&self, task: tokio::task::JoinHandle<()>) {
+        if let Some(old) = self.0.lock().expect("safety thaw lock").replace(task) {
+            old.abort();
+        }
+    }
 }
 
 /// The guest is not running and will not by itself: its domain is off (shut off, crashed, or

@@ -5,7 +5,6 @@
 //! `unfreezeTimeoutSeconds` (a snapshot that never ends must not leave the guest frozen). Not
 //! during a migration. The state is shown to virt-handler as the domain's `FSFreezeStatus`.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use super::front::{Front, FrontError};
@@ -20,24 +19,6 @@ pub const THAWED: &str = "thawed";
 const FREEZE_TIMEOUT_SECS: i32 = 50;
 /// For the status query and a thaw.
 const SHORT_TIMEOUT_SECS: i32 = 5;
-
-/// The armed safety thaw, aborted by a thaw or a new freeze.
-#[derive(Debug, Default)]
-pub struct SafetyThaw(Mutex<Option<tokio::task::JoinHandle<()>>>);
-
-impl SafetyThaw {
-    fn cancel(&self) {
-        if let Some(task) = self.0.lock().expect("safety thaw lock").take() {
-            task.abort();
-        }
-    }
-
-    fn arm(&self, task: tokio::task::JoinHandle<()>) {
-        if let Some(old) = self.0.lock().expect("safety thaw lock").replace(task) {
-            old.abort();
-        }
-    }
-}
 
 /// The agent's answer to `guest-fsfreeze-status`: `frozen` or `thawed`.
 async fn status(launcher: &Launcher) -> Result<String, FrontError> {
