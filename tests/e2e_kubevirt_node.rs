@@ -159,6 +159,8 @@ fn tiny_vmi(name: &str, user_data: &[&str]) -> String {
 /// A VMI started on the node: created, its launcher pod played, scheduled, `Running`.
 struct Started {
     name: String,
+    /// virt-handler's errors about this VMI that its test expects (their messages).
+    expected_handler_errors: Mutex<Vec<&'static str>>,
     watch: VmiWatch,
     pod: LauncherPod,
     console: Console,
@@ -215,6 +217,7 @@ fn start(cluster: &Cluster, name: &str, manifest: &str, disk: &std::path::Path) 
     );
     Started {
         name: name.into(),
+        expected_handler_errors: Mutex::new(Vec::new()),
         watch,
         pod,
         console,
@@ -223,8 +226,23 @@ fn start(cluster: &Cluster, name: &str, manifest: &str, disk: &std::path::Path) 
 }
 
 impl Started {
-    /// What holds for every VMI while virt-handler drives it: no sync failed.
+    /// What holds for every VMI while virt-handler drives it: no sync failed, and virt-handler
+    /// logged no error or warning about it but those the test `expected` (their messages).
     fn assert_synchronized(&self, cluster: &Cluster) {
+        let expected = self.expected_handler_errors.lock().unwrap().clone();
+        self.assert_synchronized_but(cluster, &expected);
+    }
+
+    fn assert_synchronized_but(&self, cluster: &Cluster, expected: &[&str]) {
+        let unexpected: Vec<String> = cluster
+            .handler_failures(&self.name)
+            .into_iter()
+            .filter(|l| !expected.iter().any(|e| l.contains(e)))
+            .collect();
+        assert!(
+            unexpected.is_empty(),
+            "virt-handler's errors and warnings: {unexpected:#?}"
+        );
         let failures = self.watch.sync_failures();
         assert!(failures.is_empty(), "Synchronized=False: {failures:?}");
         let failed_syncs: Vec<Value> = cluster
@@ -269,10 +287,21 @@ impl Started {
     /// cleans up, the launcher exits 0.
     fn powers_itself_off_to_succeeded(&self, cluster: &Cluster) {
         self.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
-        let vmi = self.watch.until("final", Duration::from_secs(60), |v| {
+        self.ends_succeeded(Duration::from_secs(60));
+        self.ended(cluster);
+    }
+
+    /// Waits for the VMI's final phase, which must be `Succeeded`.
+    fn ends_succeeded(&self, within: Duration) {
+        let vmi = self.watch.until("final", within, |v| {
             matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
         });
         assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+    }
+
+    /// After a final phase: virt-handler's cleanup, the VMI gone, the launcher's exit 0, and no
+    /// sync failed on the way.
+    fn ended(&self, cluster: &Cluster) {
         self.cleaned_up(cluster);
         self.finalize(cluster);
         assert_eq!(
@@ -291,26 +320,13 @@ impl Started {
         cluster.kubectl_ok(&["-n", NS, "delete", "vmi", &self.name, "--wait=false"]);
         self.console
             .wait_for(powered_off, Duration::from_secs(GRACE));
-        let vmi = self
-            .watch
-            .until("final", Duration::from_secs(GRACE + 30), |v| {
-                matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-            });
-        assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+        self.ends_succeeded(Duration::from_secs(GRACE + 30));
         assert!(
             asked.elapsed() < Duration::from_secs(GRACE),
             "Succeeded only {:?} after the delete: beyond the grace period",
             asked.elapsed()
         );
-        self.cleaned_up(cluster);
-        self.finalize(cluster);
-        assert_eq!(
-            self.pod.wait_exit(Duration::from_secs(90)),
-            0,
-            "{}",
-            self.pod.log()
-        );
-        self.assert_synchronized(cluster);
+        self.ended(cluster);
     }
 }
 
@@ -451,6 +467,9 @@ fn freeze_without_an_agent(cluster: &Cluster) {
     let vmi = vm.watch.latest().unwrap();
     assert_eq!(vmi["status"]["phase"], "Running");
     assert!(vmi["status"]["fsFreezeStatus"].is_null(), "{vmi:#}");
+    // KubeVirt's virt-handler logs the refusal ("Failed to freeze VMI") as its own error.
+    vm.assert_synchronized_but(cluster, &["Failed to freeze VMI"]);
+    *vm.expected_handler_errors.lock().unwrap() = vec!["Failed to freeze VMI"];
     vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
 }
 
@@ -545,16 +564,7 @@ fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
             "persistentVolumeClaimInfo": {"claimName": "hp1", "volumeMode": "Filesystem",
                 "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "16Mi"}}}},
     ]);
-    cluster.kubectl_ok(&[
-        "-n",
-        NS,
-        "patch",
-        "vmi",
-        &name,
-        "--type=json",
-        "-p",
-        &plug.to_string(),
-    ]);
+    cluster.json_patch(NS, &name, &plug);
     let seen = vm.console.wait_for("hp1-serial", Duration::from_secs(60));
     assert!(seen.contains("hp1-serial:32768"), "{seen}");
     let hp1 = |v: &Value| -> Option<Value> {
@@ -595,16 +605,7 @@ fn a_volume_hot_plugged_and_unplugged(cluster: &Cluster) {
         {"op": "remove", "path": format!("/spec/domain/devices/disks/{}", index("/domain/devices/disks"))},
         {"op": "remove", "path": format!("/spec/volumes/{}", index("/volumes"))},
     ]);
-    cluster.kubectl_ok(&[
-        "-n",
-        NS,
-        "patch",
-        "vmi",
-        &name,
-        "--type=json",
-        "-p",
-        &unplug.to_string(),
-    ]);
+    cluster.json_patch(NS, &name, &unplug);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let line = vm.console.wait_for(

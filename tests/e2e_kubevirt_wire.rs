@@ -365,7 +365,8 @@ async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
         shutdown.message
     );
 
-    // ACPI, then destroyed at the latest after the VMI's 30 s grace period.
+    // The ACPI button, pressed once (virt-handler would press again every few seconds and kill
+    // after the grace period): the booted guest powers off.
     let off = Duration::from_secs(30) + BOOT_DEADLINE;
     let last = wait_domain(
         &mut client,

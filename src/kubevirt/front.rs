@@ -310,11 +310,16 @@ impl Front {
 
     /// An owner's command on the VM.
     pub async fn command(&self, command: Command) -> Result<(), FrontError> {
-        // Killing what does not exist leaves it as asked, as KubeVirt's launcher answers.
+        // Killing what does not exist or is already off leaves it as asked, as KubeVirt's
+        // launcher answers (virt-handler's kill after the grace period may meet a guest that
+        // powered off a moment before).
         if command == Command::Kill && self.nothing_to_stop() {
             return Ok(());
         }
         let launcher = self.running()?.clone();
+        if command == Command::Kill && vm_is_down(&launcher) {
+            return Ok(());
+        }
         if command == Command::Pause {
             self.meta.send_modify(|m| m.user_paused = true);
         }
@@ -327,10 +332,11 @@ impl Front {
         result.map(drop).map_err(FrontError::from)
     }
 
-    /// `ShutdownVirtualMachine`: ACPI, and the grace period's start stamped (once). A VM that is
-    /// already down is left as it is, successfully: virt-handler sends the ACPI request again
-    /// every few seconds until it sees the domain off, and KubeVirt's launcher signals only a
-    /// running or paused domain.
+    /// `ShutdownVirtualMachine`, as KubeVirt's `SignalShutdownVMI`: the ACPI power button,
+    /// pressed once, and the grace period's start stamped (once); the answer does not wait for
+    /// the guest. virt-handler keeps the grace period: it presses again every few seconds until
+    /// it sees the guest off, and kills it once the period is over. A VM already down is left as
+    /// it is, successfully.
     pub async fn shutdown(&self) -> Result<(), FrontError> {
         if self.nothing_to_stop() {
             return Ok(());
@@ -346,16 +352,9 @@ impl Front {
             m.domain.grace_deletion_timestamp = Some(now_rfc3339());
             true
         });
-        let grace = self
-            .meta
-            .borrow()
-            .domain
-            .grace_period_seconds
-            .map(|s| Duration::from_secs(s.max(0) as u64));
         launcher
-            .command(Command::Shutdown, grace)
+            .press_power_button()
             .await
-            .map(drop)
             .map_err(FrontError::from)
     }
 

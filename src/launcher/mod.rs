@@ -609,6 +609,14 @@ impl Launcher {
         }
     }
 
+    /// Presses the ACPI power button once and returns: no task, no grace period, no destroy. For
+    /// an owner that keeps its own grace period and asks again (KubeVirt's virt-handler resends
+    /// it every few seconds, then kills); a guest that powers off is seen stopping by itself.
+    pub async fn press_power_button(&self) -> Result<(), LauncherError> {
+        let n = self.domain_name.clone();
+        self.call(move |hv| hv.shutdown_acpi(&n))
+    }
+
     /// One guest agent command's JSON answer (bounded, see [`Hypervisor::agent_command`]),
     /// waiting at most `timeout_secs`: the guest's word, for the caller to parse with care.
     pub async fn agent_command(

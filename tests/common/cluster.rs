@@ -160,6 +160,20 @@ impl Cluster {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// A JSON patch of the VMI `name`, as virt-controller and users write them.
+    pub fn json_patch(&self, namespace: &str, name: &str, patch: &Value) {
+        self.kubectl_ok(&[
+            "-n",
+            namespace,
+            "patch",
+            "vmi",
+            name,
+            "--type=json",
+            "-p",
+            &patch.to_string(),
+        ]);
+    }
+
     /// `kubectl create` of `manifest` (YAML or JSON).
     pub fn create(&self, manifest: &str) {
         let path = self.run.join(format!("create-{}.yaml", unique()));
@@ -642,18 +656,7 @@ spec:
         )
         .unwrap();
         let _ = podman(&["kube", "down", manifest.to_str().unwrap()]);
-        let out = podman(&[
-            "kube",
-            "play",
-            "--network",
-            "none",
-            manifest.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "podman kube play: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        kube_play(&manifest);
         let played = LauncherPod {
             manifest,
             container: format!("{pod}-compute"),
@@ -663,14 +666,8 @@ spec:
             hotplug,
         };
         let ready = played.sockets.join("launcher-sock");
-        let serving = vmlauncher::host::watch::wait_for_change_in(
-            &[&played.sockets],
-            Instant::now() + Duration::from_secs(60),
-            || ready.exists(),
-        )
-        .unwrap();
         assert!(
-            serving,
+            appears(&ready, Duration::from_secs(60)),
             "the launcher never served on {}:\n{}",
             ready.display(),
             played.log()
@@ -727,6 +724,13 @@ spec:
 
 impl Drop for LauncherPod {
     fn drop(&mut self) {
+        // Kept beside virt-handler's log, for a failure's reader.
+        if let Some(logs) = self.manifest.parent().and_then(Path::parent) {
+            let _ = std::fs::write(
+                logs.join(format!("logs/{}.log", self.container)),
+                self.log(),
+            );
+        }
         let _ = podman(&["kube", "down", self.manifest.to_str().unwrap()]);
     }
 }
@@ -870,27 +874,10 @@ spec:
             ),
         )
         .unwrap();
-        let out = podman(&[
-            "kube",
-            "play",
-            "--network",
-            "none",
-            manifest.to_str().unwrap(),
-        ]);
-        assert!(
-            out.status.success(),
-            "podman kube play: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        kube_play(&manifest);
         let socket = sockets.join("hp.sock");
-        let listening = vmlauncher::host::watch::wait_for_change_in(
-            &[&sockets],
-            Instant::now() + Duration::from_secs(30),
-            || socket.exists(),
-        )
-        .unwrap();
         assert!(
-            listening,
+            appears(&socket, Duration::from_secs(30)),
             "the attachment pod never listened on {}",
             socket.display()
         );
@@ -914,4 +901,31 @@ pub fn is_mount_point(path: &Path) -> bool {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let path = path.to_str().unwrap();
     text.lines().any(|l| l.split(' ').nth(4) == Some(path))
+}
+
+/// `podman kube play` of `manifest` with no network, as the kubelet of this node does.
+fn kube_play(manifest: &Path) {
+    let out = podman(&[
+        "kube",
+        "play",
+        "--network",
+        "none",
+        manifest.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "podman kube play {}: {}",
+        manifest.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether `path` exists within `within`, woken by each change in its directory.
+fn appears(path: &Path, within: Duration) -> bool {
+    vmlauncher::host::watch::wait_for_change_in(
+        &[path.parent().unwrap()],
+        Instant::now() + within,
+        || path.exists(),
+    )
+    .unwrap()
 }
