@@ -401,8 +401,10 @@ fn pause_and_unpause_through_virt_handler(cluster: &Cluster) {
         "PausedByUser",
         "{paused:#}"
     );
-    // A pause by the user survives virt-handler's next sync.
-    let synced = cluster.handler_count(&name, "Synchronization loop succeeded.");
+    // A pause by the user survives virt-handler's next sync: once virt-handler has the label
+    // (the watch shows it), a sync loop ends after it; no version of the VMI from the pause to
+    // the unpause lacks the condition, and virt-handler never saw the domain running again.
+    let paused_at = vm.watch.mark().saturating_sub(1);
     cluster.kubectl_ok(&[
         "-n",
         NS,
@@ -411,15 +413,36 @@ fn pause_and_unpause_through_virt_handler(cluster: &Cluster) {
         &name,
         "vmlauncher.test/changed=yes",
     ]);
-    cluster.wait_handler(
-        &name,
-        "Synchronization loop succeeded.",
-        synced,
-        Duration::from_secs(30),
-    );
+    vm.watch.until("labelled", Duration::from_secs(30), |v| {
+        v["metadata"]["labels"]["vmlauncher.test/changed"] == "yes"
+    });
+    let labelled = rfc3339_now();
+    let logs = cluster.run.join("logs");
+    let synced = vmlauncher::host::watch::wait_for_change_in(
+        &[&logs],
+        Instant::now() + Duration::from_secs(30),
+        || cluster.handler_said_since(&name, "Synchronization loop succeeded.", &labelled) > 0,
+    )
+    .unwrap();
     assert!(
-        condition(&vm.watch.latest().unwrap(), "Paused").is_some(),
-        "a Sync resumed the paused VM"
+        synced,
+        "virt-handler did not sync after the label:\n{}",
+        cluster.handler_digest(&name)
+    );
+    for version in vm.watch.since(paused_at) {
+        assert!(
+            condition(&version, "Paused").is_some(),
+            "a Sync resumed the paused VM: {version:#}"
+        );
+    }
+    assert_eq!(
+        cluster.handler_said_since(
+            &name,
+            "Domain is in state Running reason Unknown",
+            &paused_rfc3339(&paused)
+        ),
+        0,
+        "the domain ran again while paused"
     );
     let (code, body) = cluster.rest("PUT", NS, &name, "unpause", None);
     assert_eq!(code, 202, "unpause: {body}");
@@ -658,4 +681,16 @@ fn base64(text: &str) -> String {
         }
     }
     out
+}
+
+/// Now, as virt-handler's log stamps its lines (RFC 3339, UTC, to the microsecond).
+fn rfc3339_now() -> String {
+    humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string()
+}
+
+/// When virt-handler put the `Paused` condition on `vmi`: its transition time's second, without
+/// the zone, so that every log line of that second compares as later.
+fn paused_rfc3339(vmi: &Value) -> String {
+    let time = condition(vmi, "Paused").and_then(|c| c["lastTransitionTime"].as_str());
+    time.unwrap_or("").trim_end_matches('Z').to_string()
 }

@@ -557,9 +557,13 @@ pub fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
-/// The armed safety thaw, aborted by a thaw or a new freeze.
+/// The armed safety thaw, aborted by a thaw or a new freeze; and the turn that freezes and
+/// thaws take one at a time (a safety thaw must not interleave with a freeze asked meanwhile).
 #[derive(Debug, Default)]
-pub struct SafetyThaw(Mutex<Option<tokio::task::JoinHandle<()>>>);
+pub struct SafetyThaw(
+    Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(super) tokio::sync::Mutex<()>,
+);
 
 impl SafetyThaw {
     pub(super) fn cancel(&self) {
@@ -575,11 +579,13 @@ impl SafetyThaw {
     }
 }
 
-/// The guest is not running and will not by itself: its domain is off (shut off, crashed, or
-/// never started) or the launcher's VM is over.
+/// The guest is not running and will not by itself: its domain is seen off (shut off or
+/// crashed) or the launcher's VM is over. A domain whose state is not known (libvirt
+/// unreachable) is not down: a call on it fails, and virt-handler retries, as with KubeVirt's
+/// launcher, whose calls fail when it cannot read the state.
 fn vm_is_down(launcher: &Launcher) -> bool {
     let status = launcher.status();
-    status.finished || status.power_state.is_none_or(|p| !p.state.is_active())
+    status.finished || status.power_state.is_some_and(|p| !p.state.is_active())
 }
 
 #[cfg(test)]

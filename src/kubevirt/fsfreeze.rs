@@ -36,6 +36,7 @@ impl Front {
         self: &std::sync::Arc<Self>,
         unfreeze_timeout: Duration,
     ) -> Result<(), FrontError> {
+        let _turn = self.safety_thaw.1.lock().await;
         let launcher = self.running()?.clone();
         let migrating = launcher
             .status()
@@ -75,6 +76,7 @@ impl Front {
 
     /// `UnfreezeVirtualMachine` (and the safety thaw, which must not cancel itself).
     pub async fn thaw(&self, cancel_safety: bool) -> Result<(), FrontError> {
+        let _turn = self.safety_thaw.1.lock().await;
         if cancel_safety {
             self.safety_thaw.cancel();
         }

@@ -295,24 +295,23 @@ impl Cmd for CmdService {
         &self,
         request: Request<FreezeRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
+        // Answered only once the guest is frozen (or the freeze failed), as KubeVirt's
+        // FreezeVMI: a snapshot taken on an early "success" would copy a guest still writing.
+        // Bounded by the agent's timeout, under virt-handler's 60 s for this call.
         let seconds = request.get_ref().unfreeze_timeout_seconds.max(0) as u64;
-        let front = self.front.clone();
-        self.detached("FreezeVirtualMachine", async move {
-            front.freeze(std::time::Duration::from_secs(seconds)).await
-        })
-        .await
+        let result = self
+            .front
+            .freeze(std::time::Duration::from_secs(seconds))
+            .await;
+        Ok(Response::new(answer("FreezeVirtualMachine", result)))
     }
 
     async fn unfreeze_virtual_machine(
         &self,
         _: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        let front = self.front.clone();
-        self.detached(
-            "UnfreezeVirtualMachine",
-            async move { front.thaw(true).await },
-        )
-        .await
+        let result = self.front.thaw(true).await;
+        Ok(Response::new(answer("UnfreezeVirtualMachine", result)))
     }
 
     /// Answers at once, as KubeVirt's launcher does: the migration runs on, its outcome is in

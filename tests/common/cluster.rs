@@ -143,6 +143,7 @@ impl Cluster {
         Command::new(&self.kubectl)
             .arg("--kubeconfig")
             .arg(self.run.join("admin.kubeconfig"))
+            .arg("--request-timeout=60s")
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -197,6 +198,14 @@ impl Cluster {
                         .is_some_and(|m| m.contains(&format!("/{name}")))
             })
             .collect()
+    }
+
+    /// The lines about `name` that say `msg` (exactly), logged at `since` (RFC 3339, UTC) or later.
+    pub fn handler_said_since(&self, name: &str, msg: &str, since: &str) -> usize {
+        self.handler_lines(name)
+            .iter()
+            .filter(|l| l["msg"] == msg && l["timestamp"].as_str().is_some_and(|t| t >= since))
+            .count()
     }
 
     /// How many lines about `name` say `msg` (exactly).
@@ -444,6 +453,21 @@ impl VmiWatch {
             changed,
             child,
         }
+    }
+
+    /// How many versions were seen so far: a mark for [`VmiWatch::since`].
+    pub fn mark(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Every version seen from `mark` on (deletions left out).
+    pub fn since(&self, mark: usize) -> Vec<Value> {
+        let seen = self.seen.lock().unwrap();
+        seen[mark.min(seen.len())..]
+            .iter()
+            .filter(|e| e["type"] != "DELETED")
+            .map(|e| e["object"].clone())
+            .collect()
     }
 
     /// The latest version (None once deleted, or before the first).
