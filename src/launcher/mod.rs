@@ -612,9 +612,18 @@ impl Launcher {
     /// Presses the ACPI power button once and returns: no task, no grace period, no destroy. For
     /// an owner that keeps its own grace period and asks again (KubeVirt's virt-handler resends
     /// it every few seconds, then kills); a guest that powers off is seen stopping by itself.
+    /// A guest that powered itself off between the owner's look and the press (libvirt answers
+    /// "domain is not running" before its stop event reaches the status) is what the press
+    /// asked for: libvirt's own state, read after the refusal, decides.
     pub async fn press_power_button(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
-        self.call(move |hv| hv.shutdown_acpi(&n))
+        self.call(move |hv| match hv.shutdown_acpi(&n) {
+            Err(refused) => match hv.power_state(&n) {
+                Ok(now) if !now.state.is_active() => Ok(()),
+                _ => Err(refused),
+            },
+            pressed => pressed,
+        })
     }
 
     /// One guest agent command's JSON answer (bounded, see [`Hypervisor::agent_command`]),
