@@ -203,6 +203,18 @@ pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
             .unwrap_or_default(),
         finished: s.finished,
         migration: s.migration.as_ref().map(migration::status_to_proto),
+        consoles: Some(consoles_to_proto(&s.consoles)),
+    }
+}
+
+fn consoles_to_proto(c: &crate::convert::Consoles) -> proto::ConsoleStatus {
+    let text =
+        |p: Option<&std::path::PathBuf>| p.map(|p| p.display().to_string()).unwrap_or_default();
+    let serial = c.serial.as_ref();
+    proto::ConsoleStatus {
+        serial_socket: text(serial.map(|s| &s.socket)),
+        serial_log: text(serial.and_then(|s| s.log.as_ref())),
+        vnc_socket: text(c.vnc_socket.as_ref()),
     }
 }
 

@@ -93,6 +93,16 @@ pub enum MainError {
     /// The launcher refused the call; it chose the gRPC code from its own typed error, in `api`.
     #[error("{:?}: {}", .0.code(), .0.message())]
     Refused(tonic::Status),
+    #[error(
+        "this VM has no serial console (spec.domain.devices.autoattachSerialConsole is false)"
+    )]
+    NoSerialConsole,
+    #[error("cannot attach to the serial console at {}", .path.display())]
+    SerialConsole {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("the launcher's spec does not parse: {0}")]
     LaunchersSpec(serde_yaml_ng::Error),
     /// `addvolume` / `removevolume` cannot make the edit on the launcher's spec.
@@ -135,9 +145,11 @@ impl From<&MainError> for ExitCode {
             | MainError::Stdout(_)
             | MainError::EditedSpec(_) => ExitCode::Internal,
             MainError::Spec(_) => ExitCode::BadSpec,
-            MainError::Connect(_) | MainError::LaunchersSpec(_) | MainError::Edit(_) => {
-                ExitCode::RequestFailed
-            }
+            MainError::Connect(_)
+            | MainError::LaunchersSpec(_)
+            | MainError::Edit(_)
+            | MainError::NoSerialConsole
+            | MainError::SerialConsole { .. } => ExitCode::RequestFailed,
             MainError::Refused(status) => ExitCode::from_rpc_code(status.code()),
             MainError::Run(e) => ExitCode::from_run_error(e),
             MainError::VirtLauncher(e) => ExitCode::from_virt_launcher_error(e),

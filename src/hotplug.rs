@@ -111,7 +111,7 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         rng,
         scsi_controller,
         spare_pcie_ports,
-        console_log,
+        serial,
         vnc_socket,
         memballoon,
     } = current;
@@ -155,7 +155,7 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
                 && *watchdog == d.watchdog
                 && *rng == d.rng
                 && *scsi_controller == d.scsi_controller
-                && *console_log == d.console_log
+                && *serial == d.serial
                 && *vnc_socket == d.vnc_socket
                 && *memballoon == d.memballoon,
         ),
@@ -250,7 +250,10 @@ mod tests {
             machine: "q35".into(),
             kernel_boot: None,
             disks,
-            console_log: Some("/c".into()),
+            serial: Some(crate::domain::SerialDef {
+                socket: "/s".into(),
+                log: Some("/c".into()),
+            }),
             instance: InstanceMetadata {
                 namespace: "default".into(),
                 name: "vm".into(),

@@ -325,6 +325,7 @@ async fn dispatch(command: Command) -> Outcome {
         }
         Command::Status { socket, output } => status(&socket, output).await,
         Command::Events { socket, output } => events(&socket, output).await,
+        Command::Console { socket } => cli::console::console(&socket).await,
         Command::Start(t) => send_command(&t, Verb::Start).await,
         Command::Pause(t) => send_command(&t, Verb::Pause).await,
         Command::Unpause(t) => send_command(&t, Verb::Unpause).await,

@@ -98,9 +98,6 @@ impl RuntimeDir {
     pub fn socket(&self) -> PathBuf {
         self.0.join("launcher.sock")
     }
-    pub fn console_log(&self) -> PathBuf {
-        self.0.join("console.log")
-    }
     pub fn libvirt_dir(&self) -> PathBuf {
         self.0.join("libvirt")
     }

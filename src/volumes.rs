@@ -16,9 +16,15 @@ pub struct HostPaths {
     pub dev_root: PathBuf,
     /// containerDisk images, put there by whoever makes the pod: `<dir>/disk_<n>.img`.
     pub container_disk_dir: PathBuf,
-    /// What the launcher makes itself: overlays, empty disks, cloud-init ISOs, EFI variables,
-    /// the VNC socket.
+    /// What the launcher makes itself: overlays, empty disks, cloud-init ISOs, EFI variables.
     pub private_dir: PathBuf,
+    /// Where QEMU listens for the consoles: `virt-serial0` and `virt-vnc`, the names KubeVirt's
+    /// converter gives them (in a pod `/var/run/kubevirt-private/<vmi uid>`, where
+    /// virt-handler's console server looks for them).
+    pub console_dir: PathBuf,
+    /// Where QEMU copies the guest's serial console (in a pod KubeVirt's
+    /// `<console_dir>/virt-serial0-log`, which its `guest-console-log` container follows).
+    pub console_log: PathBuf,
     /// OVMF, as Debian's `ovmf` package installs it.
     pub firmware_dir: PathBuf,
     /// Hot-plugged claims (`hotpluggable: true`): `<hotplug_dir>/<volume>` for a block device
@@ -40,6 +46,8 @@ impl HostPaths {
             dev_root: "/dev".into(),
             container_disk_dir: "/var/run/kubevirt/container-disks".into(),
             private_dir: "/var/run/kubevirt-private/vmlauncher".into(),
+            console_dir: "/var/run/kubevirt-private".into(),
+            console_log: "/var/run/kubevirt-private/virt-serial0-log".into(),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: "/var/run/kubevirt/hotplug-disks".into(),
             cloud_init_dir: None,
@@ -53,6 +61,8 @@ impl HostPaths {
             dev_root: runtime_dir.join("dev"),
             container_disk_dir: runtime_dir.join("container-disks"),
             private_dir: runtime_dir.join("private"),
+            console_dir: runtime_dir.join("private"),
+            console_log: runtime_dir.join("console.log"),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: runtime_dir.join("hotplug"),
             cloud_init_dir: None,
@@ -60,7 +70,11 @@ impl HostPaths {
     }
 
     pub fn vnc_socket(&self) -> PathBuf {
-        self.private_dir.join("vnc.sock")
+        self.console_dir.join("virt-vnc")
+    }
+
+    pub fn serial_socket(&self) -> PathBuf {
+        self.console_dir.join("virt-serial0")
     }
 
     pub fn nvram(&self, domain: &str) -> PathBuf {

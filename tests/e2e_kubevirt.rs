@@ -87,9 +87,8 @@ fn sigterm_marks_notifies_and_stops_the_guest_gracefully() {
     notify.domain("Running", common::BOOT_DEADLINE, |_, d| {
         d["Status"]["Status"] == "Running"
     });
-    let mut console =
-        vmlauncher::console::ConsoleLog::from_start(&dirs.runtime().join("console.log"))
-            .expect("the console log");
+    let mut console = vmlauncher::console::ConsoleLog::from_start(&dirs.console_log(uid))
+        .expect("the console log");
     common::wait_booted(&mut console);
 
     launcher.signal(nix::sys::signal::Signal::SIGTERM);

@@ -52,6 +52,7 @@ struct Pod {
     launcher: VirtLauncher,
     notify: NotifyRecorder,
     socket: PathBuf,
+    uid: String,
 }
 
 impl Pod {
@@ -75,11 +76,12 @@ impl Pod {
             launcher,
             notify,
             socket,
+            uid: uid.into(),
         }
     }
 
     fn console(&self) -> ConsoleLog {
-        ConsoleLog::from_start(&self.dirs.runtime().join("console.log")).expect("the console log")
+        ConsoleLog::from_start(&self.dirs.console_log(&self.uid)).expect("the console log")
     }
 
     /// Where virt-handler's proxy reaches this (target) pod's libvirt.
@@ -365,7 +367,7 @@ fn a_guest_migrates_between_kubevirt_launchers_and_keeps_its_boot() {
     } = common::report_with(&mut console, "HOT1-S");
     assert_eq!(boot, boot_id, "a second boot");
     assert_eq!(read_back, format!("vmltest {boot_id}"));
-    let log = std::fs::read_to_string(target.dirs.runtime().join("console.log")).unwrap();
+    let log = std::fs::read_to_string(target.dirs.console_log(&target.uid)).unwrap();
     assert!(!log.contains("VMLTEST-BOOTED"), "the target booted:\n{log}");
 
     target.launcher.signal(nix::sys::signal::Signal::SIGTERM);

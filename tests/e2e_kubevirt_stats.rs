@@ -89,9 +89,8 @@ async fn domain_stats_and_guest_info_over_the_cmd_socket() {
 
     // Once the guest has booted it has run (CPU time) and its disk is open: every group the
     // assertions read is there in one answer.
-    let mut console =
-        vmlauncher::console::ConsoleLog::from_start(&dirs.runtime().join("console.log"))
-            .expect("the console log");
+    let mut console = vmlauncher::console::ConsoleLog::from_start(&dirs.console_log(uid))
+        .expect("the console log");
     tokio::task::block_in_place(|| common::wait_booted(&mut console));
     let stats: serde_json::Value =
         serde_json::from_str(&stats(&mut client).await).expect("stats JSON");

@@ -313,7 +313,7 @@ async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
     .unwrap();
     assert_eq!(running["ObjectMeta"]["name"], NAME);
     assert_eq!(running["ObjectMeta"]["namespace"], NAMESPACE);
-    let mut console = ConsoleLog::from_start(&dirs.runtime().join("console.log")).unwrap();
+    let mut console = ConsoleLog::from_start(&dirs.console_log(UID)).unwrap();
     tokio::task::block_in_place(|| {
         console.line("the guest's boot line", BOOT_DEADLINE, |l| {
             l.contains("VMLTEST-BOOTED")

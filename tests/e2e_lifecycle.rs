@@ -650,3 +650,87 @@ async fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
+
+/// The serial console and the VNC display at the sockets the status names: a line typed through
+/// `vmlauncher console` reaches the guest and its answer comes back (and into the console log),
+/// Ctrl-] leaves with the VM still running, and the VNC socket speaks RFB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rfb() {
+    use std::io::{BufRead, Read, Write};
+    let name = "consoles";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut log = vm.boot();
+    let (code, stdout, stderr) = verb(&vm, &["status"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let consoles = &status["consoles"];
+    let private = vm.dir().join("private");
+    assert_eq!(
+        consoles["serialSocket"],
+        private.join("virt-serial0").to_str().unwrap()
+    );
+    assert_eq!(
+        consoles["vncSocket"],
+        private.join("virt-vnc").to_str().unwrap()
+    );
+    assert_eq!(
+        consoles["serialLog"],
+        vm.dir().join("console.log").to_str().unwrap()
+    );
+
+    let mut vnc = std::os::unix::net::UnixStream::connect(private.join("virt-vnc")).unwrap();
+    vnc.set_read_timeout(Some(GUEST_DEADLINE)).unwrap();
+    let mut greeting = [0u8; 12];
+    vnc.read_exact(&mut greeting).unwrap();
+    assert_eq!(&greeting, b"RFB 003.008\n");
+    drop(vnc);
+
+    let mut attached = Process::new(common::bin())
+        .args(["console", "--socket"])
+        .arg(vm.socket())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let out = std::io::BufReader::new(attached.stdout.take().unwrap());
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut keys = attached.stdin.take().unwrap();
+    let word = format!("hello-{}", std::process::id());
+    let heard = format!("VMLTEST-HEARD {word}");
+    // Typed once: until the console connects, the keys wait in its stdin; the guest's tty keeps
+    // them until its reader reads.
+    keys.write_all(format!("{word}\n").as_bytes()).unwrap();
+    let deadline = Instant::now() + GUEST_DEADLINE;
+    let mut answered = false;
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if line.contains(&heard) {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered, "no {heard:?} through vmlauncher console");
+    log.line("the answer in the console log", GUEST_DEADLINE, |l| {
+        l.contains(&heard)
+    });
+
+    keys.write_all(&[0x1d]).unwrap();
+    let status = attached.wait().unwrap();
+    let mut said = String::new();
+    attached
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut said)
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{said}");
+    assert!(said.contains("detached"), "{said}");
+    let (_, stdout, _) = verb(&vm, &["status"]);
+    let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(status["printableStatus"], "Running", "{status:#}");
+}

@@ -191,6 +191,11 @@ pub(crate) enum Command {
         #[arg(long, value_enum, default_value = "text")]
         output: Output,
     },
+    /// Attach to the guest's serial console (Ctrl-] leaves; the VM goes on).
+    Console {
+        #[arg(long, default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+    },
     /// Follow the launcher's event stream (lifecycle, status and volume changes).
     Events {
         #[arg(long, default_value = DEFAULT_SOCKET)]

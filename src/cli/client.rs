@@ -310,6 +310,17 @@ pub(crate) async fn status(socket: &Path, output: Output) -> Outcome {
                 );
             }
             print_resources(&s);
+            if let Some(c) = &s.consoles {
+                for (what, path) in [
+                    ("serial:     ", &c.serial_socket),
+                    ("console log:", &c.serial_log),
+                    ("vnc:        ", &c.vnc_socket),
+                ] {
+                    if !path.is_empty() {
+                        outln!("{what} {path}");
+                    }
+                }
+            }
             if let Some(m) = &s.migration {
                 print_migration(m);
             }

@@ -3,6 +3,7 @@
 
 pub(crate) mod args;
 pub(crate) mod client;
+pub(crate) mod console;
 pub(crate) mod migrate;
 pub(crate) mod output;
 pub(crate) mod spec_edit;

@@ -87,6 +87,9 @@ pub(crate) fn status_json(s: &proto::Status) -> serde_json::Value {
         "restartCount": s.restart_count, "nextRestartInMs": s.next_restart_in_ms,
         "finished": s.finished,
         "migration": s.migration.as_ref().map(migration_json),
+        "consoles": s.consoles.as_ref().map(|c| serde_json::json!({
+            "serialSocket": c.serial_socket, "serialLog": c.serial_log, "vncSocket": c.vnc_socket,
+        })),
     })
 }
 

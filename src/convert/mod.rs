@@ -142,8 +142,6 @@ impl Publish {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvertOptions {
     pub virt_type: VirtType,
-    /// Where the guest's serial console is written.
-    pub console_log: PathBuf,
     /// Machine aliases and what they stand for on this host (`q35` → `pc-q35-7.2`), read once
     /// from libvirt so that the guest ABI does not drift; a name not in here is kept as written.
     pub machines: BTreeMap<String, String>,
@@ -177,8 +175,10 @@ impl ConvertOptions {
             .unwrap_or_else(|| PathBuf::from("/"));
         ConvertOptions {
             virt_type,
-            paths: HostPaths::local(&runtime_dir),
-            console_log,
+            paths: HostPaths {
+                console_log,
+                ..HostPaths::local(&runtime_dir)
+            },
             machines: BTreeMap::new(),
             network: NetworkMode::Local,
             publish: Publish::default(),
@@ -207,6 +207,7 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
     let name = domain_name(vmi);
     let domain = &vmi.spec.domain;
     let devices = &domain.devices;
+    let consoles = Consoles::of(devices, &opts.paths);
     let (topology, vcpus_enabled, cpu) = cpu(vmi);
     let firmware = domain.firmware.clone().unwrap_or_default();
     // The largest topology: a CPU hotplug must not change the iothreads.
@@ -278,8 +279,8 @@ pub fn convert(vmi: &Validated, opts: &ConvertOptions) -> Result<DomainDef, Spec
         // Always present unless hotplug is off, so that scsi disks can be hot-plugged into any VM.
         scsi_controller: devices.hotplug() || devices.disks.iter().any(|d| d.bus() == "scsi"),
         spare_pcie_ports,
-        console_log: devices.serial_console().then(|| opts.console_log.clone()),
-        vnc_socket: devices.graphics().then(|| opts.paths.vnc_socket()),
+        serial: consoles.serial,
+        vnc_socket: consoles.vnc_socket,
         memballoon: devices.mem_balloon(),
         instance: InstanceMetadata {
             namespace: vmi
@@ -787,3 +788,6 @@ fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
 
 #[cfg(test)]
 mod tests;
+
+mod consoles;
+pub use consoles::Consoles;

@@ -80,7 +80,9 @@ fn converts_the_whole_skeleton_subset() {
         "<address type=\"drive\" controller=\"0\" bus=\"0\" target=\"0\" unit=\"1\"/>",
         "<kernel>/k/vmlinuz</kernel>",
         "<cmdline>console=ttyS0</cmdline>",
-        "<source path=\"/run/vml/console.log\" append=\"on\"/>",
+        "<serial type=\"unix\">",
+        "<source mode=\"bind\" path=\"/run/vml/private/virt-serial0\"/>",
+        "<log file=\"/run/vml/console.log\" append=\"on\"/>",
     ] {
         assert!(xml.contains(needle), "{needle} missing from\n{xml}");
     }

@@ -81,12 +81,22 @@ pub struct DomainDef {
     /// libvirt would put the boot devices on them. They are added to the definition libvirt
     /// made, after its own ([`with_spare_root_ports`]), as KubeVirt does.
     pub spare_pcie_ports: u32,
-    /// Where QEMU writes the guest's serial console; `None` without a serial console.
-    pub console_log: Option<PathBuf>,
+    /// The guest's serial console; `None` without one.
+    pub serial: Option<SerialDef>,
     /// The unix socket of the VNC display; `None` without graphics.
     pub vnc_socket: Option<PathBuf>,
     pub memballoon: bool,
     pub instance: InstanceMetadata,
+}
+
+/// The serial console as KubeVirt's converter makes it: a unix socket QEMU listens on (bind
+/// mode), which `virtctl console` reaches through virt-handler and `vmlauncher console`
+/// directly, and the file QEMU copies the guest's output to, whoever is attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SerialDef {
+    pub socket: PathBuf,
+    /// `None` when the spec says `logSerialConsole: false`.
+    pub log: Option<PathBuf>,
 }
 
 /// An overlay's backing, which lies where a tenant or an image author writes. libvirt is told

@@ -526,14 +526,8 @@ impl DomainDef {
             for iface in &self.interfaces {
                 write_interface(w, iface)?;
             }
-            if let Some(log) = &self.console_log {
-                let log = log.to_string_lossy();
-                w.create_element("serial")
-                    .with_attribute(("type", "file"))
-                    .write_inner_content(|w| {
-                        empty(w, "source", &[("path", log.as_ref()), ("append", "on")])?;
-                        empty(w, "target", &[("port", "0")])
-                    })?;
+            if let Some(serial) = &self.serial {
+                write_serial(w, serial)?;
             }
             for input in &self.inputs {
                 w.create_element("input")
@@ -603,6 +597,21 @@ impl DomainDef {
         })?;
         Ok(())
     }
+}
+
+fn write_serial(w: &mut XmlWriter, serial: &SerialDef) -> io::Result<()> {
+    let socket = serial.socket.to_string_lossy();
+    w.create_element("serial")
+        .with_attribute(("type", "unix"))
+        .write_inner_content(|w| {
+            empty(w, "source", &[("mode", "bind"), ("path", socket.as_ref())])?;
+            if let Some(log) = &serial.log {
+                let log = log.to_string_lossy();
+                empty(w, "log", &[("file", log.as_ref()), ("append", "on")])?;
+            }
+            empty(w, "target", &[("port", "0")])
+        })?;
+    Ok(())
 }
 
 fn write_virtio_mem(w: &mut XmlWriter, mem: &VirtioMemDef) -> io::Result<()> {

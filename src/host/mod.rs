@@ -294,12 +294,18 @@ fn give_to(file: &fs::File, path: &Path, owner: devnode::NodeOwner) -> Result<()
     }
 }
 
-/// Makes the directories the launcher writes into: its private dir (VNC socket, overlays, ISOs)
-/// and the one for EFI variables, which libvirt fills from the template but does not create.
+/// Makes the directories the launcher writes into: its private dir (overlays, ISOs), the one
+/// for EFI variables, which libvirt fills from the template but does not create, and the one
+/// QEMU listens in for the consoles.
 pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
     // 0700 (0770 with QEMU's group, when QEMU is not root: `run::prepare` made it so first):
     // cloud-init user data (secrets) and overlays live here.
-    for dir in [paths.private_dir.clone(), paths.private_dir.join("nvram")] {
+    let dirs = [
+        paths.private_dir.clone(),
+        paths.private_dir.join("nvram"),
+        paths.console_dir.clone(),
+    ];
+    for dir in dirs {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)

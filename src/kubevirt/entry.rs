@@ -70,7 +70,12 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     let qemu_user = run::qemu_user(None).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
     let (rt, _lock) = RuntimeDir::claim(&flags.runtime_dir).map_err(SetupError::RuntimeDir)?;
+    // Where KubeVirt's launcher puts the consoles (virt-handler's console server and the
+    // `guest-console-log` container look there); the dir itself is made with the private dir.
+    let console_dir = flags.kubevirt_private_dir.join(&flags.uid);
     let paths = HostPaths {
+        console_log: console_dir.join("virt-serial0-log"),
+        console_dir,
         container_disk_dir: flags.container_disk_dir.clone(),
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
         firmware_dir: flags.ovmf_path.clone(),

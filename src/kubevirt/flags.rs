@@ -36,6 +36,9 @@ pub struct VirtLauncherFlags {
     /// vmlauncher's own: where a migration target shows virt-handler its libvirt, which
     /// virt-handler's migration proxy reaches at KubeVirt's fixed path in the pod.
     pub libvirt_socket: PathBuf,
+    /// vmlauncher's own: KubeVirt's private emptyDir, fixed in its launcher; the consoles go to
+    /// `<dir>/<uid>/`, where virt-handler's console server looks for them.
+    pub kubevirt_private_dir: PathBuf,
     /// Flags given whose feature is not built here, with their values.
     pub not_built: Vec<(String, String)>,
 }
@@ -61,6 +64,7 @@ impl Default for VirtLauncherFlags {
             qemu_cache_dir: Some("/var/cache/vmlauncher/qemu-capabilities".into()),
             log_json: false,
             libvirt_socket: "/var/run/libvirt/virtqemud-sock".into(),
+            kubevirt_private_dir: "/var/run/kubevirt-private".into(),
             not_built: Vec::new(),
         }
     }
@@ -134,6 +138,7 @@ const BUILT: &[(&str, Kind)] = &[
     ("qemu-cache-dir", Kind::Value),
     ("log-format", Kind::Value),
     ("libvirt-socket", Kind::Value),
+    ("kubevirt-private-dir", Kind::Value),
 ];
 
 /// Printed with a usage error and for `--help`.
@@ -152,7 +157,8 @@ KubeVirt's virt-launcher flags, with KubeVirt's defaults:
   accepted, not built: --hook-sidecars, --disk-memory-limit, --libvirt-log-filters, --run-as-nonroot,
   --keep-after-failure, --qemu-agent-*-interval, --qemu-fsfreeze-status-interval, --image-volume, ...
 vmlauncher's own: --emulation auto|kvm|tcg, --runtime-dir DIR, --qemu-cache-dir DIR, --log-format human|json,
-  --libvirt-socket PATH (/var/run/libvirt/virtqemud-sock: where a migration target shows its libvirt)
+  --libvirt-socket PATH (/var/run/libvirt/virtqemud-sock: where a migration target shows its libvirt),
+  --kubevirt-private-dir DIR (/var/run/kubevirt-private: the consoles go to DIR/<uid>/virt-serial0, virt-vnc)
 ";
 
 /// Parses the arguments after `virt-launcher` (argv without the program and verb).
@@ -223,7 +229,13 @@ fn set(
             flags.qemu_timeout = go_duration(&value).ok_or_else(|| invalid("not a duration"))?
         }
         "name" => flags.name = value,
-        "uid" => flags.uid = value,
+        "uid" => {
+            // A directory's name (the consoles'), so one path component and nothing else.
+            if value.is_empty() || value == "." || value == ".." || value.contains(['/', '\0']) {
+                return Err(invalid("not a name: a VMI's uid is one path component"));
+            }
+            flags.uid = value
+        }
         "namespace" => flags.namespace = value,
         "kubevirt-share-dir" => flags.kubevirt_share_dir = value.into(),
         "ephemeral-disk-dir" => flags.ephemeral_disk_dir = value.into(),
@@ -246,6 +258,7 @@ fn set(
         }
         "runtime-dir" => flags.runtime_dir = value.into(),
         "libvirt-socket" => flags.libvirt_socket = value.into(),
+        "kubevirt-private-dir" => flags.kubevirt_private_dir = value.into(),
         "qemu-cache-dir" => {
             flags.qemu_cache_dir = (!value.is_empty()).then(|| PathBuf::from(value))
         }
@@ -413,6 +426,12 @@ mod tests {
             parse(["--allow-emulation=maybe"]),
             Err(FlagsError::Invalid { .. })
         ));
+        for uid in ["", "..", "a/b", "../../etc"] {
+            assert!(
+                matches!(parse(["--uid", uid]), Err(FlagsError::Invalid { flag, .. }) if flag == "--uid"),
+                "{uid:?}"
+            );
+        }
         assert_eq!(
             parse(["vm.yaml"]),
             Err(FlagsError::Positional("vm.yaml".into()))

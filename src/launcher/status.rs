@@ -127,6 +127,8 @@ pub struct Status {
     pub finished: bool,
     /// The migration in flight or last ended.
     pub migration: Option<super::MigrationStatus>,
+    /// Where the guest's serial console and VNC display are reached.
+    pub consoles: crate::convert::Consoles,
 }
 
 impl Status {
@@ -310,6 +312,10 @@ impl Launcher {
             next_restart: s.restart_at,
             finished: s.finished,
             migration: s.migration.clone(),
+            consoles: crate::convert::Consoles::of(
+                &s.spec.spec.domain.devices,
+                &self.options.convert.paths,
+            ),
         }
     }
 }
@@ -403,6 +409,7 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
         next_restart: None,
         finished: false,
         migration: None,
+        consoles: Default::default(),
     }
 }
 

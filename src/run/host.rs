@@ -77,13 +77,17 @@ pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
 }
 
 /// What a non-root QEMU must reach: the runtime and hotplug dirs to pass through, and the
-/// private dir it shares with the launcher (overlays, ISOs, EFI variables, the VNC socket it
-/// makes).
+/// private and console dirs it shares with the launcher (overlays, ISOs, EFI variables; the
+/// console sockets it listens on).
 fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
     if qemu.is_root() {
         return;
     }
-    let private = [paths.private_dir.clone(), paths.private_dir.join("nvram")];
+    let private = [
+        paths.private_dir.clone(),
+        paths.private_dir.join("nvram"),
+        paths.console_dir.clone(),
+    ];
     for dir in &private {
         if let Err(e) = fs::DirBuilder::new()
             .recursive(true)
@@ -247,11 +251,10 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
-    let console_log = rt.console_log();
     // A `--connect`ed libvirt has its own virtlogd to bound the logs.
     let logs = match &connect {
         Some(_) => None,
-        None => bound_logs(rt, &console_log, log_max_size),
+        None => bound_logs(rt, &paths.console_log, log_max_size),
     };
     let cgroup_roots = match CgroupRoots::detect() {
         Ok(roots) => writable_cgroups(roots, rt),
@@ -329,7 +332,6 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
     let claims_by_fd = connect.is_none() && crate::libvirt::supports_fd_groups();
     let convert = ConvertOptions {
         virt_type: emulation.resolve(),
-        console_log,
         machines: Default::default(),
         block_volumes: Default::default(),
         // The private libvirtd is this host's libvirt, 9.0 or later where it was built against

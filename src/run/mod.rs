@@ -105,6 +105,23 @@ pub(crate) fn say(what: std::fmt::Arguments<'_>) {
 /// `dedicatedCpuPlacement` pins vCPUs to the launcher's CPUs (its affinity, as convert reads it)
 /// as if they were the VM's alone; where they visibly are not, the operator is told why (the VM
 /// still runs: pinned on shared CPUs it is no worse off than unpinned on them).
+/// Where a person finds the guest's consoles: the serial's log and socket (`vmlauncher
+/// console` attaches to it) and the VNC socket, for those the spec has.
+fn consoles(spec: &Validated, paths: &crate::volumes::HostPaths) -> Vec<String> {
+    let consoles = crate::convert::Consoles::of(&spec.spec.domain.devices, paths);
+    let mut lines = Vec::new();
+    if let Some(serial) = consoles.serial {
+        if let Some(log) = serial.log {
+            lines.push(format!("console {}", log.display()));
+        }
+        lines.push(format!("serial unix:{}", serial.socket.display()));
+    }
+    if let Some(vnc) = consoles.vnc_socket {
+        lines.push(format!("vnc unix:{}", vnc.display()));
+    }
+    lines
+}
+
 pub(crate) fn warn_if_cpus_shared(spec: &Validated) {
     let cpu = spec.spec.domain.cpu.as_ref();
     if cpu.is_none_or(|c| c.dedicated_cpu_placement != Some(true)) {
@@ -258,7 +275,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         ),
         migration_tls,
     });
-    let console_log = rt.console_log();
+    let console_log = paths.console_log.clone();
     if opts.console {
         mirror_console(console_log.clone());
     }
@@ -278,6 +295,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         unreachable!("a spec is required without --incoming (clap)");
     };
     warn_if_cpus_shared(&spec);
+    let consoles = consoles(&spec, &paths);
     let options = base.for_spec(&spec, opts.spec_text.clone(), opts.strategy);
     let events_rx = events;
     let (launcher, kind) = match Launcher::start(connector.clone(), spec, options, events_rx).await
@@ -302,7 +320,9 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         },
         opts.strategy.as_str(),
     ));
-    say(format_args!("console {}", console_log.display()));
+    for line in consoles {
+        say(format_args!("{line}"));
+    }
 
     let listener = match api::bind(&socket) {
         Ok(l) => l,

@@ -598,7 +598,7 @@ pub struct LauncherPod {
     pub uid: String,
     /// The `sockets` emptyDir on the host, where virt-handler looks for `launcher-sock`.
     pub sockets: PathBuf,
-    /// The guest's console log, in the launcher's runtime dir in the `private` emptyDir (read
+    /// The guest's console log, KubeVirt's `virt-serial0-log` in the `private` emptyDir (read
     /// from the host: it outlives the container, whose last lines a reader inside would lose).
     console_log: PathBuf,
     /// The `hotplug-disks` emptyDir on the host, where virt-handler mounts a hot-plugged volume's
@@ -686,7 +686,7 @@ spec:
             container: format!("{pod}-compute"),
             uid,
             sockets,
-            console_log: private.join("vmlauncher/console.log"),
+            console_log: private.join(vmi_uid).join("virt-serial0-log"),
             hotplug,
         };
         let ready = played.sockets.join("launcher-sock");

@@ -78,7 +78,13 @@ pub struct PodDirs {
 impl PodDirs {
     pub fn new() -> PodDirs {
         let root = super::disk_dir("vml-kv-");
-        for d in ["share/sockets", "hotplug", "ephemeral", "container-disks"] {
+        for d in [
+            "share/sockets",
+            "hotplug",
+            "ephemeral",
+            "container-disks",
+            "private",
+        ] {
             std::fs::create_dir_all(root.path().join(d)).unwrap();
         }
         PodDirs { root }
@@ -94,6 +100,14 @@ impl PodDirs {
     }
     pub fn sockets(&self) -> PathBuf {
         self.share().join("sockets")
+    }
+    /// KubeVirt's private dir of the VMI `uid`: its serial and VNC sockets.
+    pub fn consoles(&self, uid: &str) -> PathBuf {
+        self.root.path().join("private").join(uid)
+    }
+    /// Where QEMU copies the serial console of the VMI `uid`, as KubeVirt's launcher has it.
+    pub fn console_log(&self, uid: &str) -> PathBuf {
+        self.consoles(uid).join("virt-serial0-log")
     }
 
     /// The flags KubeVirt's pod template gives, pointed at these dirs, and TCG.
@@ -130,6 +144,8 @@ impl PodDirs {
             "/usr/share/OVMF",
             "--runtime-dir",
             &p("runtime"),
+            "--kubevirt-private-dir",
+            &p("private"),
             "--emulation",
             "tcg",
         ]

@@ -37,7 +37,9 @@ pub struct Devices {
     #[serde(default, rename = "autoattachVSOCK")]
     pub autoattach_vsock: Option<Unsupported>,
     pub autoattach_input_device: Option<Unsupported>,
-    pub log_serial_console: Option<Unsupported>,
+    /// KubeVirt's default (unless its cluster turns it off) is `true`: QEMU copies the serial
+    /// console to a file.
+    pub log_serial_console: Option<bool>,
     pub downward_metrics: Option<Unsupported>,
     pub panic_devices: Option<Unsupported>,
     pub video: Option<Unsupported>,
