@@ -379,6 +379,7 @@ impl proto::launcher_server::Launcher for Service {
                         from: c.from * unit,
                         to: c.to * unit,
                         error: c.error.clone().unwrap_or_default(),
+                        at_restart: c.at_restart,
                     }
                 })
                 .collect(),

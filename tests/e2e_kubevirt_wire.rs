@@ -5,7 +5,9 @@
 //! Shutdown. Each assertion is about an effect the handler could observe: the `Response`, the
 //! domain `GetDomain` shows, the guest's console, the launcher's exit.
 //!
-//! Two launchers: one never gets a valid VMI (no guest, fast), one boots the TCG test guest.
+//! Three launchers: one never gets a valid VMI (no guest, fast), two boot the TCG test guest
+//! (one for a caller that gives up and a racing Shutdown, one for `SyncVirtualMachineCPUs` and
+//! `SyncVirtualMachineMemory` as virt-handler sends them after a hotplug migration).
 
 mod common;
 
@@ -398,4 +400,117 @@ async fn a_caller_that_gives_up_and_a_sync_racing_a_shutdown() {
     let status = tokio::task::block_in_place(|| launcher.wait_exit(Duration::from_secs(90)));
     assert_eq!(status.code(), Some(0), "{}", launcher.stderr_text());
     eprintln!("guest test took {:?}", started.elapsed());
+}
+
+/// The enabled vCPUs of `GetDomain`'s `VCPUs` (every vCPU of the room, `Enabled` yes or no).
+fn enabled_vcpus(domain: &Value) -> usize {
+    domain["Spec"]["VCPUs"]["VCPU"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no VCPUs in the domain: {domain:#}"))
+        .iter()
+        .filter(|v| v["Enabled"] == "yes")
+        .count()
+}
+
+/// The guest's next `VMLTEST-<what> <n>` line that `wanted` accepts.
+fn guest_reports(console: &mut ConsoleLog, what: &str, wanted: impl Fn(u64) -> bool) -> u64 {
+    let prefix = format!("VMLTEST-{what} ");
+    let line = console
+        .wait_for(what, Instant::now() + BOOT_DEADLINE, |l| {
+            l.strip_prefix(&prefix)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .is_some_and(&wanted)
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    line[prefix.len()..].trim().parse().unwrap()
+}
+
+/// What virt-handler's migration target controller sends once a VM moved to a bigger pod for a
+/// CPU or memory hotplug (`hotplugCPU`, `hotplugMemory`): the VMI whose spec asks for more,
+/// through `SyncVirtualMachineCPUs` and `SyncVirtualMachineMemory`. The migration itself is not
+/// needed for what the launcher does with the calls (its domain is the one it runs either way;
+/// `e2e_kubevirt_migration` moves a guest); the guest's own console says what it got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpus_and_memory_synced_as_after_a_migration_to_a_bigger_pod() {
+    const CPUS: &str = "wirecpus";
+    const CPUS_UID: &str = "3e9a7c1d-5b2f-4c6e-9d8a-1f2e3d4c5b6a";
+    let dirs = PodDirs::new();
+    let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(CPUS, NAMESPACE, CPUS_UID));
+    let socket = tokio::task::block_in_place(|| launcher.wait_serving(&dirs));
+    let mut client = cmd_client(&socket).await;
+    let vmi = |sockets: u32, guest: &str| {
+        let mut vmi = guest_vmi_json(CPUS, NAMESPACE, CPUS_UID);
+        let domain = &mut vmi["spec"]["domain"];
+        domain["cpu"] = json!({"sockets": sockets, "maxSockets": 2});
+        domain["memory"] = json!({"guest": guest, "maxGuest": "2Gi"});
+        // Memory onlined movable: what virtio-mem plugged the guest can give back.
+        domain["firmware"]["kernelBoot"]["kernelArgs"] =
+            json!("console=ttyS0 loglevel=1 memhp_default_state=online_movable");
+        vmi_request(vmi.to_string().into_bytes())
+    };
+
+    // No domain yet: refused, as KubeVirt's launcher finds no domain; none is started.
+    let early = client.sync_virtual_machine_cp_us(vmi(2, "1Gi")).await;
+    let early = early.expect("SyncVirtualMachineCPUs answers").into_inner();
+    assert!(
+        !early.success && early.message.contains("no domain"),
+        "before any Sync: {early:?}"
+    );
+    assert_eq!(get_domain(&mut client).await, None);
+
+    let first = client.sync_virtual_machine(vmi(1, "1Gi")).await.unwrap();
+    assert!(first.get_ref().success, "the first Sync: {first:?}");
+    let mut console = ConsoleLog::from_start(&dirs.runtime().join("console.log")).unwrap();
+    tokio::task::block_in_place(|| guest_reports(&mut console, "CPUS", |n| n == 1));
+    let booted = tokio::task::block_in_place(|| guest_reports(&mut console, "MEMORY", |_| true));
+
+    // The bigger pod's CPUs: the second socket reaches the guest.
+    let cpus = client.sync_virtual_machine_cp_us(vmi(2, "1Gi")).await;
+    let cpus = cpus.expect("SyncVirtualMachineCPUs answers").into_inner();
+    assert!(cpus.success, "SyncVirtualMachineCPUs 1 -> 2: {cpus:?}");
+    tokio::task::block_in_place(|| guest_reports(&mut console, "CPUS", |n| n == 2));
+    let domain = get_domain(&mut client).await.unwrap();
+    assert_eq!(enabled_vcpus(&domain), 2);
+
+    // And its memory: virtio-mem's 512Mi more.
+    let memory = client.sync_virtual_machine_memory(vmi(2, "1536Mi")).await;
+    let memory = memory
+        .expect("SyncVirtualMachineMemory answers")
+        .into_inner();
+    assert!(
+        memory.success,
+        "SyncVirtualMachineMemory 1Gi -> 1536Mi: {memory:?}"
+    );
+    tokio::task::block_in_place(|| {
+        guest_reports(&mut console, "MEMORY", |kb| kb == booted + 512 * 1024)
+    });
+
+    // Beyond the room: refused naming the field, nothing changed.
+    let before = get_domain(&mut client).await;
+    let beyond = client.sync_virtual_machine_cp_us(vmi(3, "1536Mi")).await;
+    let beyond = beyond.expect("SyncVirtualMachineCPUs answers").into_inner();
+    assert!(
+        !beyond.success && beyond.message.contains("spec.domain.cpu.sockets"),
+        "3 sockets in a room of 2: {beyond:?}"
+    );
+    assert_eq!(get_domain(&mut client).await, before);
+
+    // A decrease (KubeVirt's VM controller never sends one): the guest keeps its vCPUs and the
+    // answer names the restart, so virt-handler keeps currentCPUTopology at what the guest has.
+    let down = client.sync_virtual_machine_cp_us(vmi(1, "1536Mi")).await;
+    let down = down.expect("SyncVirtualMachineCPUs answers").into_inner();
+    assert!(
+        !down.success && down.message.contains("requires a restart"),
+        "2 -> 1 sockets: {down:?}"
+    );
+    assert_eq!(enabled_vcpus(&get_domain(&mut client).await.unwrap()), 2);
+    // The same VMI again (virt-handler's retry, or its next SyncVirtualMachine) changes nothing.
+    let again = client.sync_virtual_machine_cp_us(vmi(2, "1536Mi")).await;
+    let again = again.expect("SyncVirtualMachineCPUs answers").into_inner();
+    assert!(again.success, "back to 2 sockets: {again:?}");
+    assert_eq!(enabled_vcpus(&get_domain(&mut client).await.unwrap()), 2);
+
+    launcher.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::task::block_in_place(|| launcher.wait_exit(Duration::from_secs(90)));
+    assert_eq!(status.code(), Some(0), "{}", launcher.stderr_text());
 }

@@ -208,7 +208,7 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
             let resources: Vec<_> = response
                 .resources
                 .iter()
-                .map(|c| serde_json::json!({"part": c.part, "from": c.from, "to": c.to, "error": c.error}))
+                .map(|c| serde_json::json!({"part": c.part, "from": c.from, "to": c.to, "error": c.error, "atRestart": c.at_restart}))
                 .collect();
             outln!(
                 "{}",
@@ -243,7 +243,16 @@ async fn sync_request(mut client: Client, req: proto::SyncRequest, output: Outpu
                     "memory" => (format!("{}Mi", c.from >> 20), format!("{}Mi", c.to >> 20)),
                     _ => (format!("{} vCPUs", c.from), format!("{} vCPUs", c.to)),
                 };
-                outln!("{would}set {} {from} -> {to}{}", c.part, failed(&c.error));
+                let when = if c.at_restart {
+                    " at the next boot (the guest keeps its vCPUs until then)"
+                } else {
+                    ""
+                };
+                outln!(
+                    "{would}set {} {from} -> {to}{when}{}",
+                    c.part,
+                    failed(&c.error)
+                );
             }
             for c in &response.plan {
                 outln!(

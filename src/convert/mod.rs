@@ -318,6 +318,12 @@ fn memory(vmi: &Validated, guest_at_boot: Option<u64>) -> (u64, Option<VirtioMem
 
 /// The vCPU topology (from the spec's, else from `resources`), how many of its vCPUs are
 /// enabled when it has room for more (`maxSockets`), and the CPU model.
+/// The vCPUs `vmi` asks enabled when it has room for CPU hotplug (`maxSockets`); `None`
+/// without room (its topology is all there is).
+pub fn vcpus_enabled(vmi: &VirtualMachineInstance) -> Option<u32> {
+    cpu(vmi).1
+}
+
 fn cpu(vmi: &VirtualMachineInstance) -> (CpuTopology, Option<u32>, CpuDef) {
     let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
     let mut enabled = None;

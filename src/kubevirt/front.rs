@@ -47,6 +47,8 @@ pub enum FrontError {
     DomainJson(String),
     #[error(transparent)]
     Migration(#[from] MigrationError),
+    #[error(transparent)]
+    Resize(#[from] super::resize::ResizeError),
     /// The guest agent's answer did not do (a freeze or thaw).
     #[error("{0}")]
     Agent(String),
@@ -179,6 +181,28 @@ impl Front {
             tracing::info!("the VM is down; a Sync has nothing to change");
             return Ok(());
         }
+        let outcome = self.sync_running(&launcher, sync).await?;
+        let failed: Vec<String> = outcome
+            .volumes
+            .iter()
+            .filter(|v| v.phase == VolumePhase::Failed)
+            .map(|v| format!("{}: {}", v.name, v.message))
+            .collect();
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(FrontError::Volumes(failed.join("; ")))
+        }
+    }
+
+    /// The VMI applied to the running VM by the launcher's Sync (disks, interfaces, vCPUs,
+    /// memory: whatever differs), what KubeVirt keeps beside the domain noted, and a VM paused
+    /// by anything but its user resumed.
+    pub(super) async fn sync_running(
+        &self,
+        launcher: &Launcher,
+        sync: vmi::HandlerSync,
+    ) -> Result<crate::launcher::SyncOutcome, FrontError> {
         let grace = grace_of(&sync.spec_text);
         let outcome = launcher
             .sync(SyncInput {
@@ -195,18 +219,8 @@ impl Front {
             }
             uid_changed || grace_changed
         });
-        self.resume_unless_user_paused(&launcher).await?;
-        let failed: Vec<String> = outcome
-            .volumes
-            .iter()
-            .filter(|v| v.phase == VolumePhase::Failed)
-            .map(|v| format!("{}: {}", v.name, v.message))
-            .collect();
-        if failed.is_empty() {
-            Ok(())
-        } else {
-            Err(FrontError::Volumes(failed.join("; ")))
-        }
+        self.resume_unless_user_paused(launcher).await?;
+        Ok(outcome)
     }
 
     /// `SyncMigrationTarget`: the launcher of a VM that comes by migration (its disks made, no
@@ -583,7 +597,7 @@ impl SafetyThaw {
 /// crashed) or the launcher's VM is over. A domain whose state is not known (libvirt
 /// unreachable) is not down: a call on it fails, and virt-handler retries, as with KubeVirt's
 /// launcher, whose calls fail when it cannot read the state.
-fn vm_is_down(launcher: &Launcher) -> bool {
+pub(super) fn vm_is_down(launcher: &Launcher) -> bool {
     let status = launcher.status();
     status.finished || status.power_state.is_some_and(|p| !p.state.is_active())
 }

@@ -12,6 +12,7 @@ mod fsfreeze;
 pub mod guest_agent;
 mod migration;
 pub mod notify;
+mod resize;
 mod server;
 pub mod vmi;
 

@@ -19,6 +19,7 @@ use super::proto::cmd::cmd_server::Cmd;
 use super::proto::cmd::*;
 use super::proto::cmd_info::cmd_info_server::CmdInfo;
 use super::proto::cmd_info::{CmdInfoRequest, CmdInfoResponse};
+use crate::launcher::ResourcePart;
 use crate::lifecycle::Command;
 
 /// Under virt-handler's 20 s deadline for state-changing calls.
@@ -396,16 +397,26 @@ impl Cmd for CmdService {
 
     async fn sync_virtual_machine_cp_us(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("sync_virtual_machine_cp_us"))
+        let json = Self::vmi_json(request.get_ref());
+        let front = self.front.clone();
+        self.detached("SyncVirtualMachineCPUs", async move {
+            front.sync_resource(&json, ResourcePart::Cpu).await
+        })
+        .await
     }
 
     async fn sync_virtual_machine_memory(
         &self,
-        _: Request<VmiRequest>,
+        request: Request<VmiRequest>,
     ) -> Result<Response<cmd::Response>, Status> {
-        Err(not_built("sync_virtual_machine_memory"))
+        let json = Self::vmi_json(request.get_ref());
+        let front = self.front.clone();
+        self.detached("SyncVirtualMachineMemory", async move {
+            front.sync_resource(&json, ResourcePart::Memory).await
+        })
+        .await
     }
 
     async fn get_sev_info(

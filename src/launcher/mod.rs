@@ -65,7 +65,7 @@ pub use migration::{
 };
 pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
-pub use resize::ResourcePart;
+pub use resize::{ResourceChange, ResourcePart};
 use saved::{SavedSyncError, SavedSyncs};
 use signals::Signals;
 use status_hub::StatusHub;
@@ -82,7 +82,7 @@ pub use status::{
     VolumePhase, VolumeStatus,
 };
 use sync::pending_watcher;
-pub use sync::{BlockSource, PlannedAction, SyncInput};
+pub use sync::{BlockSource, PlannedAction, SyncInput, SyncOutcome};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
 pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);

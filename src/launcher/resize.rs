@@ -1,7 +1,16 @@
 //! The CPU and memory part of a Sync: a changed `sockets` sets the enabled vCPUs, a changed
 //! `guest` memory sets virtio-mem's requested size, both live and in the persistent definition,
 //! each with a result of its own. What the domain has is read from libvirt, not remembered.
+//!
+//! A vCPU decrease is not tried live: it goes to the persistent definition and waits for the
+//! next boot, shown as `RestartRequired` (KubeVirt does the same: its VM controller never
+//! unplugs vCPUs, it sets `RestartRequired`). Under QEMU 7.2 a live unplug never completes
+//! (QEMU reports only the vCPU's lapic deleted), libvirt times out and keeps counting the vCPU
+//! the guest let go of, and no later Sync reaches it; the launcher cannot tell beforehand
+//! whether this QEMU would complete one, so it never starts one. Memory goes down live:
+//! virtio-mem gives back what the guest lets go of.
 
+use super::status::Condition;
 use super::{libvirt_message, Launcher, LauncherError};
 use crate::domain::{self, DomainDef, LiveResources};
 use crate::spec::{FieldError, Problem, SpecErrors, Validated};
@@ -25,39 +34,82 @@ impl ResourcePart {
 }
 
 /// One resize a Sync plans or did: vCPUs, or memory in KiB, from what the domain has to what
-/// the spec asks; `error` is libvirt's words when it refused.
+/// the spec asks; `error` is libvirt's words when it refused. `at_restart`: the running guest
+/// keeps `from` and boots next with `to` (a vCPU decrease).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResourceChange {
     pub part: ResourcePart,
     pub from: u64,
     pub to: u64,
     pub error: Option<String>,
+    pub at_restart: bool,
 }
 
-/// The resizes from `live` to `desired`, CPUs first.
-pub(super) fn plan(live: &LiveResources, desired: &DomainDef) -> Vec<ResourceChange> {
-    let mut changes = Vec::new();
+/// What a Sync does to vCPUs and memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResizePlan {
+    /// What the reply reports, CPUs first.
+    pub changes: Vec<ResourceChange>,
+    /// The spec asks again for the vCPUs the guest has while a decrease waits in the persistent
+    /// definition: that count goes back there, and the guest is not touched.
+    pub withdraw_decrease: Option<u32>,
+}
+
+/// The resizes from `live` to `desired`; `next_boot`: the vCPUs the persistent definition
+/// enables (read when `desired` has room for CPU hotplug).
+pub(super) fn plan(
+    live: &LiveResources,
+    next_boot: Option<u32>,
+    desired: &DomainDef,
+) -> ResizePlan {
+    let mut plan = ResizePlan::default();
     if let Some(vcpus) = desired.vcpus_enabled {
-        if vcpus != live.vcpus {
-            changes.push(ResourceChange {
-                part: ResourcePart::Cpu,
-                from: live.vcpus.into(),
-                to: vcpus.into(),
-                error: None,
-            });
+        // Unknown counts as different: setting it again is harmless.
+        let next_boot_differs = next_boot != Some(vcpus);
+        let cpu = |at_restart| ResourceChange {
+            part: ResourcePart::Cpu,
+            from: live.vcpus.into(),
+            to: vcpus.into(),
+            error: None,
+            at_restart,
+        };
+        match vcpus.cmp(&live.vcpus) {
+            std::cmp::Ordering::Greater => plan.changes.push(cpu(false)),
+            std::cmp::Ordering::Less if next_boot_differs => plan.changes.push(cpu(true)),
+            // Already waiting in the persistent definition: nothing more to do.
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Equal if next_boot_differs => plan.withdraw_decrease = Some(vcpus),
+            std::cmp::Ordering::Equal => {}
         }
     }
     if let (Some(asked), Some(has)) = (desired.virtio_mem, &live.virtio_mem) {
         if asked.requested_kib != has.requested_kib {
-            changes.push(ResourceChange {
+            plan.changes.push(ResourceChange {
                 part: ResourcePart::Memory,
                 from: live.requested_kib(),
                 to: live.memory_at_boot_kib + asked.requested_kib,
                 error: None,
+                at_restart: false,
             });
         }
     }
-    changes
+    plan
+}
+
+/// `RestartRequired` while the running guest has more vCPUs than `spec` asks: the decrease
+/// waits for the next boot (a start boots the spec). KubeVirt's condition type and words.
+pub(super) fn restart_required(spec: &Validated, live: &LiveResources) -> Option<Condition> {
+    let asked = crate::convert::vcpus_enabled(spec)?;
+    (asked < live.vcpus).then(|| Condition {
+        kind: "RestartRequired",
+        status: true,
+        reason: "VCPUDecrease".into(),
+        message: format!(
+            "Reduction of CPU socket count requires a restart: the guest has {} vCPUs and boots \
+             next with {asked}",
+            live.vcpus
+        ),
+    })
 }
 
 /// A Sync may not ask for less memory than the running guest booted with: virtio-mem only
@@ -114,19 +166,38 @@ impl Launcher {
         s.resources.as_ref().map(|r| r.memory_at_boot_kib * 1024)
     }
 
+    /// The vCPUs the persistent definition enables, when `desired` has room to change them.
+    pub(super) fn vcpus_at_next_boot(
+        &self,
+        desired: &DomainDef,
+    ) -> Result<Option<u32>, LauncherError> {
+        if desired.vcpus_enabled.is_none() {
+            return Ok(None);
+        }
+        let n = self.domain_name.as_str();
+        self.call(|hv| hv.vcpus_at_next_boot(n)).map(Some)
+    }
+
     /// Applies each planned resize; one failing does not stop the next. The caller shows the
     /// outcome as libvirt has it afterwards (`refresh_live`).
-    pub(super) fn resize(
-        &self,
-        changes: Vec<ResourceChange>,
-        live: &LiveResources,
-    ) -> Vec<ResourceChange> {
+    pub(super) fn resize(&self, plan: ResizePlan, live: &LiveResources) -> Vec<ResourceChange> {
         let name = self.domain_name.as_str();
-        let mut done = Vec::with_capacity(changes.len());
-        for change in changes {
+        if let Some(count) = plan.withdraw_decrease {
+            // Not a change of the guest, so not in the reply; the status shows the condition
+            // gone (it compares the spec with the guest).
+            tracing::info!(vcpus = count, "a waiting vCPU decrease is taken back");
+            if let Err(e) = self.call(|hv| hv.set_vcpus_at_next_boot(name, count)) {
+                let error = libvirt_message(&e);
+                tracing::warn!(%error, "cannot take the waiting vCPU decrease back; a start boots the spec all the same");
+            }
+        }
+        let mut done = Vec::with_capacity(plan.changes.len());
+        for change in plan.changes {
             let result = match change.part {
-                // An unplug fails here: QEMU 7.2 never reports the vCPU deleted (only its
-                // lapic), so libvirt 9.0 times out; its error is the result (DESIGN §4).
+                ResourcePart::Cpu if change.at_restart => {
+                    let count = change.to as u32;
+                    self.call(|hv| hv.set_vcpus_at_next_boot(name, count))
+                }
                 ResourcePart::Cpu => {
                     let count = change.to as u32;
                     self.call(|hv| hv.set_vcpus(name, count))
@@ -181,37 +252,108 @@ mod tests {
 
     use crate::domain::VirtioMemDef;
 
+    fn cpu(from: u64, to: u64, at_restart: bool) -> ResourceChange {
+        ResourceChange {
+            part: ResourcePart::Cpu,
+            from,
+            to,
+            error: None,
+            at_restart,
+        }
+    }
+
     #[test]
     fn a_sync_that_asks_what_the_domain_has_resizes_nothing() {
-        assert_eq!(plan(&live(2, 512 << 10), &desired(2, 512 << 10)), vec![]);
+        assert_eq!(
+            plan(&live(2, 512 << 10), Some(2), &desired(2, 512 << 10)),
+            ResizePlan::default()
+        );
     }
 
     #[test]
     fn cpus_then_memory_each_from_what_the_domain_has() {
-        let changes = plan(&live(1, 0), &desired(4, 512 << 10));
+        let plan_up = plan(&live(1, 0), Some(1), &desired(4, 512 << 10));
         assert_eq!(
-            changes,
+            plan_up.changes,
             vec![
-                ResourceChange {
-                    part: ResourcePart::Cpu,
-                    from: 1,
-                    to: 4,
-                    error: None
-                },
+                cpu(1, 4, false),
                 ResourceChange {
                     part: ResourcePart::Memory,
                     from: 1 << 20,
                     to: (1 << 20) + (512 << 10),
-                    error: None
+                    error: None,
+                    at_restart: false,
                 },
             ]
         );
-        // Down again, both.
-        let changes = plan(&live(4, 512 << 10), &desired(1, 0));
+        // Down again, both: memory live, vCPUs at the next boot.
+        let changes = plan(&live(4, 512 << 10), Some(4), &desired(1, 0)).changes;
         assert_eq!(
-            changes.iter().map(|c| (c.from, c.to)).collect::<Vec<_>>(),
-            vec![(4, 1), ((1 << 20) + (512 << 10), 1 << 20)]
+            changes
+                .iter()
+                .map(|c| (c.from, c.to, c.at_restart))
+                .collect::<Vec<_>>(),
+            vec![(4, 1, true), ((1 << 20) + (512 << 10), 1 << 20, false)]
         );
+    }
+
+    #[test]
+    fn a_decrease_waits_once_and_asking_what_the_guest_has_takes_it_back() {
+        // Already waiting for the next boot: asked again, nothing to do.
+        assert_eq!(
+            plan(&live(2, 0), Some(1), &desired(1, 0)),
+            ResizePlan::default()
+        );
+        // Another decrease while one waits replaces it.
+        let four = LiveResources {
+            vcpus: 4,
+            ..live(4, 0)
+        };
+        assert_eq!(
+            plan(&four, Some(2), &desired(1, 0)).changes,
+            vec![cpu(4, 1, true)]
+        );
+        // Back to what the guest has: the guest is not touched, the definition set back.
+        assert_eq!(
+            plan(&live(2, 0), Some(1), &desired(2, 0)),
+            ResizePlan {
+                changes: vec![],
+                withdraw_decrease: Some(2)
+            }
+        );
+        // An increase beyond a waiting decrease is a live plug (it sets both).
+        assert_eq!(
+            plan(&live(2, 0), Some(1), &desired(3, 0)).changes,
+            vec![cpu(2, 3, false)]
+        );
+    }
+
+    #[test]
+    fn restart_is_required_while_the_guest_has_more_vcpus_than_the_spec_asks() {
+        let spec = |sockets: u32| {
+            crate::spec::parse_bytes(
+                format!(
+                    "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: r\n\
+                     spec:\n  domain:\n    cpu:\n      sockets: {sockets}\n      maxSockets: 4\n\
+                     \x20   memory:\n      guest: 128Mi\n    devices: {{}}\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let condition = restart_required(&spec(1), &live(2, 0)).expect("a waiting decrease");
+        assert_eq!(
+            (condition.kind, condition.status, condition.reason.as_str()),
+            ("RestartRequired", true, "VCPUDecrease")
+        );
+        assert!(
+            condition.message.contains("has 2 vCPUs") && condition.message.contains("with 1"),
+            "{}",
+            condition.message
+        );
+        assert_eq!(restart_required(&spec(2), &live(2, 0)), None);
+        // An increase not done yet is the next Sync's to retry, not a restart's.
+        assert_eq!(restart_required(&spec(3), &live(2, 0)), None);
     }
 
     #[test]
@@ -222,6 +364,9 @@ mod tests {
             memory_at_boot_kib: 1 << 20,
             virtio_mem: None,
         };
-        assert_eq!(plan(&fixed, &DomainDef::default()), vec![]);
+        assert_eq!(
+            plan(&fixed, None, &DomainDef::default()),
+            ResizePlan::default()
+        );
     }
 }

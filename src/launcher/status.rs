@@ -268,6 +268,13 @@ impl Launcher {
                 },
             });
         }
+        if let Some(waiting) = s
+            .resources
+            .as_ref()
+            .and_then(|r| super::resize::restart_required(&s.spec, r))
+        {
+            conditions.push(waiting);
+        }
         conditions.push(match &s.sync_failure {
             None => Condition {
                 kind: "Synchronized",

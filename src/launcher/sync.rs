@@ -19,7 +19,7 @@ use crate::spec::{self, Validated, VirtualMachineInstance};
 use super::disks::{prepare_disks, DiskNotReady};
 use super::in_flight::in_flight;
 use super::nics::{self, NicChange};
-use super::resize::{self, ResourceChange};
+use super::resize::{self, ResizePlan, ResourceChange};
 use super::task_slot::Work;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,9 +274,9 @@ impl Launcher {
             Default::default()
         };
         let resizes = if resizable {
-            resize::plan(&resources, desired)
+            resize::plan(&resources, self.vcpus_at_next_boot(desired)?, desired)
         } else {
-            Vec::new()
+            ResizePlan::default()
         };
         let nic_plan = if relink {
             nics::plan(&live_nics, &desired.interfaces)
@@ -287,7 +287,7 @@ impl Launcher {
             return Ok(SyncOutcome {
                 plan: planned,
                 volumes: self.status().volumes,
-                resources: resizes,
+                resources: resizes.changes,
                 interfaces: nic_plan,
             });
         }

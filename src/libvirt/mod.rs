@@ -456,6 +456,22 @@ impl Hypervisor {
         self.on_domain(name, "set vCPUs", |d| d.set_vcpus_flags(count, flags))
     }
 
+    /// Sets how many vCPUs the persistent definition enables, leaving the running guest as it
+    /// is: a decrease waits for the next boot (a live unplug does not complete under QEMU 7.2),
+    /// and a Sync that asks again what the guest has takes a waiting decrease back.
+    pub fn set_vcpus_at_next_boot(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
+        self.on_domain(name, "set vCPUs of the persistent definition", |d| {
+            d.set_vcpus_flags(count, sys::VIR_DOMAIN_AFFECT_CONFIG)
+        })
+    }
+
+    /// How many vCPUs the persistent definition enables (what the next boot gets).
+    pub fn vcpus_at_next_boot(&self, name: &str) -> Result<u32, LibvirtError> {
+        self.on_domain(name, "get vCPUs of the persistent definition", |d| {
+            d.vcpus_flags(sys::VIR_DOMAIN_AFFECT_CONFIG)
+        })
+    }
+
     /// Changes a device of the running guest and of the persistent definition (virtio-mem's
     /// requested size: the only change libvirt takes for it).
     pub fn update_device(&self, name: &str, device_xml: &str) -> Result<(), LibvirtError> {
