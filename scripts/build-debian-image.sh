@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a bootable Debian 12 disk image from Debian packages alone (no image download): debootstrap
-# from the mirror apt already uses, the cloud kernel, cloud-init (NoCloud only), openssh-server, and
-# extlinux as the bootloader on one ext4 partition. The result boots on its own as a
+# from the mirror apt already uses, the cloud kernel, cloud-init (NoCloud only), openssh-server, the
+# QEMU guest agent (started by udev when its virtio-serial port appears), and extlinux as the bootloader on one ext4 partition. The result boots on its own as a
 # containerDisk or hostDisk (examples/debian.yaml); cloud-init creates the users and the SSH host keys
 # at first boot, so the image holds no secrets and no machine identity.
 #
@@ -72,9 +72,9 @@ mount --bind /dev "$rootfs/dev"
 mount --bind /dev/pts "$rootfs/dev/pts"
 mount -t sysfs sysfs "$rootfs/sys"
 in_root() { chroot "$rootfs" env DEBIAN_FRONTEND=noninteractive LC_ALL=C "$@"; }
-echo "build-debian-image: installing the kernel, cloud-init, openssh-server"
+echo "build-debian-image: installing the kernel, cloud-init, openssh-server, qemu-guest-agent"
 in_root apt-get install -y -q --no-install-recommends \
-  linux-image-cloud-amd64 zstd initramfs-tools cloud-init openssh-server sudo \
+  linux-image-cloud-amd64 zstd initramfs-tools cloud-init openssh-server sudo qemu-guest-agent \
   isc-dhcp-client ifupdown netbase less > "$work/install.log" 2>&1 ||
   { tail -n 30 "$work/install.log" >&2; exit 1; }
 kver=$(ls "$rootfs/lib/modules")

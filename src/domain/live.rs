@@ -81,6 +81,27 @@ fn child<'a, 'input>(
     node.children().find(|n| n.has_tag_name(tag))
 }
 
+/// Whether libvirt says the guest agent is connected: the `<target state='connected'/>` of its
+/// channel ([`super::AGENT_CHANNEL`]), which libvirt sets when the guest opens the port (QEMU's
+/// `VSERPORT_CHANGE`) and clears when it closes it. libvirt's XML, so a root `<domain>`.
+pub fn agent_connected(xml: &str) -> Result<bool, LiveXmlError> {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    Ok(agent_connected_in(&doc))
+}
+
+/// [`agent_connected`] of a document already parsed (by a caller with its own parse limits).
+pub fn agent_connected_in(doc: &roxmltree::Document<'_>) -> bool {
+    child(doc.root_element(), "devices")
+        .into_iter()
+        .flat_map(|d| d.children())
+        .filter(|n| n.has_tag_name("channel"))
+        .filter_map(|c| child(c, "target"))
+        .any(|t| {
+            t.attribute("name") == Some(super::AGENT_CHANNEL)
+                && t.attribute("state") == Some("connected")
+        })
+}
+
 /// Each `<tag>` element under `<devices>` of a live domain XML, in document order, as `read`
 /// makes it of the element and its index among them (for the errors); none without `<devices>`.
 fn live_devices<T>(

@@ -13,14 +13,17 @@ mod write;
 use std::path::{Path, PathBuf};
 
 pub use live::{
-    canonical_machines, domain_capabilities_machine, live_disks, live_interfaces, LiveDisk,
-    LiveInterface, LiveXmlError,
+    agent_connected, agent_connected_in, canonical_machines, domain_capabilities_machine,
+    live_disks, live_interfaces, LiveDisk, LiveInterface, LiveXmlError,
 };
 pub use resources::{live_resources, with_spare_root_ports, LiveResources, LiveVirtioMem};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.
 pub const USER_ALIAS_PREFIX: &str = "ua-";
+/// The virtio-serial port name of the QEMU guest agent (`org.qemu.guest_agent.0`): qemu-ga opens
+/// `/dev/virtio-ports/` of that name, and libvirt talks to it through the channel of that name.
+pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
 /// The namespace of vmlauncher's `<metadata>` element.
 pub const METADATA_NAMESPACE: &str = "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
 

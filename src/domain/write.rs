@@ -586,6 +586,7 @@ impl DomainDef {
                         Ok(())
                     })?;
             }
+            write_agent_channel(w)?;
             if self.memballoon {
                 w.create_element("memballoon")
                     .with_attribute(("model", "virtio"))
@@ -610,6 +611,19 @@ fn write_serial(w: &mut XmlWriter, serial: &SerialDef) -> io::Result<()> {
                 empty(w, "log", &[("file", log.as_ref()), ("append", "on")])?;
             }
             empty(w, "target", &[("port", "0")])
+        })?;
+    Ok(())
+}
+
+/// The guest agent's virtio-serial port, in every domain, as KubeVirt's converter adds it
+/// (`newGuestAgentChannel`): no `<source>`, so libvirt picks the socket path (and keeps it out of
+/// a migration's XML, the target picking its own) and connects to the agent itself. Its live
+/// `<target state=...>` is how the launcher and virt-handler learn that an agent is there.
+fn write_agent_channel(w: &mut XmlWriter) -> io::Result<()> {
+    w.create_element("channel")
+        .with_attribute(("type", "unix"))
+        .write_inner_content(|w| {
+            empty(w, "target", &[("type", "virtio"), ("name", AGENT_CHANNEL)])
         })?;
     Ok(())
 }

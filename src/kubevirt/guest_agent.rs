@@ -13,8 +13,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-/// The virtio-serial channel libvirt talks to the agent on.
-pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+pub use crate::domain::AGENT_CHANNEL;
 
 /// The agent commands behind `GetGuestInfo`.
 pub const GUEST_INFO_COMMANDS: &[&str] = &[
@@ -47,17 +46,7 @@ pub fn agent_connected(live_xml: &str) -> bool {
     let Ok(doc) = roxmltree::Document::parse_with_options(live_xml, options) else {
         return false;
     };
-    doc.root_element()
-        .children()
-        .filter(|n| n.has_tag_name("devices"))
-        .flat_map(|d| d.children())
-        .filter(|n| n.has_tag_name("channel"))
-        .flat_map(|c| c.children())
-        .any(|t| {
-            t.has_tag_name("target")
-                && t.attribute("name") == Some(AGENT_CHANNEL)
-                && t.attribute("state") == Some("connected")
-        })
+    crate::domain::agent_connected_in(&doc)
 }
 
 /// The `return` of an agent's answer (`{"return": ...}`), or `None` for an error, an answer that

@@ -240,6 +240,11 @@ struct State {
     undefined_by_us: bool,
     /// The last I/O error libvirt reported, shown with the `Paused` condition.
     io_error: Option<String>,
+    /// libvirt's word on the guest agent's channel (its live XML, then its agent events): the
+    /// condition `AgentConnected` while the domain runs.
+    agent_connected: bool,
+    /// Agent events handled so far: a live XML read before the last one is older news.
+    agent_events: u64,
     /// The spec the domain was made from or last synced to.
     spec: Validated,
     /// The migration in flight or last ended.
@@ -377,6 +382,8 @@ impl Launcher {
             resources: None,
             sync_failure: None,
             io_error: None,
+            agent_connected: false,
+            agent_events: 0,
             undefined_by_us: false,
             spec: vmi,
             migration: None,

@@ -115,9 +115,10 @@ impl Launcher {
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).
     pub(super) async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
+        let agent_events = self.agent_events();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
-        self.show_live(&xml)?;
+        self.show_live(&xml, agent_events)?;
         self.update(|s| {
             let boot: Vec<&str> = s
                 .spec
@@ -221,6 +222,23 @@ impl Launcher {
                 if let Err(e) = self.refresh_live() {
                     tracing::debug!(error = %crate::error_chain(&e), "cannot read the resources");
                 }
+                false
+            }
+            HypervisorEvent::AgentLifecycle { domain, connected } if ours(&domain) => {
+                // The status first: a follower that sees the event finds it there.
+                self.update(|s| {
+                    s.agent_connected = connected;
+                    s.agent_events += 1;
+                });
+                self.hub.event(EventKind::Hypervisor {
+                    event: "AgentLifecycle".into(),
+                    detail: if connected {
+                        "connected"
+                    } else {
+                        "disconnected"
+                    }
+                    .into(),
+                });
                 false
             }
             HypervisorEvent::ControlError { domain } if ours(&domain) => {

@@ -141,21 +141,35 @@ impl Launcher {
         &self,
     ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
         let n = self.domain_name.clone();
+        let agent_events = self.agent_events();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
-        self.show_live(&xml)
+        self.show_live(&xml, agent_events)
     }
 
-    /// Shows the vCPUs, memory and interfaces of the live XML `xml` in the status.
+    /// How many agent events the state has taken: read before a live XML read, for `show_live`.
+    pub(super) fn agent_events(&self) -> u64 {
+        self.state.lock().expect("state lock").agent_events
+    }
+
+    /// Shows the vCPUs, memory, interfaces and the guest agent's state of the live XML `xml` in
+    /// the status (read at every start and adoption: the agent may have connected before the
+    /// launcher listened for its events). The agent's state only if no agent event came since
+    /// `agent_events` (taken before `xml` was read): the event is newer.
     pub(super) fn show_live(
         &self,
         xml: &str,
+        agent_events: u64,
     ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
         let resources = domain::live_resources(xml)?;
         let interfaces = domain::live_interfaces(xml)?;
         let statuses = super::reconciler::interface_statuses(&interfaces);
+        let agent = domain::agent_connected(xml)?;
         self.update(|s| {
             s.resources = Some(resources.clone());
             s.interfaces = statuses;
+            if s.agent_events == agent_events {
+                s.agent_connected = agent;
+            }
         });
         Ok((resources, interfaces))
     }

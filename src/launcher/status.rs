@@ -92,6 +92,10 @@ pub struct TaskInfo {
     pub command: Command,
 }
 
+/// The condition shown while libvirt says the guest agent is connected (KubeVirt's
+/// `VirtualMachineInstanceAgentConnected`).
+pub const AGENT_CONNECTED: &str = "AgentConnected";
+
 /// A condition, KubeVirt style.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Condition {
@@ -274,6 +278,22 @@ impl Launcher {
             .and_then(|r| super::resize::restart_required(&s.spec, r))
         {
             conditions.push(waiting);
+        }
+        // As virt-handler sets it from the channel's state; a domain that stopped has no agent,
+        // whatever libvirt last said (it sends no agent event when QEMU ends).
+        let running = power_state.as_ref().is_some_and(|p| {
+            !matches!(
+                p.state,
+                lifecycle::DomainState::Shutoff | lifecycle::DomainState::Crashed
+            )
+        });
+        if s.agent_connected && running {
+            conditions.push(Condition {
+                kind: AGENT_CONNECTED,
+                status: true,
+                reason: String::new(),
+                message: String::new(),
+            });
         }
         conditions.push(match &s.sync_failure {
             None => Condition {

@@ -318,3 +318,56 @@ async fn a_volume_change_moves_the_status_but_not_the_course() {
     assert!(course.has_changed().unwrap(), "a new phase is a new course");
     assert_eq!(course.borrow_and_update().phase, l.status().phase);
 }
+
+/// The condition `AgentConnected` is libvirt's word on the agent's channel, as virt-handler reads
+/// it: it follows the domain's own agent events (not another domain's), and a stopped domain
+/// has no agent whatever the last event said (libvirt sends none when QEMU ends).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_condition_follows_libvirts_agent_events_while_the_domain_runs() {
+    let t = test_launcher("agent").await;
+    let l = &t.launcher;
+    let (_, mut stream) = l.watch_events();
+    let agent = |l: &Launcher| {
+        l.status()
+            .conditions
+            .iter()
+            .any(|c| c.kind == status::AGENT_CONNECTED && c.status)
+    };
+    assert!(!agent(l), "no agent before libvirt says so");
+    for (domain, connected, shown) in [
+        (l.domain_name.as_str(), true, true),
+        ("another", false, true),
+        (l.domain_name.as_str(), false, false),
+        (l.domain_name.as_str(), true, true),
+    ] {
+        let event = HypervisorEvent::AgentLifecycle {
+            domain: domain.into(),
+            connected,
+        };
+        t.events.send(event).unwrap();
+        // Handled in order: once this one is on the stream, so was the agent event.
+        t.events
+            .send(HypervisorEvent::Lifecycle {
+                domain: l.domain_name.clone(),
+                event: lifecycle_event::DEFINED,
+                detail: 0,
+            })
+            .unwrap();
+        while !matches!(
+            next(&mut stream).await.kind,
+            EventKind::Hypervisor { event, .. } if event == "Defined"
+        ) {}
+        assert_eq!(
+            agent(l),
+            shown,
+            "after {domain}'s agent connected={connected}"
+        );
+    }
+    l.update(|s| {
+        s.observation = Observation::Domain(lifecycle::PowerState {
+            state: lifecycle::DomainState::Shutoff,
+            reason: "shutdown".into(),
+        })
+    });
+    assert!(!agent(l), "a stopped domain has no agent");
+}

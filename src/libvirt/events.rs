@@ -33,6 +33,9 @@ pub enum HypervisorEvent {
     DeviceAdded { domain: String, alias: String },
     /// The guest reset itself (or was reset).
     Reboot { domain: String },
+    /// The guest agent's channel opened (`connected`) or closed in the guest, or the domain
+    /// started (then it is closed until the guest's agent opens it).
+    AgentLifecycle { domain: String, connected: bool },
     /// A virtio-mem device's plugged size changed: the guest took (or gave back) memory.
     MemoryDeviceSizeChange {
         domain: String,
@@ -127,6 +130,9 @@ type BlockJobCallback = unsafe extern "C" fn(
 /// `virConnectDomainEventTrayChangeCallback`: device alias, reason.
 type TrayChangeCallback =
     unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, *const c_char, c_int, *mut c_void);
+/// `virConnectDomainEventAgentLifecycleCallback`: state, reason.
+type AgentLifecycleCallback =
+    unsafe extern "C" fn(sys::virConnectPtr, sys::virDomainPtr, c_int, c_int, *mut c_void);
 /// `virConnectDomainEventMemoryDeviceSizeChangeCallback`: device alias, new size in KiB.
 type MemorySizeCallback = unsafe extern "C" fn(
     sys::virConnectPtr,
@@ -147,8 +153,8 @@ type DiskChangeCallback = unsafe extern "C" fn(
 );
 
 impl EventRegistration {
-    /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added, device-removed
-    /// and memory-device-size events of every domain on `conn`, to the connection-close callback, and, only to count
+    /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added, device-removed,
+    /// guest-agent lifecycle and memory-device-size events of every domain on `conn`, to the connection-close callback, and, only to count
     /// them (see [`delivered`](super::delivered)), to the events that tell of a disk changed by
     /// someone else: a block job's end (a pivot changes a source), a tray moved, a medium
     /// changed.
@@ -167,7 +173,7 @@ impl EventRegistration {
         };
         // SAFETY: each callback below has the exact C signature libvirt documents for its event id
         // (libvirt's own VIR_DOMAIN_EVENT_CALLBACK macro performs the same cast to the generic type).
-        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 10] = unsafe {
+        let callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 11] = unsafe {
             [
                 (
                     sys::VIR_DOMAIN_EVENT_ID_REBOOT as i32,
@@ -215,6 +221,14 @@ impl EventRegistration {
                     Some(std::mem::transmute::<DiskChangeCallback, GenericCallback>(
                         on_disk_change,
                     )),
+                ),
+                (
+                    sys::VIR_DOMAIN_EVENT_ID_AGENT_LIFECYCLE as i32,
+                    Some(
+                        std::mem::transmute::<AgentLifecycleCallback, GenericCallback>(
+                            on_agent_lifecycle,
+                        ),
+                    ),
                 ),
                 (
                     sys::VIR_DOMAIN_EVENT_ID_MEMORY_DEVICE_SIZE_CHANGE as i32,
@@ -498,6 +512,23 @@ unsafe extern "C" fn on_io_error(
         };
         send(opaque, event);
     }
+}
+
+unsafe extern "C" fn on_agent_lifecycle(
+    _conn: sys::virConnectPtr,
+    dom: sys::virDomainPtr,
+    state: c_int,
+    _reason: c_int,
+    opaque: *mut c_void,
+) {
+    let connected = state as u32 == sys::VIR_CONNECT_DOMAIN_EVENT_AGENT_LIFECYCLE_STATE_CONNECTED;
+    // SAFETY: libvirt passes a valid domain and our opaque pointer.
+    unsafe {
+        send_for(opaque, dom, |domain| HypervisorEvent::AgentLifecycle {
+            domain,
+            connected,
+        })
+    };
 }
 
 unsafe extern "C" fn on_memory_size_change(
