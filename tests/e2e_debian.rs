@@ -3,9 +3,9 @@
 //! creates the user and runs its command, and sshd answers on the published port — proven by
 //! logging in over SSH with a key the test made and reading cloud-init's own result file; the
 //! image's qemu-guest-agent connects, and the launcher's status shows `AgentConnected`.
-//! The same image under `vmlauncher virt-launcher` answers KubeVirt's guest agent calls
-//! (`GetGuestInfo`, `GetUsers`, `GetFilesystems`) and a freeze/unfreeze round trip.
-//! Each test one boot, bounded (the getty's banner within 4 minutes); one boot at a time.
+//! One boot, bounded: the getty's banner within 4 minutes. KubeVirt's guest agent calls on the
+//! same image (guest info, users, filesystems, freeze) are in `e2e_kubevirt_node`, through the
+//! real virt-handler.
 
 mod common;
 
@@ -19,15 +19,6 @@ use common::net::free_port;
 use common::{Launched, GUEST_DEADLINE};
 
 const BOOT_BOUND: Duration = Duration::from_secs(240);
-
-/// Two Debian boots at once under TCG on a small machine would miss their bounds.
-static ONE_BOOT_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_boot_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    ONE_BOOT_AT_A_TIME
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn image() -> PathBuf {
     let dir = std::env::var_os("VMLAUNCHER_DEBIAN_DIR")
@@ -56,7 +47,6 @@ fn spec(public_key: &str) -> String {
 
 #[test]
 fn the_debian_example_boots_runs_cloud_init_and_answers_ssh() {
-    let _boot = one_boot_at_a_time();
     let image = image();
     let keys = tempfile::tempdir().unwrap();
     let key = keys.path().join("id_ed25519");
@@ -190,201 +180,4 @@ fn agent_connected_in_status(socket: &Path, deadline: Instant) {
             })
             .await;
     });
-}
-
-/// The Debian image as KubeVirt runs it: a containerDisk and a NoCloud seed under `vmlauncher
-/// virt-launcher`, driven over the cmd socket as virt-handler drives it. cloud-init names the
-/// host and logs root in on a pseudo-terminal (a utmp entry: a user for `GetUsers`).
-#[test]
-fn the_debian_agent_answers_kubevirts_guest_calls_and_freezes() {
-    let _boot = one_boot_at_a_time();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(agent_calls());
-}
-
-async fn agent_calls() {
-    use common::kubevirt::{cmd_client, vmi_request, PodDirs, VirtLauncher};
-    use common::kubevirt_notify::NotifyRecorder;
-    use vmlauncher::kubevirt::proto::cmd::EmptyRequest;
-
-    let dirs = PodDirs::new();
-    let disk = dirs.root.path().join("container-disks/disk_0.img");
-    if std::fs::hard_link(image(), &disk).is_err() {
-        std::fs::copy(image(), &disk).unwrap();
-    }
-    let (name, namespace, uid) = ("agentvm", "kvtest", "6a0f2c1e-3b4d-4e5f-8a9b-0c1d2e3f4a5b");
-    let mut notify = NotifyRecorder::serve(&dirs.share());
-    let mut launcher = VirtLauncher::start(&dirs, &dirs.flags(name, namespace, uid));
-    let socket = tokio::task::block_in_place(|| launcher.wait_serving(&dirs));
-    let mut client = cmd_client(&socket).await;
-    let started = Instant::now();
-    let vmi = debian_vmi(name, namespace, uid).to_string().into_bytes();
-    let synced = client.sync_virtual_machine(vmi_request(vmi)).await;
-    let synced = synced.expect("SyncVirtualMachine").into_inner();
-    assert!(synced.success, "{synced:?}; {}", launcher.stderr_text());
-
-    let mut console =
-        vmlauncher::console::ConsoleLog::from_start(&dirs.runtime().join("console.log"))
-            .expect("the console log");
-    let deadline = started + BOOT_BOUND;
-    let ready = tokio::task::block_in_place(|| {
-        console.wait_for("cloud-init's runcmd marker", deadline, |l| {
-            l.starts_with("VMLAUNCHER-AGENT-READY")
-        })
-    })
-    .unwrap();
-    eprintln!("{ready} ({:.1?} after the Sync)", started.elapsed());
-    tokio::task::block_in_place(|| {
-        let within = deadline.saturating_duration_since(Instant::now());
-        notify.domain("the agent connected", within, |_, d| {
-            d["Spec"]["Devices"]["Channels"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["Target"]["State"] == "connected"))
-        })
-    });
-
-    let info = client.get_guest_info(EmptyRequest {}).await.unwrap();
-    let info: serde_json::Value =
-        serde_json::from_str(&info.into_inner().guest_info_response).unwrap();
-    assert_eq!(info["hostname"], "agentvm", "{info:#}");
-    assert_eq!(info["os"]["name"], "Debian GNU/Linux", "{info:#}");
-    assert_eq!(info["os"]["versionId"], "12", "{info:#}");
-    let users = guest_list(client.get_users(EmptyRequest {}).await);
-    assert!(users.iter().any(|u| u["userName"] == "root"), "{users:#?}");
-    let root = root_filesystem(&mut client).await;
-    assert_eq!(root["fileSystemType"], "ext4", "{root:#}");
-    assert!(root["totalBytes"].as_u64().unwrap_or(0) > 0, "{root:#}");
-
-    freeze_round_trip(&mut client).await;
-
-    launcher.signal(nix::sys::signal::Signal::SIGTERM);
-    let status = launcher.wait_exit(Duration::from_secs(120));
-    assert_eq!(status.code(), Some(0), "{}", launcher.stderr_text());
-}
-
-type CmdClient = vmlauncher::kubevirt::proto::cmd::cmd_client::CmdClient<tonic::transport::Channel>;
-
-/// A `GetUsers` or `GetFilesystems` answer as its JSON list.
-fn guest_list<T: GuestList>(
-    answer: Result<tonic::Response<T>, tonic::Status>,
-) -> Vec<serde_json::Value> {
-    let text = answer.expect("the call").into_inner().list();
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
-}
-
-trait GuestList {
-    fn list(self) -> String;
-}
-
-impl GuestList for vmlauncher::kubevirt::proto::cmd::GuestUserListResponse {
-    fn list(self) -> String {
-        self.guest_user_list_response
-    }
-}
-
-impl GuestList for vmlauncher::kubevirt::proto::cmd::GuestFilesystemsResponse {
-    fn list(self) -> String {
-        self.guest_filesystems_response
-    }
-}
-
-/// The guest's `/` as `GetFilesystems` lists it, if the agent lists it.
-async fn listed_root(client: &mut CmdClient) -> Option<serde_json::Value> {
-    use vmlauncher::kubevirt::proto::cmd::EmptyRequest;
-    let filesystems = guest_list(client.get_filesystems(EmptyRequest {}).await);
-    filesystems.into_iter().find(|f| f["mountPoint"] == "/")
-}
-
-async fn root_filesystem(client: &mut CmdClient) -> serde_json::Value {
-    listed_root(client).await.expect("GetFilesystems lists /")
-}
-
-/// `Status.FSFreezeStatus.Status` of the domain `GetDomain` answers.
-async fn freeze_status(client: &mut CmdClient) -> serde_json::Value {
-    use vmlauncher::kubevirt::proto::cmd::EmptyRequest;
-    let domain = client
-        .get_domain(EmptyRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    let domain: serde_json::Value = serde_json::from_str(&domain.domain).unwrap();
-    domain["Status"]["FSFreezeStatus"]["Status"].clone()
-}
-
-/// Freeze, then unfreeze, as virt-handler asks for a snapshot. While frozen the agent refuses
-/// what is not freeze-related (qemu-ga's own rule): `GetFilesystems` finds nothing, which shows
-/// the guest itself is frozen; after the thaw it lists `/` again.
-async fn freeze_round_trip(client: &mut CmdClient) {
-    use vmlauncher::kubevirt::proto::cmd::{FreezeRequest, Vmi, VmiRequest};
-    let vmi = || {
-        Some(Vmi {
-            vmi_json: b"{}".to_vec(),
-        })
-    };
-    let request = FreezeRequest {
-        vmi: vmi(),
-        unfreeze_timeout_seconds: 120,
-    };
-    let frozen = client
-        .freeze_virtual_machine(request)
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(frozen.success, "{frozen:?}");
-    assert_eq!(freeze_status(client).await, "frozen");
-    assert_eq!(
-        listed_root(client).await,
-        None,
-        "the agent answers while frozen"
-    );
-    let request = VmiRequest {
-        vmi: vmi(),
-        options: None,
-    };
-    let thawed = client
-        .unfreeze_virtual_machine(request)
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(thawed.success, "{thawed:?}");
-    assert_eq!(freeze_status(client).await, "thawed");
-    root_filesystem(client).await;
-}
-
-/// The VMI virt-handler would send for the image: its disk, and a seed whose runcmd logs root in
-/// on a pseudo-terminal (kept open by a `sleep` feeding it), then prints a marker once `who`
-/// shows the login.
-fn debian_vmi(name: &str, namespace: &str, uid: &str) -> serde_json::Value {
-    let user_data = r#"#cloud-config
-hostname: agentvm
-runcmd:
-- [sh, -c, "(sleep 3600 | script -qfc 'login -f root' /dev/null >/dev/null 2>&1 &); for i in $(seq 100); do who | grep -q root && break; sleep 0.2; done; echo VMLAUNCHER-AGENT-READY $(who | head -n1) > /dev/ttyS0"]
-"#;
-    serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {
-            "terminationGracePeriodSeconds": 30,
-            "domain": {
-                "memory": {"guest": "1Gi"},
-                "devices": {
-                    "autoattachGraphicsDevice": false,
-                    "disks": [
-                        {"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 1},
-                        {"name": "cloudinit", "disk": {"bus": "virtio"}},
-                    ],
-                },
-            },
-            "volumes": [
-                {"name": "root", "containerDisk": {"image": "vmlauncher/debian-12"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {"userData": user_data}},
-            ],
-        },
-        "status": {"phase": "Scheduled"},
-    })
 }

@@ -26,6 +26,8 @@ const NS: &str = "default";
 const DEBIAN_BOOT: Duration = Duration::from_secs(300);
 /// The tiny guest from its disk: about 5 s alone.
 const TINY_BOOT: Duration = Duration::from_secs(90);
+/// A booted guest's answer to a line typed on its console, through virt-handler.
+const GUEST_ANSWER: Duration = Duration::from_secs(30);
 /// From `Scheduled` to `Running`: virt-handler's first Sync defines and starts the domain.
 const TO_RUNNING: Duration = Duration::from_secs(60);
 /// The VMIs' `terminationGracePeriodSeconds`.
@@ -61,6 +63,10 @@ fn main() -> ExitCode {
         trial(
             "pause_and_unpause_through_virt_handler",
             pause_and_unpause_through_virt_handler,
+        ),
+        trial(
+            "console_vnc_and_agent_through_virt_handler",
+            console_vnc_and_agent_through_virt_handler,
         ),
         trial(
             "soft_reboot_through_virt_handler",
@@ -337,7 +343,16 @@ fn kubectl_create_to_succeeded(cluster: &Cluster) {
     let manifest = vmi_manifest(
         name,
         "    cpu: {cores: 1}\n    memory: {guest: 1Gi}",
-        "          #cloud-config\n          runcmd:\n          - echo \"VMLAUNCHER-DEBIAN-READY after $(cut -d' ' -f1 /proc/uptime)s\" > /dev/ttyS0",
+        // The guest agent reports a logged-in user: root logs in on a pseudo-terminal (kept open
+        // by a `sleep` feeding it) before the marker.
+        &[
+            "          #cloud-config",
+            "          hostname: kvnode-debian",
+            "          runcmd:",
+            "          - [sh, -c, \"(sleep 3600 | script -qfc 'login -f root' /dev/null >/dev/null 2>&1 &); for i in $(seq 100); do who | grep -q root && break; sleep 0.2; done\"]",
+            "          - echo \"VMLAUNCHER-DEBIAN-READY after $(cut -d' ' -f1 /proc/uptime)s\" > /dev/ttyS0",
+        ]
+        .join("\n"),
     );
     let vm = start(cluster, name, &manifest, &debian_disk());
     // The cloud-init ISO is where virt-handler looks for it: it writes its size in the status.
@@ -357,6 +372,7 @@ fn kubectl_create_to_succeeded(cluster: &Cluster) {
         "{name}: {line} ({:.0} s after kubectl create)",
         vm.created.elapsed().as_secs_f64()
     );
+    debian_agent_through_virt_handler(cluster, &vm, name);
 
     // A change to the VMI: virt-handler syncs again, with the VMI from its informer cache (no
     // apiVersion, no kind), and the launcher takes it.
@@ -383,6 +399,93 @@ fn kubectl_create_to_succeeded(cluster: &Cluster) {
         vm.watch.phases(),
         ["Scheduled", "Running", "Succeeded"].map(String::from)
     );
+}
+
+/// Debian's own qemu-guest-agent, as a KubeVirt user reaches it: the VMI's `AgentConnected`
+/// (virt-handler's, from the domain's channel state), `virtctl guestosinfo`, `userlist`,
+/// `fslist`, and a freeze round trip, each through virt-handler's REST server.
+fn debian_agent_through_virt_handler(cluster: &Cluster, vm: &Started, name: &str) {
+    vm.watch
+        .until("AgentConnected", Duration::from_secs(60), |v| {
+            has_condition(v, "AgentConnected")
+        });
+    let get = |verb: &str| -> Value {
+        let (code, body) = cluster.rest("GET", NS, name, verb, None);
+        assert_eq!(code, 200, "{verb}: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{verb}: {e}: {body}"))
+    };
+    let info = get("guestosinfo");
+    assert_eq!(info["hostname"], "kvnode-debian", "{info:#}");
+    assert_eq!(info["os"]["name"], "Debian GNU/Linux", "{info:#}");
+    assert_eq!(info["os"]["versionId"], "12", "{info:#}");
+    let users = get("userlist");
+    assert!(
+        users["items"]
+            .as_array()
+            .is_some_and(|u| u.iter().any(|u| u["userName"] == "root")),
+        "{users:#}"
+    );
+    let root = |fs: &Value| {
+        fs["items"]
+            .as_array()
+            .and_then(|f| f.iter().find(|f| f["mountPoint"] == "/").cloned())
+    };
+    let filesystems = get("filesystemlist");
+    let listed = root(&filesystems).unwrap_or_else(|| panic!("no /: {filesystems:#}"));
+    assert_eq!(listed["fileSystemType"], "ext4", "{listed:#}");
+
+    let (code, body) = cluster.rest(
+        "PUT",
+        NS,
+        name,
+        "freeze",
+        Some(r#"{"unfreezeTimeout":"5m0s"}"#),
+    );
+    assert_eq!(code, 202, "freeze: {body}");
+    vm.watch
+        .until("fsFreezeStatus frozen", Duration::from_secs(60), |v| {
+            v["status"]["fsFreezeStatus"] == "frozen"
+        });
+    let (code, body) = cluster.rest("PUT", NS, name, "unfreeze", None);
+    assert_eq!(code, 202, "unfreeze: {body}");
+    vm.watch.until("thawed", Duration::from_secs(60), |v| {
+        v["status"]["fsFreezeStatus"].is_null()
+    });
+    assert!(root(&get("filesystemlist")).is_some(), "/ after the thaw");
+}
+
+fn has_condition(vmi: &Value, kind: &str) -> bool {
+    vmi["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == kind && c["status"] == "True"))
+}
+
+/// `virtctl console` and `virtctl vnc` as virt-api reaches them: virt-handler's console server
+/// dials the sockets in the launcher's root where KubeVirt's launcher has them; a line typed
+/// reaches the guest and its answer comes back; the display speaks RFB. The tiny guest's agent
+/// gives the VMI `AgentConnected`.
+fn console_vnc_and_agent_through_virt_handler(cluster: &Cluster) {
+    let name = format!("console-{}", unique());
+    let manifest = tiny_vmi(&name, &[]).replace(
+        "autoattachGraphicsDevice: false",
+        "autoattachGraphicsDevice: true",
+    );
+    let vm = start(cluster, &name, &manifest, &tiny_disk());
+    vm.console.wait_for("VMLTEST-BOOTED", TINY_BOOT);
+    let mut serial = cluster.websocket(NS, &name, "console");
+    let word = format!("hello-{name}");
+    serial.send(format!("{word}\n").as_bytes());
+    serial.read_until(&format!("VMLTEST-HEARD {word}"), GUEST_ANSWER);
+    drop(serial);
+    let mut vnc = cluster.websocket(NS, &name, "vnc");
+    vnc.read_until("RFB 003.008\n", GUEST_ANSWER);
+    drop(vnc);
+    vm.watch
+        .until("AgentConnected", Duration::from_secs(60), |v| {
+            has_condition(v, "AgentConnected")
+        });
+    vm.assert_synchronized(cluster);
+    vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
 }
 
 /// `virtctl pause` and `unpause` go through virt-handler's REST server to the launcher; the VMI's
@@ -473,7 +576,8 @@ fn soft_reboot_through_virt_handler(cluster: &Cluster) {
 /// virt-handler answers 400 with its reason; the VM runs on, untouched.
 fn freeze_without_an_agent(cluster: &Cluster) {
     let name = format!("freeze-{}", unique());
-    let vm = start(cluster, &name, &tiny_vmi(&name, &[]), &tiny_disk());
+    let no_agent = tiny_vmi(&name, &["vmltest-agent: off"]);
+    let vm = start(cluster, &name, &no_agent, &tiny_disk());
     vm.console.wait_for("VMLTEST-BOOTED", TINY_BOOT);
     let (code, body) = cluster.rest(
         "PUT",

@@ -341,6 +341,21 @@ impl Cluster {
         ]);
     }
 
+    /// virt-handler's console server for the VMI (`console` or `vnc`), as virt-api reaches it.
+    pub fn websocket(
+        &self,
+        namespace: &str,
+        name: &str,
+        verb: &str,
+    ) -> super::websocket::WebSocket {
+        super::websocket::WebSocket::open(
+            "127.0.0.1:8186",
+            &format!("/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{verb}"),
+            &self.rest_cert,
+            &self.rest_key,
+        )
+    }
+
     /// A call to virt-handler's REST server (loopback, port 8186) as virt-api makes it, with
     /// the client certificate: the HTTP status and the body.
     pub fn rest(

@@ -21,6 +21,7 @@ pub mod loopdev;
 pub mod net;
 pub mod pod;
 pub mod python;
+pub mod websocket;
 
 // The test files name the harness as `common::X`, whatever the concern X belongs to. Each test
 // crate compiles all of it and uses a part, so a re-export may go unused there.
