@@ -451,7 +451,7 @@ fn vm_xml(uri: &str) -> String {
     let dom = conn
         .lookup_domain_by_name(&format!("default_{NAME}"))
         .unwrap();
-    dom.xml_desc(0).unwrap()
+    common::without_agent_state(&dom.xml_desc(0).unwrap())
 }
 
 /// The guest's serials, sorted: block volumes reach it in no fixed order.

@@ -23,7 +23,7 @@ fn virt_handlers_own_client_drives_the_launcher_to_held() {
         &dirs.share(),
         &vmi,
         &dirs.hotplug(),
-        &dirs.runtime(),
+        &dirs.consoles(uid),
         || format!("launcher stderr:\n{}", launcher.stderr_text()),
     );
 

@@ -56,6 +56,8 @@ spec:
         - /usr/share/OVMF
         - --runtime-dir
         - {root}/runtime
+        - --kubevirt-private-dir
+        - {root}/private
         # This machine's /dev/kvm cannot boot a guest (a nested PVM).
         - --emulation
         - tcg
@@ -114,7 +116,7 @@ fn the_image_runs_as_kubevirts_launcher_under_podman_kube_play() {
         &root.path().join("share"),
         &vmi,
         &root.path().join("hotplug"),
-        &root.path().join("runtime"),
+        &root.path().join("private"),
         || {
             let log = podman(&["logs", CONTAINER]);
             format!("container log:\n{}", String::from_utf8_lossy(&log.stderr))

@@ -460,7 +460,7 @@ async fn cpus_and_memory_synced_as_after_a_migration_to_a_bigger_pod() {
 
     let first = client.sync_virtual_machine(vmi(1, "1Gi")).await.unwrap();
     assert!(first.get_ref().success, "the first Sync: {first:?}");
-    let mut console = ConsoleLog::from_start(&dirs.runtime().join("console.log")).unwrap();
+    let mut console = ConsoleLog::from_start(&dirs.console_log(CPUS_UID)).unwrap();
     tokio::task::block_in_place(|| guest_reports(&mut console, "CPUS", |n| n == 1));
     let booted = tokio::task::block_in_place(|| guest_reports(&mut console, "MEMORY", |_| true));
 
