@@ -476,15 +476,23 @@ fn console_vnc_and_agent_through_virt_handler(cluster: &Cluster) {
     let word = format!("hello-{name}");
     serial.send(format!("{word}\n").as_bytes());
     serial.read_until(&format!("VMLTEST-HEARD {word}"), GUEST_ANSWER);
-    drop(serial);
+    serial.close();
     let mut vnc = cluster.websocket(NS, &name, "vnc");
     vnc.read_until("RFB 003.008\n", GUEST_ANSWER);
-    drop(vnc);
+    vnc.close();
     vm.watch
         .until("AgentConnected", Duration::from_secs(60), |v| {
             has_condition(v, "AgentConnected")
         });
-    vm.assert_synchronized(cluster);
+    // virt-handler's console server logs the end of every session as errors, a normal close
+    // included (`stream` in its rest/console.go): its own words, not a failure.
+    let session_ends = [
+        "error encountered reading from client (virt-api) websocket",
+        "error encountered reading from unix socket",
+        "Error in proxing websocket and unix socket",
+    ];
+    vm.assert_synchronized_but(cluster, &session_ends);
+    *vm.expected_handler_errors.lock().unwrap() = session_ends.to_vec();
     vm.delete_to_succeeded(cluster, "VMLTEST-ACPI-POWEROFF");
 }
 
@@ -508,6 +516,8 @@ fn pause_and_unpause_through_virt_handler(cluster: &Cluster) {
     // (the watch shows it), a sync loop ends after it; no version of the VMI from the pause to
     // the unpause lacks the condition, and virt-handler never saw the domain running again.
     let paused_at = vm.watch.mark().saturating_sub(1);
+    // Taken before the label: virt-handler may sync it before the watch shows it here.
+    let labelled = rfc3339_now();
     cluster.kubectl_ok(&[
         "-n",
         NS,
@@ -519,7 +529,6 @@ fn pause_and_unpause_through_virt_handler(cluster: &Cluster) {
     vm.watch.until("labelled", Duration::from_secs(30), |v| {
         v["metadata"]["labels"]["vmlauncher.test/changed"] == "yes"
     });
-    let labelled = rfc3339_now();
     let logs = cluster.run.join("logs");
     let synced = vmlauncher::host::watch::wait_for_change_in(
         &[&logs],

@@ -20,7 +20,7 @@ use crate::launcher::{
 };
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::{Connector, MAX_AGENT_ANSWER};
-use crate::lifecycle::{Command, DomainState, PowerState, RunStrategy};
+use crate::lifecycle::{Command, DomainState, PowerState, Refusal, RunStrategy};
 use crate::run::LaunchBase;
 
 /// How long one call's guest agent commands may take together: under virt-handler's 5 s
@@ -181,7 +181,17 @@ impl Front {
             tracing::info!("the VM is down; a Sync has nothing to change");
             return Ok(());
         }
-        let outcome = self.sync_running(&launcher, sync).await?;
+        let outcome = match self.sync_running(&launcher, sync).await {
+            // The guest powered off between the look above and the Sync's own admission (which
+            // reads the state the stop event has just brought): the same answer as above.
+            Err(FrontError::Launcher(LauncherError::Refused(Refusal::WrongState { .. })))
+                if vm_is_down(&launcher) =>
+            {
+                tracing::info!("the VM went down as the Sync came; it has nothing to change");
+                return Ok(());
+            }
+            result => result?,
+        };
         let failed: Vec<String> = outcome
             .volumes
             .iter()

@@ -94,6 +94,26 @@ impl WebSocket {
         self.to_server.flush().unwrap();
     }
 
+    /// Closes as a client should (a close frame, status 1000), and waits for the server's own.
+    pub fn close(mut self) {
+        let mask = [0x76, 0x6d, 0x6c, 0x21];
+        let status = 1000u16.to_be_bytes();
+        let frame = [
+            0x88,
+            0x82,
+            mask[0],
+            mask[1],
+            mask[2],
+            mask[3],
+            status[0] ^ mask[0],
+            status[1] ^ mask[1],
+        ];
+        self.to_server.write_all(&frame).unwrap();
+        self.to_server.flush().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.recv(deadline).is_some() {}
+    }
+
     /// The next frame's payload, or `None` when none came by `deadline` (or the server closed).
     pub fn recv(&mut self, deadline: Instant) -> Option<Vec<u8>> {
         loop {
