@@ -734,3 +734,41 @@ async fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rf
     let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(status["printableStatus"], "Running", "{status:#}");
 }
+
+/// An EFI VM whose QEMU dies is started again under `Always` (libvirt refuses a plain undefine of
+/// a domain with an EFI variables file: the restart keeps the file, the launcher's end removes
+/// it), and the launcher leaves no definition behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_efi_vm_killed_is_started_again_and_its_variables_go_at_the_end() {
+    let name = "efi-restart";
+    let spec = guest_spec(name, "", &[]).replace(
+        "    firmware:\n      kernelBoot:",
+        "    firmware:\n      bootloader:\n        efi: {secureBoot: false}\n      kernelBoot:",
+    );
+    assert!(spec.contains("efi: {secureBoot: false}"), "{spec}");
+    let mut vm = Launched::start(&spec, &["--run-strategy", "always"]);
+    let mut console = vm.boot();
+    let nvram = vm
+        .dir()
+        .join(format!("private/nvram/default_{name}_VARS.fd"));
+    assert!(nvram.exists(), "no {}", nvram.display());
+    let first = vm.qemu_pid(name);
+    let mut events = EventWatcher::start(&vm.socket()).await;
+    common::signal_pid(first, nix::sys::signal::Signal::SIGKILL).unwrap();
+    events
+        .wait_for("Running again", BOOT_DEADLINE, |e| {
+            event_status(e).is_some_and(|s| s.restart_count == 1 && s.phase == "Running")
+        })
+        .await;
+    assert_ne!(vm.qemu_pid(name), first, "a new QEMU");
+    assert!(nvram.exists(), "the variables did not survive the restart");
+    common::wait_booted(&mut console);
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        vm.wait_exit(GUEST_DEADLINE).code(),
+        Some(0),
+        "{}",
+        vm.stderr_text()
+    );
+    assert!(!nvram.exists(), "the variables outlived the launcher");
+}

@@ -11,7 +11,7 @@ use super::{
     DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
 };
 use crate::host::HostError;
-use crate::libvirt::LibvirtError;
+use crate::libvirt::{LibvirtError, Nvram};
 use crate::lifecycle::{self, Command, Observation};
 
 /// An owner's lifecycle command.
@@ -247,7 +247,8 @@ impl Launcher {
         if self.call(move |hv| hv.exists(&n))? {
             let n = self.domain_name.clone();
             self.update(|s| s.undefined_by_us = true);
-            self.call(move |hv| hv.undefine(&n))?;
+            // The variables the guest set survive its restart.
+            self.call(move |hv| hv.undefine(&n, Nvram::Keep))?;
         }
         let Ready {
             def,
@@ -376,7 +377,7 @@ impl Launcher {
         let _slot = self.tasks.take().await;
         let n = self.domain_name.clone();
         self.update(|s| s.undefined_by_us = true);
-        match self.call(move |hv| hv.undefine(&n)) {
+        match self.call(move |hv| hv.undefine(&n, Nvram::Keep)) {
             Ok(()) => Ok(true),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => Ok(false),
             Err(e) => Err(e),
@@ -392,7 +393,7 @@ impl Launcher {
             self.migration_marker().remove();
         }
         let n = self.domain_name.clone();
-        match self.call(move |hv| hv.undefine(&n)) {
+        match self.call(move |hv| hv.undefine(&n, Nvram::Remove)) {
             Ok(()) | Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
                 // A few unlinks and cgroup writes, once, as the launcher exits.
                 self.block.release_all();

@@ -27,7 +27,7 @@ impl Drop for TestLauncher {
         // The test driver's state is shared by the whole process: leave no domain behind.
         if let Ok(hv) = self.launcher.hypervisor() {
             let _ = hv.destroy(&self.launcher.domain_name);
-            let _ = hv.undefine(&self.launcher.domain_name);
+            let _ = hv.undefine(&self.launcher.domain_name, crate::libvirt::Nvram::Keep);
         }
     }
 }

@@ -301,16 +301,16 @@ impl Hypervisor {
                 .map_err(Self::call_err("define", name))?;
         }
         if let Err(e) = associate_fds(&dom, fds) {
-            let _ = dom.undefine();
+            let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("associate a disk's descriptor", name)(e));
         }
         if let Err(e) = dom.create() {
-            let _ = dom.undefine();
+            let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("start", name)(e));
         }
         if let Err(e) = publish_ports(&dom, name, None) {
             let _ = dom.destroy();
-            let _ = dom.undefine();
+            let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(e);
         }
         Ok(())
@@ -323,7 +323,8 @@ impl Hypervisor {
             .conn
             .define_domain_xml(xml)
             .map_err(Self::call_err("define", name))?;
-        dom.undefine().map_err(Self::call_err("undefine", name))
+        dom.undefine_flags(Nvram::Keep.flags())
+            .map_err(Self::call_err("undefine", name))
     }
 
     /// State and reason, with libvirt errors reported (the `virt` crate's `state()` hides them).
@@ -565,10 +566,31 @@ impl Hypervisor {
         Ok(answer)
     }
 
-    pub fn undefine(&self, name: &str) -> Result<(), LibvirtError> {
-        let undefined = self.on_domain(name, "undefine", Domain::undefine);
+    /// Removes the definition. libvirt refuses a plain undefine of a domain whose EFI variables
+    /// file exists: the caller says whether the variables go with it.
+    pub fn undefine(&self, name: &str, nvram: Nvram) -> Result<(), LibvirtError> {
+        let undefined = self.on_domain(name, "undefine", |d| d.undefine_flags(nvram.flags()));
         self.forget_domain();
         undefined
+    }
+}
+
+/// What an undefine does with an EFI VM's variables file (`<nvram>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nvram {
+    /// Kept: a restart boots with the variables the guest set (boot entries, Secure Boot's
+    /// keys), as KubeVirt's `DeleteVMI` keeps them.
+    Keep,
+    /// Removed with the definition: the VM's end, when the launcher leaves nothing behind.
+    Remove,
+}
+
+impl Nvram {
+    fn flags(self) -> sys::virDomainUndefineFlagsValues {
+        match self {
+            Nvram::Keep => sys::VIR_DOMAIN_UNDEFINE_KEEP_NVRAM,
+            Nvram::Remove => sys::VIR_DOMAIN_UNDEFINE_NVRAM,
+        }
     }
 }
 
