@@ -12,6 +12,10 @@ use common::{
 };
 use vmlauncher::api::{self, proto};
 
+/// The status is compared before and after refused or empty Syncs: a guest agent connecting on
+/// its own meanwhile would change it (`AgentConnected`).
+const NO_AGENT: &str = "vmltest.agent=off";
+
 fn disk_image(dir: &std::path::Path, name: &str, mib: u64) -> std::path::PathBuf {
     let path = dir.join(name);
     common::sparse_file(&path, mib);
@@ -66,7 +70,7 @@ fn sized_serials(line: &str) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let name = "e2e-hotplug";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut vm = Launched::start(&guest_spec(name, NO_AGENT, &[]), &[]);
     let running = vm.wait_stdout("phase Running", BOOT_DEADLINE);
     eprintln!("{running}");
     let mut console = vm.console();
@@ -94,8 +98,8 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
         ("one", "E2E-Serial-One", one.as_path()),
         ("two", "e2e.serial_TWO", two.as_path()),
     ];
-    let both = guest_spec(name, "", &two_disks);
-    let only_one = guest_spec(name, "", &[("one", "E2E-Serial-One", &one)]);
+    let both = guest_spec(name, NO_AGENT, &two_disks);
+    let only_one = guest_spec(name, NO_AGENT, &[("one", "E2E-Serial-One", &one)]);
 
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
     let started = Instant::now();
@@ -240,7 +244,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let [disk_one, disk_two] = two_disks;
     let all_three = guest_spec(
         name,
-        "",
+        NO_AGENT,
         &[disk_one, disk_two, ("three", "E2E-THREE", three.as_path())],
     );
     let mut events = common::EventWatcher::start(&vm.socket()).await;
@@ -300,7 +304,7 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let five = disk_image(vm.scratch(), "five.img", 8);
     let with_four_and_five = guest_spec(
         name,
-        "",
+        NO_AGENT,
         &[
             ("one", "E2E-Serial-One", one.as_path()),
             ("four", "E2E-FOUR", four.as_path()),
@@ -378,12 +382,12 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
     let name = "e2e-pending";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut vm = Launched::start(&guest_spec(name, NO_AGENT, &[]), &[]);
     let mut console = vm.boot();
 
     // The source's directory does not even exist yet.
     let late = vm.scratch().join("arrives-later/late.img");
-    let spec = guest_spec(name, "", &[("late", "Late-Serial-1", &late)]);
+    let spec = guest_spec(name, NO_AGENT, &[("late", "Late-Serial-1", &late)]);
     let mut events = common::EventWatcher::start(&vm.socket()).await;
     let reply = api::connect(&vm.socket())
         .await
@@ -484,7 +488,7 @@ async fn pending_sources_are_picked_up_and_cli_volume_verbs_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_a_killed_libvirtd_left_in_qemu_is_replaced_on_attach() {
     let name = "orphan";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut vm = Launched::start(&guest_spec(name, NO_AGENT, &[]), &[]);
     let mut console = vm.boot();
     let image = vm.dir().join("hotplug/left.img");
     common::sparse_file(&image, 4);
@@ -510,7 +514,7 @@ async fn a_device_a_killed_libvirtd_left_in_qemu_is_replaced_on_attach() {
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
     let reply = client
         .sync(proto::SyncRequest {
-            spec: with_claims(guest_spec(name, "", &[]), &[("left", "Left-1")]),
+            spec: with_claims(guest_spec(name, NO_AGENT, &[]), &[("left", "Left-1")]),
             ..Default::default()
         })
         .await
