@@ -97,8 +97,11 @@ fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot make QEMU's private dir");
         }
     }
+    // The console dir's parent: KubeVirt's private dir in a pod (an emptyDir, 0777 there; a
+    // dir the launcher makes 0700 elsewhere), the runtime dir on a host.
+    let console_parent = paths.console_dir.parent().unwrap_or(&rt.0).to_path_buf();
     let given = private.iter().map(|dir| (dir, qemu.share_dir(dir))).chain(
-        [&rt.0, &paths.hotplug_dir]
+        [&rt.0, &console_parent]
             .into_iter()
             .map(|dir| (dir, qemu.traverse_dir(dir))),
     );
@@ -111,7 +114,7 @@ fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
             ));
         }
     }
-    for dir in [&paths.private_dir, &paths.hotplug_dir] {
+    for dir in [&paths.private_dir, &paths.hotplug_dir, &paths.console_dir] {
         if let Some(blocked) = qemu.blocked_on_the_way(&dir.join("-")) {
             say(format_args!(
                 "QEMU's user {} cannot reach {}: {} is {:04o} {}:{}",
@@ -251,6 +254,8 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
+    // Before the logs are watched: the console log may live in the console dir made here.
+    give_qemu_its_dirs(rt, &paths, &qemu_user);
     // A `--connect`ed libvirt has its own virtlogd to bound the logs.
     let logs = match &connect {
         Some(_) => None,
@@ -316,7 +321,13 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
     {
         tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
     }
-    give_qemu_its_dirs(rt, &paths, &qemu_user);
+    if let Err(e) = qemu_user.traverse_dir(&paths.hotplug_dir) {
+        say(format_args!(
+            "cannot give {} to QEMU's user {}: {e}",
+            paths.hotplug_dir.display(),
+            qemu_user.name
+        ));
+    }
     // As a container's PID 1 the launcher owns its mount namespace.
     let in_container = crate::init::is_container_entrypoint();
     match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
