@@ -281,12 +281,7 @@ impl Launcher {
         }
         // As virt-handler sets it from the channel's state; a domain that stopped has no agent,
         // whatever libvirt last said (it sends no agent event when QEMU ends).
-        let running = power_state.as_ref().is_some_and(|p| {
-            !matches!(
-                p.state,
-                lifecycle::DomainState::Shutoff | lifecycle::DomainState::Crashed
-            )
-        });
+        let running = power_state.as_ref().is_some_and(|p| p.state.is_active());
         if s.agent_connected && running {
             conditions.push(Condition {
                 kind: AGENT_CONNECTED,

@@ -101,7 +101,7 @@ fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
     // dir the launcher makes 0700 elsewhere), the runtime dir on a host.
     let console_parent = paths.console_dir.parent().unwrap_or(&rt.0).to_path_buf();
     let given = private.iter().map(|dir| (dir, qemu.share_dir(dir))).chain(
-        [&rt.0, &console_parent]
+        [&rt.0, &paths.hotplug_dir, &console_parent]
             .into_iter()
             .map(|dir| (dir, qemu.traverse_dir(dir))),
     );
@@ -254,6 +254,14 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
+    // Made at start: a node daemon puts hot-plugged image files there before a Sync.
+    if let Err(e) = fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(&paths.hotplug_dir)
+    {
+        tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
+    }
     // Before the logs are watched: the console log may live in the console dir made here.
     give_qemu_its_dirs(rt, &paths, &qemu_user);
     // A `--connect`ed libvirt has its own virtlogd to bound the logs.
@@ -313,21 +321,6 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         records: rt.0.join("hotplug-records.json"),
         last_sync: rt.0.join("last-sync"),
     };
-    // Made at start: a node daemon puts hot-plugged image files there before a Sync.
-    if let Err(e) = fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(&paths.hotplug_dir)
-    {
-        tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
-    }
-    if let Err(e) = qemu_user.traverse_dir(&paths.hotplug_dir) {
-        say(format_args!(
-            "cannot give {} to QEMU's user {}: {e}",
-            paths.hotplug_dir.display(),
-            qemu_user.name
-        ));
-    }
     // As a container's PID 1 the launcher owns its mount namespace.
     let in_container = crate::init::is_container_entrypoint();
     match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
