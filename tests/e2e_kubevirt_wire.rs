@@ -412,19 +412,6 @@ fn enabled_vcpus(domain: &Value) -> usize {
         .count()
 }
 
-/// The guest's next `VMLTEST-<what> <n>` line that `wanted` accepts.
-fn guest_reports(console: &mut ConsoleLog, what: &str, wanted: impl Fn(u64) -> bool) -> u64 {
-    let prefix = format!("VMLTEST-{what} ");
-    let line = console
-        .wait_for(what, Instant::now() + BOOT_DEADLINE, |l| {
-            l.strip_prefix(&prefix)
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .is_some_and(&wanted)
-        })
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    line[prefix.len()..].trim().parse().unwrap()
-}
-
 /// What virt-handler's migration target controller sends once a VM moved to a bigger pod for a
 /// CPU or memory hotplug (`hotplugCPU`, `hotplugMemory`): the VMI whose spec asks for more,
 /// through `SyncVirtualMachineCPUs` and `SyncVirtualMachineMemory`. The migration itself is not
@@ -461,14 +448,16 @@ async fn cpus_and_memory_synced_as_after_a_migration_to_a_bigger_pod() {
     let first = client.sync_virtual_machine(vmi(1, "1Gi")).await.unwrap();
     assert!(first.get_ref().success, "the first Sync: {first:?}");
     let mut console = ConsoleLog::from_start(&dirs.console_log(CPUS_UID)).unwrap();
-    tokio::task::block_in_place(|| guest_reports(&mut console, "CPUS", |n| n == 1));
-    let booted = tokio::task::block_in_place(|| guest_reports(&mut console, "MEMORY", |_| true));
+    tokio::task::block_in_place(|| common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1));
+    let booted = tokio::task::block_in_place(|| {
+        common::guest_reports(&mut console, "VMLTEST-MEMORY", |_| true)
+    });
 
     // The bigger pod's CPUs: the second socket reaches the guest.
     let cpus = client.sync_virtual_machine_cp_us(vmi(2, "1Gi")).await;
     let cpus = cpus.expect("SyncVirtualMachineCPUs answers").into_inner();
     assert!(cpus.success, "SyncVirtualMachineCPUs 1 -> 2: {cpus:?}");
-    tokio::task::block_in_place(|| guest_reports(&mut console, "CPUS", |n| n == 2));
+    tokio::task::block_in_place(|| common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2));
     let domain = get_domain(&mut client).await.unwrap();
     assert_eq!(enabled_vcpus(&domain), 2);
 
@@ -482,7 +471,9 @@ async fn cpus_and_memory_synced_as_after_a_migration_to_a_bigger_pod() {
         "SyncVirtualMachineMemory 1Gi -> 1536Mi: {memory:?}"
     );
     tokio::task::block_in_place(|| {
-        guest_reports(&mut console, "MEMORY", |kb| kb == booted + 512 * 1024)
+        common::guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
+            kb == booted + 512 * 1024
+        })
     });
 
     // Beyond the room: refused naming the field, nothing changed.

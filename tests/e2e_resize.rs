@@ -57,19 +57,6 @@ fn refused(vm: &Launched, text: &str, field: &str) {
     assert!(stderr.contains(field), "{field} not named: {stderr}");
 }
 
-/// The guest's next report of `what` (`VMLTEST-CPUS`, `VMLTEST-MEMORY`) that `wanted` accepts.
-fn guest_reports(console: &mut ConsoleLog, what: &str, wanted: impl Fn(u64) -> bool) -> u64 {
-    let prefix = format!("{what} ");
-    let line = console
-        .wait_for(what, Instant::now() + GUEST_DEADLINE, |l| {
-            l.strip_prefix(&prefix)
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .is_some_and(&wanted)
-        })
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
-    line[prefix.len()..].trim().parse().unwrap()
-}
-
 /// Waits for a status `done` accepts (the guest plugs memory at its own pace).
 fn status_until(
     socket: &Path,
@@ -116,8 +103,8 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     vm.wait_stdout("api unix:", GUEST_DEADLINE);
     cli_ok(&vm.socket(), &["start"]);
     let mut console = vm.boot();
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
-    let booted = guest_reports(&mut console, "VMLTEST-MEMORY", |_| true);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
+    let booted = common::guest_reports(&mut console, "VMLTEST-MEMORY", |_| true);
     let uri = vm.libvirt_uri();
     let domain = format!("default_{NAME}");
     let xml_before = common::live_xml(&uri, &domain);
@@ -136,7 +123,7 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     // Up: one socket, then two more with 512Mi.
     let reply = sync(&vm, &spec(2, "1Gi"));
     assert_eq!(resources(&reply), vec![change("cpu", 1, 2)]);
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
     let reply = sync(&vm, &spec(4, "1536Mi"));
     assert_eq!(
         resources(&reply),
@@ -145,8 +132,8 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
             change("memory", 1024 * MIB, 1536 * MIB)
         ]
     );
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 4);
-    guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 4);
+    common::guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
         kb == booted + 512 * 1024
     });
     let reply = sync(&vm, &spec(4, "2Gi"));
@@ -154,7 +141,7 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
         resources(&reply),
         vec![change("memory", 1536 * MIB, 2048 * MIB)]
     );
-    guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
+    common::guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
         kb == booted + 1024 * 1024
     });
     let status = status_until(&vm.socket(), "2Gi plugged", |s| {
@@ -184,7 +171,7 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
         resources(&reply),
         vec![change("memory", 2048 * MIB, 1024 * MIB)]
     );
-    guest_reports(&mut console, "VMLTEST-MEMORY", |kb| kb == booted);
+    common::guest_reports(&mut console, "VMLTEST-MEMORY", |kb| kb == booted);
     status_until(&vm.socket(), "1Gi given back", |s| {
         s["memory"]["current"] == 1024 * MIB
     });
@@ -203,8 +190,8 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
         s["memory"]["guestAtBoot"] == 1536 * MIB
     });
     assert_eq!(status["cpu"]["vcpusOnline"], 2, "{status}");
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
-    guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    common::guest_reports(&mut console, "VMLTEST-MEMORY", |kb| {
         kb > booted + 256 * 1024
     });
 
@@ -252,8 +239,8 @@ fn a_vcpu_decrease_waits_for_the_next_boot_and_can_be_taken_back() {
     vm.wait_stdout("api unix:", GUEST_DEADLINE);
     cli_ok(&vm.socket(), &["start"]);
     let mut console = vm.boot();
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
-    let booted = guest_reports(&mut console, "VMLTEST-MEMORY", |_| true);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    let booted = common::guest_reports(&mut console, "VMLTEST-MEMORY", |_| true);
 
     // 2 → 1 socket: the persistent definition only, reported as waiting for a restart.
     let reply = sync(&vm, &spec(1, "1Gi"));
@@ -307,7 +294,7 @@ fn a_vcpu_decrease_waits_for_the_next_boot_and_can_be_taken_back() {
     let mut console = ConsoleLog::from_end(&vm.dir().join("console.log")).unwrap();
     cli_ok(&vm.socket(), &["start"]);
     common::wait_booted(&mut console);
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
     let status = status_until(&vm.socket(), "booted with 1 vCPU", |s| {
         s["cpu"]["vcpusOnline"] == 1
     });
@@ -317,7 +304,7 @@ fn a_vcpu_decrease_waits_for_the_next_boot_and_can_be_taken_back() {
     // And the next increase works.
     let reply = sync(&vm, &spec(2, "1536Mi"));
     assert_eq!(resources(&reply), vec![change("cpu", 1, 2)]);
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
     assert_eq!(vcpucount(&vm, &domain, "--config"), 2);
 
     vm.signal(nix::sys::signal::Signal::SIGTERM);
@@ -360,12 +347,12 @@ fn a_hot_added_dedicated_vcpu_is_pinned_as_the_others_are() {
     };
     let mut vm = Launched::start(&spec(1), &[]);
     let mut console = vm.boot();
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 1);
     let domain = "default_e2e-resize-pinned";
     let file = vm.scratch().join("sync.yaml");
     std::fs::write(&file, spec(2)).unwrap();
     cli_ok(&vm.socket(), &["sync", file.to_str().unwrap()]);
-    guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
     assert_eq!(
         live_pins(&vm, domain),
         vec![

@@ -56,3 +56,17 @@ pub fn report_with(console: &mut ConsoleLog, serial: &str) -> GuestReport {
         uptime: words.next().unwrap().parse().unwrap(),
     }
 }
+
+/// The guest's next numeric report `what` (`VMLTEST-CPUS`, `VMLTEST-MEMORY`) that `wanted`
+/// accepts, within [`BOOT_DEADLINE`] (a report may come only after a boot); its number.
+pub fn guest_reports(console: &mut ConsoleLog, what: &str, wanted: impl Fn(u64) -> bool) -> u64 {
+    let prefix = format!("{what} ");
+    let line = console
+        .wait_for(what, Instant::now() + BOOT_DEADLINE, |l| {
+            l.strip_prefix(&prefix)
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .is_some_and(&wanted)
+        })
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    line[prefix.len()..].trim().parse().unwrap()
+}
