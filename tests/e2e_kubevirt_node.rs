@@ -293,16 +293,25 @@ impl Started {
     /// cleans up, the launcher exits 0.
     fn powers_itself_off_to_succeeded(&self, cluster: &Cluster) {
         self.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
-        self.ends_succeeded(Duration::from_secs(60));
+        self.ends_succeeded(cluster, Duration::from_secs(60));
         self.ended(cluster);
     }
 
     /// Waits for the VMI's final phase, which must be `Succeeded`.
-    fn ends_succeeded(&self, within: Duration) {
+    /// Otherwise the failure shows what decided the phase: the VMI's status, virt-handler's last
+    /// lines about it and the launcher's log.
+    fn ends_succeeded(&self, cluster: &Cluster, within: Duration) {
         let vmi = self.watch.until("final", within, |v| {
             matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
         });
-        assert_eq!(vmi["status"]["phase"], "Succeeded", "{vmi:#}");
+        assert_eq!(
+            vmi["status"]["phase"],
+            "Succeeded",
+            "status: {:#}\nvirt-handler:\n{}\nlauncher:\n{}",
+            vmi["status"],
+            cluster.handler_digest(&self.name),
+            self.pod.log()
+        );
     }
 
     /// After a final phase: virt-handler's cleanup, the VMI gone, the launcher's exit 0, and no
@@ -326,7 +335,7 @@ impl Started {
         cluster.kubectl_ok(&["-n", NS, "delete", "vmi", &self.name, "--wait=false"]);
         self.console
             .wait_for(powered_off, Duration::from_secs(GRACE));
-        self.ends_succeeded(Duration::from_secs(GRACE + 30));
+        self.ends_succeeded(cluster, Duration::from_secs(GRACE + 30));
         assert!(
             asked.elapsed() < Duration::from_secs(GRACE),
             "Succeeded only {:?} after the delete: beyond the grace period",

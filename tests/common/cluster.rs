@@ -257,7 +257,8 @@ impl Cluster {
             .iter()
             .map(|l| {
                 format!(
-                    "  {} {} {}\n",
+                    "  {} {} {} {}\n",
+                    l["timestamp"].as_str().unwrap_or(""),
                     l["level"].as_str().unwrap_or(""),
                     l["msg"].as_str().unwrap_or(""),
                     l["reason"].as_str().unwrap_or("")
