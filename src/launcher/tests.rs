@@ -345,17 +345,19 @@ async fn the_agent_condition_follows_libvirts_agent_events_while_the_domain_runs
             connected,
         };
         t.events.send(event).unwrap();
-        // Handled in order: once this one is on the stream, so was the agent event.
+        // Handled in order: once this one is on the stream, so was the agent event. A marker
+        // libvirt itself never sends here ("renamed"): its own "Defined added" of the test
+        // domain may still be on its way and must not be taken for the marker.
         t.events
             .send(HypervisorEvent::Lifecycle {
                 domain: l.domain_name.clone(),
                 event: lifecycle_event::DEFINED,
-                detail: 0,
+                detail: virt::sys::VIR_DOMAIN_EVENT_DEFINED_RENAMED as i32,
             })
             .unwrap();
         while !matches!(
             next(&mut stream).await.kind,
-            EventKind::Hypervisor { event, .. } if event == "Defined"
+            EventKind::Hypervisor { event, detail } if event == "Defined" && detail == "renamed"
         ) {}
         assert_eq!(
             agent(l),
