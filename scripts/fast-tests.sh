@@ -7,6 +7,7 @@
 # Extra arguments go to cargo test (e.g. a test name filter after `--`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/module-cycles.py
 exec cargo test --locked --lib \
     --test cli --test bad_specs --test xml_fixtures --test kubevirt_examples \
     --test kubevirt_protos --test kubevirt_domain_json "$@"

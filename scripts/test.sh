@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/e2e_debian.rs boots it)
 cargo fmt --all -- --check
+scripts/module-cycles.py   # no two files of src/ import each other, through any circle
 # --workspace: the fuzz targets too (a member, fuzz/), so they are known to build (scripts/fuzz.sh
 # runs them; `cargo test` replays their corpus through src/fuzzing.rs).
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use crate::domain::{target_name, Bus, DiskDef, DomainDef, DriveAddress, LiveDisk};
+use crate::domain::{target_name, Bus, DiskDef, DomainDef, DriveAddress, InterfaceDef, LiveDisk};
 
 /// Units on controller 0 that a plan may hand out (virtio-scsi allows 16,384 LUNs per target).
 pub const MAX_SCSI_UNITS: u32 = 16_384;
@@ -146,7 +146,7 @@ pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'
         (
             "spec.domain.devices.interfaces",
             // Interfaces come and go, and links go up and down (`launcher::nics`).
-            !crate::launcher::frozen_interfaces_changed(interfaces, &d.interfaces),
+            !frozen_interfaces_changed(interfaces, &d.interfaces),
         ),
         (
             "spec.domain.devices (inputs, watchdog, rng, autoattach*)",
@@ -217,6 +217,20 @@ fn allocate(live: &[LiveDisk], attach: &mut [DiskDef]) -> Result<(), PlanError> 
         });
     }
     Ok(())
+}
+
+/// The interfaces a Sync may add, drop or relink; any other change to one that stays (its
+/// model, MAC, binding, ports) needs a restart: true when `desired` makes one.
+pub fn frozen_interfaces_changed(current: &[InterfaceDef], desired: &[InterfaceDef]) -> bool {
+    current.iter().any(|c| {
+        desired.iter().any(|d| {
+            d.name == c.name
+                && InterfaceDef {
+                    link_down: c.link_down,
+                    ..d.clone()
+                } != *c
+        })
+    })
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ fn supervise(launcher: Pid, signals: &SigSet) -> i32 {
                 match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                     Ok(WaitStatus::Exited(pid, code)) if pid == launcher => return code,
                     Ok(WaitStatus::Signaled(pid, signal, _)) if pid == launcher => {
-                        return crate::exit::killed_by(signal)
+                        return killed_by(signal)
                     }
                     Ok(WaitStatus::StillAlive) | Err(_) => break,
                     Ok(_) => {}
@@ -78,4 +78,22 @@ pub fn is_container_entrypoint() -> bool {
     }
     let exe = |pid: &str| std::fs::read_link(format!("/proc/{pid}/exe")).ok();
     nix::unistd::getppid().as_raw() == 1 && exe("1").is_some() && exe("1") == exe("self")
+}
+
+/// The exit status PID 1 (`init`) gives for a launcher killed by `signal`: 128 + its number, as
+/// a shell reports a killed command, so that 137 reads as SIGKILL (e.g. the OOM killer).
+pub fn killed_by(signal: nix::sys::signal::Signal) -> i32 {
+    128 + signal as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_killed_launcher_exits_as_a_shell_reports_it() {
+        assert_eq!(killed_by(Signal::SIGKILL), 137);
+        assert_eq!(killed_by(Signal::SIGTERM), 143);
+        assert_eq!(killed_by(Signal::SIGSEGV), 139);
+    }
 }

@@ -34,7 +34,7 @@
 //! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`); `run --incoming`, a migration target (`incoming`) | — |
 //! | [`runtime_dir`], [`owned_dir`] | the runtime dir: the launcher's own, one launcher at a time (flock); whether a directory is the launcher's own | — |
-//! | [`exit`] | every exit code and every mapping to one: from how a command ended (`Ended`) and from why it failed (`MainError`, gathering each front end's error) | print |
+//! | [`ended`] | how a command that ran to its end ended (`Ended`: done, a final phase, a part of a Sync failed), for the binary to map to an exit code | pick the code |
 //! | [`console`], [`init`] | the serial console follower (`run --console`, tests); PID-1 duties | — |
 //! | [`allocator`] | glibc malloc kept small for a launcher: one arena, free memory given back while idle | — |
 //! | [`tricks`] | the list of performance tricks, each with the bench row it pays for, and `VMLAUNCHER_PLAIN`, which turns them off | — |
@@ -45,8 +45,9 @@
 //! | `testing` | what the unit tests share (`#[cfg(test)]`) | — |
 //!
 //! The binary (`src/main.rs`, `src/cli/`) parses arguments (`args`), runs the client verbs
-//! (`client`; `migrate`), prints their output (`output`) and edits the spec for
-//! `addvolume`/`removevolume` (`spec_edit`).
+//! (`client`; `migrate`; `console`), prints their output (`output`), edits the spec for
+//! `addvolume`/`removevolume` (`spec_edit`), and alone picks the exit code (`exit`: every code,
+//! and every mapping to one from how a command ended and why it failed, `MainError`).
 //!
 //! Beside the crate: `proto/` (the gRPC contract), `tests/` (CLI tests, libvirt judging our XML,
 //! KubeVirt's examples, end-to-end tests in a real guest and in a pod; `tests/common/` the harness
@@ -66,13 +67,15 @@ pub mod console;
 pub mod convert;
 pub mod domain;
 pub(crate) mod durable;
-pub mod exit;
+pub mod ended;
 pub mod fuzzing;
 pub mod host;
 pub mod hotplug;
 pub mod init;
 pub mod kubevirt;
 pub(crate) mod launcher;
+/// The launcher's error, inside `run`'s and the API's: the binary maps it to an exit code.
+pub use launcher::LauncherError;
 pub mod libvirt;
 pub mod lifecycle;
 pub mod logs;

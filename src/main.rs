@@ -1,11 +1,11 @@
 //! The `vmlauncher` command line (`docs/DESIGN.md` §6). Each verb translates its arguments into
 //! one library call and ends how it ran ([`Ended`]) or why it failed ([`MainError`]); `main` says
-//! the failure, once, and `vmlauncher::exit` alone turns either into the exit code.
+//! the failure, once, and `cli::exit` alone turns either into the exit code.
 
 use clap::Parser;
 use vmlauncher::api::proto;
 use vmlauncher::convert::{self, ConvertOptions};
-use vmlauncher::exit::{Ended, ExitCode, MainError};
+use vmlauncher::ended::Ended;
 use vmlauncher::lifecycle::RunStrategy;
 use vmlauncher::run::{self, RunOptions};
 
@@ -13,6 +13,7 @@ mod cli;
 
 use cli::args::{Cli, Command, LogFormat};
 use cli::client::{edit_volumes, events, send_command, status, sync, Verb};
+use cli::exit::{ExitCode, MainError};
 use cli::spec_edit::{add_volume, remove_volume};
 use cli::{out, Outcome};
 

@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
+use super::exit::MainError;
 use vmlauncher::api::{self, proto};
-use vmlauncher::exit::{Ended, MainError};
+use vmlauncher::ended::Ended;
 use vmlauncher::run::{self, SpecFileError};
 
 use super::args::{Output, Target};

@@ -10,9 +10,10 @@ use nix::sys::termios::{self, SetArg, Termios};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::client::{answer, connect};
+use super::exit::MainError;
 use super::Outcome;
 use vmlauncher::api::proto;
-use vmlauncher::exit::{Ended, MainError};
+use vmlauncher::ended::Ended;
 
 /// Ctrl-]: what `telnet`, `virsh console` and `virtctl console` leave by.
 const DETACH: u8 = 0x1d;

@@ -4,8 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use super::exit::MainError;
 use vmlauncher::api::{self, proto};
-use vmlauncher::exit::{Ended, MainError};
+use vmlauncher::ended::Ended;
 use vmlauncher::migration_tls::MigrationTls;
 
 use super::args::Output;

@@ -4,14 +4,16 @@
 pub(crate) mod args;
 pub(crate) mod client;
 pub(crate) mod console;
+pub(crate) mod exit;
 pub(crate) mod migrate;
 pub(crate) mod output;
 pub(crate) mod spec_edit;
 
-use vmlauncher::exit::{Ended, MainError};
+use exit::MainError;
+use vmlauncher::ended::Ended;
 
 /// How a verb ends: how it ran to its end, or why it failed; `main` says the failure and picks
-/// the exit code (`vmlauncher::exit`).
+/// the exit code (`exit`).
 pub(crate) type Outcome = Result<Ended, MainError>;
 
 /// `println!` for what a verb prints: a reader that has gone (`vmlauncher status | head -1`)

@@ -8,9 +8,9 @@
 use std::collections::BTreeSet;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::devnode::DevNumber;
+use super::devnode::{DevNumber, NotGiven};
 
 /// At most this many entries of the hotplug dir are looked at for a vouching node: the dir is
 /// the node daemon's to fill, and a Sync must not scan without end.
@@ -23,15 +23,6 @@ pub enum BlockAllowList {
     Any,
     /// Only these, and those with a node in the hotplug dir.
     Given(BTreeSet<DevNumber>),
-}
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "block device {dev} was not given to this launcher: no node for it in {hotplug_dir}, and it is not an --allow-block-device"
-)]
-pub struct NotGiven {
-    pub dev: DevNumber,
-    pub hotplug_dir: PathBuf,
 }
 
 impl BlockAllowList {

@@ -114,7 +114,17 @@ pub enum DevNodeError {
         source: Errno,
     },
     #[error(transparent)]
-    NotGiven(#[from] super::block_allow::NotGiven),
+    NotGiven(#[from] NotGiven),
+}
+
+/// A device the node daemon did not give this launcher (`host::block_allow`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "block device {dev} was not given to this launcher: no node for it in {hotplug_dir}, and it is not an --allow-block-device"
+)]
+pub struct NotGiven {
+    pub dev: DevNumber,
+    pub hotplug_dir: PathBuf,
 }
 
 /// A volume name becomes one path component inside the hotplug dir, nothing else.

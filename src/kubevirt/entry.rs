@@ -22,7 +22,7 @@ use super::notify::{self, DomainEvent, Notifier};
 use super::proto::cmd::cmd_server::CmdServer;
 use super::proto::cmd_info::cmd_info_server::CmdInfoServer;
 use super::server::{CmdService, InfoService};
-use crate::exit::Ended;
+use crate::ended::Ended;
 use crate::launcher::{EventKind, Launcher};
 use crate::run::{self, HostRequest, RuntimeDir, SetupError};
 use crate::volumes::HostPaths;

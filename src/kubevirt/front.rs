@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use super::domain_json::{self, DomainMeta};
+pub use super::errors::FrontError;
+use super::errors::MigrationError;
 use super::flags::VirtLauncherFlags;
 use super::guest_agent;
-use super::migration::MigrationError;
 use super::vmi::{self, VmiError};
 use crate::host::qemu_user::QemuUser;
 use crate::launcher::{
@@ -27,32 +28,6 @@ use crate::run::LaunchBase;
 /// deadline for `GetGuestInfo` and the like (its `shortTimeout`), so that a hung agent costs an
 /// answer with less in it, not a failed call.
 const AGENT_BUDGET: Duration = Duration::from_secs(4);
-
-/// A call's failure, as the Go launcher reports it: `Response{success: false, message}`.
-#[derive(Debug, thiserror::Error)]
-pub enum FrontError {
-    #[error(transparent)]
-    Vmi(#[from] VmiError),
-    #[error("vmi.vmiJson: metadata: this launcher runs {expected}, the VMI is {got}")]
-    WrongVmi { expected: String, got: String },
-    #[error("no domain: no SyncVirtualMachine has created it yet")]
-    NoDomain,
-    #[error("the domain was deleted; this launcher's VM is over")]
-    Deleted,
-    #[error("{}", crate::error_chain(.0))]
-    Launcher(#[from] LauncherError),
-    #[error("volume(s) failed: {0}")]
-    Volumes(String),
-    #[error("the domain's JSON: {0}")]
-    DomainJson(String),
-    #[error(transparent)]
-    Migration(#[from] MigrationError),
-    #[error(transparent)]
-    Resize(#[from] super::resize::ResizeError),
-    /// The guest agent's answer did not do (a freeze or thaw).
-    #[error("{0}")]
-    Agent(String),
-}
 
 /// What the launcher tells virt-handler about the VMI beyond libvirt's XML.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -11,16 +11,14 @@
 //! compression, progress and stall timeouts, downtime tuning, KubeVirt's legacy TCP transport,
 //! and decentralized (cross-cluster) migrations' renamed domains.
 
-mod sockets;
-mod wire;
+pub(super) mod sockets;
+pub(super) mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use sockets::SocketError;
-pub use wire::WireError;
-
 use super::domain_json::MigrationMeta;
+use super::errors::MigrationError;
 use super::front::{now_rfc3339, Front, FrontError};
 use super::proto::cmd::{MigrationRequest, VmiRequest};
 use crate::launcher::{
@@ -35,40 +33,6 @@ const ABORT_FAILED: &str = "Failed";
 /// KubeVirt's interface migration method that asks the launcher to take a NIC's link down and
 /// up once the guest arrived (for the guest to renew its DHCP lease).
 const LINK_REFRESH: &str = "LinkRefresh";
-
-#[derive(Debug, thiserror::Error)]
-pub enum MigrationError {
-    #[error(transparent)]
-    Wire(#[from] WireError),
-    #[error(transparent)]
-    Socket(#[from] SocketError),
-    #[error("this launcher runs its own VM: only one with no VM yet is a migration target")]
-    NotATarget,
-    #[error(
-        "migration job {uid} already executed, finished at {end}, failed: {failed}, \
-         abortStatus: {abort_status}"
-    )]
-    AlreadyRan {
-        uid: String,
-        end: String,
-        failed: bool,
-        abort_status: String,
-    },
-    #[error("migration {running} is in progress; {asked} waits for it to end")]
-    Busy { running: String, asked: String },
-}
-
-impl From<WireError> for FrontError {
-    fn from(e: WireError) -> Self {
-        FrontError::Migration(e.into())
-    }
-}
-
-impl From<SocketError> for FrontError {
-    fn from(e: SocketError) -> Self {
-        FrontError::Migration(e.into())
-    }
-}
 
 /// What KubeVirt's `initializeMigrationMetadata` decides for a migration `uid`, given the one
 /// this launcher knows of.

@@ -6,6 +6,7 @@
 
 pub mod domain_json;
 mod entry;
+mod errors;
 pub mod flags;
 mod front;
 mod fsfreeze;

@@ -11,22 +11,9 @@
 //! naming the restart, so virt-handler keeps the VMI's `currentCPUTopology` at what the guest
 //! has (KubeVirt's VM controller never sends a decrease: it sets `RestartRequired` instead).
 
+use super::errors::ResizeError;
 use super::front::{vm_is_down, Front, FrontError};
 use crate::launcher::{ResourceChange, ResourcePart};
-
-/// Why a CPU or memory sync did not reach the guest.
-#[derive(Debug, thiserror::Error)]
-pub enum ResizeError {
-    #[error("failed to update {what}: the VM is not running")]
-    NotRunning { what: &'static str },
-    #[error("failed to update {what}: {message}")]
-    Refused { what: &'static str, message: String },
-    #[error(
-        "failed to update vCPUs: Reduction of CPU socket count requires a restart: the guest \
-         keeps {from} vCPUs and boots next with {to}"
-    )]
-    RestartRequired { from: u64, to: u64 },
-}
 
 /// How KubeVirt's launcher names the part in its errors.
 fn what(part: ResourcePart) -> &'static str {

@@ -690,7 +690,8 @@ impl Launcher {
             };
             s.last_started = Some(Instant::now());
         });
-        crate::run::say(format_args!("the guest arrived by migration"));
+        // `run` says so by the phase it prints next.
+        tracing::info!("the guest arrived by migration");
         if let Err(e) = super::host_work(|| self.block.apply_rules()) {
             tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
         }

@@ -63,7 +63,6 @@ pub use migration::{
     incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole,
     MigrationState, MigrationStatus, PrepareTarget,
 };
-pub use nics::frozen_interfaces_changed;
 use reconciler::reconciler;
 pub use resize::{ResourceChange, ResourcePart};
 use saved::{SavedSyncError, SavedSyncs};
@@ -291,7 +290,11 @@ impl State {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StartKind {
     Created,
-    Adopted,
+    /// A running domain taken over; `last_sync`: with the last Sync its predecessor accepted,
+    /// which stands over the spec file.
+    Adopted {
+        last_sync: bool,
+    },
     /// The run strategy (Manual, Halted) waits for a Start call.
     NotStarted,
     /// A migration target: the disks are ready, the guest comes from its source.
@@ -456,7 +459,9 @@ impl Launcher {
             });
             restored = launcher.restore_last_sync(restorable);
             launcher.rebuild_volumes().await?;
-            StartKind::Adopted
+            StartKind::Adopted {
+                last_sync: restored,
+            }
         } else if launcher.options.incoming {
             host_work(|| launcher.last_sync.save_current())?;
             launcher.update(|s| {
@@ -558,10 +563,8 @@ impl Launcher {
                 return false;
             }
         }
-        // The operator restarted with a spec file; what stands instead must not be a surprise.
-        crate::run::say(format_args!(
-            "adopted the running VM with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)"
-        ));
+        // The operator restarted with a spec file; what stands instead must not be a surprise
+        // (`run` says it too, from the start's `StartKind`).
         tracing::warn!("restored the last Sync over the spec file");
         // A device number is reused once its disk is gone: one whose disk changed since the
         // Sync was accepted is left out, never attached as the volume.

@@ -68,20 +68,6 @@ pub(super) fn plan(live: &[LiveInterface], desired: &[InterfaceDef]) -> Vec<NicC
     changes
 }
 
-/// The interfaces a Sync may add, drop or relink; any other change to one that stays (its
-/// model, MAC, binding, ports) needs a restart: true when `desired` makes one.
-pub fn frozen_interfaces_changed(current: &[InterfaceDef], desired: &[InterfaceDef]) -> bool {
-    current.iter().any(|c| {
-        desired.iter().any(|d| {
-            d.name == c.name
-                && InterfaceDef {
-                    link_down: c.link_down,
-                    ..d.clone()
-                } != *c
-        })
-    })
-}
-
 impl Launcher {
     /// Applies each planned change; one failing does not stop the next. An unplug waits for
     /// the guest to let the device go (DEVICE_REMOVED), up to `DETACH_TIMEOUT`. The caller
@@ -137,6 +123,7 @@ impl Launcher {
 mod tests {
     use super::*;
     use crate::domain::InterfaceBackend;
+    use crate::hotplug::frozen_interfaces_changed;
 
     fn def(name: &str, link_down: bool) -> InterfaceDef {
         InterfaceDef {

@@ -10,7 +10,6 @@
 //! whether this QEMU would complete one, so it never starts one. Memory goes down live:
 //! virtio-mem gives back what the guest lets go of.
 
-use super::status::Condition;
 use super::{libvirt_message, Launcher, LauncherError};
 use crate::domain::{self, DomainDef, LiveResources};
 use crate::spec::{FieldError, Problem, SpecErrors, Validated};
@@ -94,22 +93,6 @@ pub(super) fn plan(
         }
     }
     plan
-}
-
-/// `RestartRequired` while the running guest has more vCPUs than `spec` asks: the decrease
-/// waits for the next boot (a start boots the spec). KubeVirt's condition type and words.
-pub(super) fn restart_required(spec: &Validated, live: &LiveResources) -> Option<Condition> {
-    let asked = crate::convert::vcpus_enabled(spec)?;
-    (asked < live.vcpus).then(|| Condition {
-        kind: "RestartRequired",
-        status: true,
-        reason: "VCPUDecrease".into(),
-        message: format!(
-            "Reduction of CPU socket count requires a restart: the guest has {} vCPUs and boots \
-             next with {asked}",
-            live.vcpus
-        ),
-    })
 }
 
 /// A Sync may not ask for less memory than the running guest booted with: virtio-mem only
@@ -340,34 +323,6 @@ mod tests {
             plan(&live(2, 0), Some(1), &desired(3, 0)).changes,
             vec![cpu(2, 3, false)]
         );
-    }
-
-    #[test]
-    fn restart_is_required_while_the_guest_has_more_vcpus_than_the_spec_asks() {
-        let spec = |sockets: u32| {
-            crate::spec::parse_bytes(
-                format!(
-                    "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: r\n\
-                     spec:\n  domain:\n    cpu:\n      sockets: {sockets}\n      maxSockets: 4\n\
-                     \x20   memory:\n      guest: 128Mi\n    devices: {{}}\n"
-                )
-                .as_bytes(),
-            )
-            .unwrap()
-        };
-        let condition = restart_required(&spec(1), &live(2, 0)).expect("a waiting decrease");
-        assert_eq!(
-            (condition.kind, condition.status, condition.reason.as_str()),
-            ("RestartRequired", true, "VCPUDecrease")
-        );
-        assert!(
-            condition.message.contains("has 2 vCPUs") && condition.message.contains("with 1"),
-            "{}",
-            condition.message
-        );
-        assert_eq!(restart_required(&spec(2), &live(2, 0)), None);
-        // An increase not done yet is the next Sync's to retry, not a restart's.
-        assert_eq!(restart_required(&spec(3), &live(2, 0)), None);
     }
 
     #[test]

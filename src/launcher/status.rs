@@ -275,7 +275,7 @@ impl Launcher {
         if let Some(waiting) = s
             .resources
             .as_ref()
-            .and_then(|r| super::resize::restart_required(&s.spec, r))
+            .and_then(|r| restart_required(&s.spec, r))
         {
             conditions.push(waiting);
         }
@@ -449,6 +449,22 @@ pub fn waiting_status(uri: &str) -> Status {
 }
 
 /// A volume's status, for tests.
+/// `RestartRequired` while the running guest has more vCPUs than `spec` asks: the decrease
+/// waits for the next boot (a start boots the spec). KubeVirt's condition type and words.
+fn restart_required(spec: &Validated, live: &LiveResources) -> Option<Condition> {
+    let asked = crate::convert::vcpus_enabled(spec)?;
+    (asked < live.vcpus).then(|| Condition {
+        kind: "RestartRequired",
+        status: true,
+        reason: "VCPUDecrease".into(),
+        message: format!(
+            "Reduction of CPU socket count requires a restart: the guest has {} vCPUs and boots \
+             next with {asked}",
+            live.vcpus
+        ),
+    })
+}
+
 #[cfg(test)]
 pub(super) fn test_volume(name: &str, phase: VolumePhase) -> VolumeStatus {
     VolumeStatus {
@@ -581,5 +597,42 @@ mod tests {
         for changed in changes {
             assert!(base.summary_differs(&changed), "{changed:?}");
         }
+    }
+
+    fn two_vcpus() -> LiveResources {
+        LiveResources {
+            vcpus: 2,
+            max_vcpus: 4,
+            memory_at_boot_kib: 1 << 20,
+            virtio_mem: None,
+        }
+    }
+
+    #[test]
+    fn restart_is_required_while_the_guest_has_more_vcpus_than_the_spec_asks() {
+        let spec = |sockets: u32| {
+            crate::spec::parse_bytes(
+                format!(
+                    "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: r\n\
+                     spec:\n  domain:\n    cpu:\n      sockets: {sockets}\n      maxSockets: 4\n\
+                     \x20   memory:\n      guest: 128Mi\n    devices: {{}}\n"
+                )
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let condition = restart_required(&spec(1), &two_vcpus()).expect("a waiting decrease");
+        assert_eq!(
+            (condition.kind, condition.status, condition.reason.as_str()),
+            ("RestartRequired", true, "VCPUDecrease")
+        );
+        assert!(
+            condition.message.contains("has 2 vCPUs") && condition.message.contains("with 1"),
+            "{}",
+            condition.message
+        );
+        assert_eq!(restart_required(&spec(2), &two_vcpus()), None);
+        // An increase not done yet is the next Sync's to retry, not a restart's.
+        assert_eq!(restart_required(&spec(3), &two_vcpus()), None);
     }
 }

@@ -29,8 +29,9 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use super::capcache;
+use super::lean::{self, LIBVIRTD};
 use super::process::{process_alive, runs_program, wait_process_exit};
-use super::{capcache, lean};
 use crate::tricks::{enabled, Trick};
 
 /// How long a fresh daemon may take to answer (the first libvirtd start probes QEMU).
@@ -772,9 +773,6 @@ impl KvmNode {
         )
     }
 }
-
-/// The daemon's program (and the name of its config, pid and log files).
-pub(super) const LIBVIRTD: &str = "libvirtd";
 
 fn qemu_conf_text(options: &DaemonOptions) -> String {
     let cgroups = if options.pod_cgroups {

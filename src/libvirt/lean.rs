@@ -12,9 +12,11 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::daemon::LIBVIRTD;
 use super::process::{program_in_path, LOADER};
 use crate::tricks::{enabled, Trick};
+
+/// The daemon's program (and the name of its config, pid and log files).
+pub(super) const LIBVIRTD: &str = "libvirtd";
 
 /// The command that starts the libvirtd whose files are in `dir`, its configuration and pid
 /// file arguments left to the caller.

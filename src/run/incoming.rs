@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use super::{follow, say, LaunchBase, RunError, RunOptions, RuntimeDir, Served, StopSignals};
 use crate::api;
-use crate::exit::Ended;
+use crate::ended::Ended;
 use crate::launcher::{self, IncomingOffer, IncomingPlan, Launcher, LauncherError};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::Connector;

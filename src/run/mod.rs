@@ -11,7 +11,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use crate::api;
 use crate::domain::VirtType;
-use crate::exit::Ended;
+use crate::ended::Ended;
 use crate::launcher::{Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::lifecycle::{Phase, PrintableStatus, RunStrategy};
@@ -313,7 +313,8 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         launcher.domain_name(),
         match kind {
             StartKind::Created => "created",
-            StartKind::Adopted => "adopted",
+            StartKind::Adopted { last_sync: false } => "adopted",
+            StartKind::Adopted { last_sync: true } => "adopted with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)",
             StartKind::NotStarted => "not started: waiting for a Start call",
             StartKind::Incoming => "prepared for an incoming migration",
             StartKind::MigratedAway => "migrated away before this launcher started: nothing to run",

@@ -1,59 +1,11 @@
 //! Text to [`VirtualMachineInstance`]: YAML or JSON, a VMI or a VirtualMachine (whose template is
 //! the instance), with serde's errors pinned to the field path and KubeVirt's defaulting applied.
 
-use std::collections::BTreeMap;
-
-use serde::Deserialize;
-
 use super::model::{
-    Disk, Ignored, ObjectMeta, RunStrategy, Unsupported, VirtualMachineInstance, VmiSpec,
+    Disk, ObjectMeta, RunStrategy, VirtualMachine, VirtualMachineInstance, VmiSpec,
 };
 use super::problem::{FieldError, Problem, Problems, SpecErrors};
 use super::unsupported;
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct VirtualMachine {
-    api_version: String,
-    #[allow(dead_code)]
-    kind: String,
-    metadata: ObjectMeta,
-    spec: VirtualMachineSpec,
-    #[serde(default)]
-    #[allow(dead_code)]
-    status: Ignored,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub(super) struct VirtualMachineSpec {
-    template: VmiTemplate,
-    run_strategy: Option<RunStrategy>,
-    running: Option<bool>,
-    pub(super) data_volume_templates: Option<Unsupported>,
-    pub(super) instancetype: Option<Unsupported>,
-    pub(super) preference: Option<Unsupported>,
-    pub(super) update_volumes_strategy: Option<Unsupported>,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct VmiTemplate {
-    metadata: Option<TemplateMeta>,
-    spec: VmiSpec,
-}
-
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct TemplateMeta {
-    name: Option<String>,
-    namespace: Option<String>,
-    #[serde(default)]
-    labels: BTreeMap<String, String>,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-    creation_timestamp: Ignored,
-}
 
 fn from_value<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, SpecErrors> {
     serde_path_to_error::deserialize(value).map_err(|e| {

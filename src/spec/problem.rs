@@ -104,8 +104,12 @@ pub enum Problem {
 
     // Memory and CPU.
     /// `70000 vCPUs (sockets × cores × threads), at most 288`.
-    #[error("{count} vCPUs{from}, at most {}", super::validate::MAX_VCPUS)]
-    TooManyVcpus { count: u128, from: &'static str },
+    #[error("{count} vCPUs{from}, at most {max}")]
+    TooManyVcpus {
+        count: u128,
+        from: &'static str,
+        max: u64,
+    },
     #[error("{bytes} bytes is too little memory for a guest (at least 1Mi)")]
     TooLittleMemory { bytes: u64 },
     #[error("guest memory is required (spec.domain.memory.guest or resources.requests.memory)")]

@@ -6,9 +6,9 @@
 
 use super::model::{
     CdromTarget, CloudInitNoCloud, ContainerDisk, Cpu, Devices, Disk, DiskTarget, DomainSpec, Efi,
-    Features, Firmware, Interface, LunTarget, ObjectMeta, PodNetwork, Resources, VmiSpec,
+    Features, Firmware, Interface, LunTarget, ObjectMeta, PodNetwork, Resources,
+    VirtualMachineSpec, VmiSpec,
 };
-use super::parse::VirtualMachineSpec;
 use super::problem::Problems;
 
 /// A part of the manifest with KubeVirt fields outside the subset.

@@ -9,10 +9,12 @@ use serde::Deserialize;
 
 mod devices;
 mod domain;
+mod vm;
 mod volumes;
 
 pub use devices::*;
 pub use domain::*;
+pub use vm::*;
 pub use volumes::*;
 
 /// A KubeVirt field that parses but that vmlauncher does not implement: validation names it.

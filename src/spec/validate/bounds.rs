@@ -46,6 +46,7 @@ pub(super) fn check_topology(sockets: u32, cores: u32, threads: u32, e: &mut Pro
             Problem::TooManyVcpus {
                 count,
                 from: " (sockets × cores × threads)",
+                max: MAX_VCPUS,
             },
         );
     }
@@ -59,6 +60,7 @@ pub(super) fn check_cpu_quantity(path: String, cpus: f64, e: &mut Problems) {
             Problem::TooManyVcpus {
                 count: cpus.ceil() as u128,
                 from: "",
+                max: MAX_VCPUS,
             },
         );
     }
