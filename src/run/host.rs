@@ -27,7 +27,7 @@ use crate::spec::Validated;
 use crate::volumes::HostPaths;
 
 /// What stops a launcher, `run` or `virt-launcher`, in its first steps, before it starts
-/// anything: each front end decides what each means for its exit (`exit`).
+/// anything: each front end decides what each means for its exit (the binary's `cli::exit`).
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     #[error("cannot install signal handlers")]
