@@ -15,6 +15,7 @@ use super::proto::launcher_client::LauncherClient;
 use super::tcp::TcpTarget;
 use crate::launcher::{
     self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, MigrationStatus, PrepareTarget,
+    TargetError,
 };
 use crate::migration_tls::MigrationTls;
 
@@ -152,9 +153,12 @@ pub(super) fn migrate_request(
         match (TcpTarget::parse(&req.target), tls) {
             (Some(tcp), Some(tls)) => Box::new(move |offer| {
                 Box::pin(async move {
-                    let client = super::tcp::connect(&tcp, &tls)
-                        .await
-                        .map_err(|e| crate::error_chain(&e))?;
+                    let client = super::tcp::connect(&tcp, &tls).await.map_err(|e| {
+                        TargetError::Unreachable {
+                            target: tcp.to_string(),
+                            reason: crate::error_chain(&e),
+                        }
+                    })?;
                     let plan = prepare_remote(client, tcp.to_string(), offer).await?;
                     plan.dialled_over_tcp(&tcp.host, tcp.port)
                 })
@@ -166,9 +170,12 @@ pub(super) fn migrate_request(
                 let target = PathBuf::from(&req.target);
                 Box::new(move |offer| {
                     Box::pin(async move {
-                        let client = super::connect(&target)
-                            .await
-                            .map_err(|e| crate::error_chain(&e))?;
+                        let client = super::connect(&target).await.map_err(|e| {
+                            TargetError::Unreachable {
+                                target: target.display().to_string(),
+                                reason: crate::error_chain(&e),
+                            }
+                        })?;
                         prepare_remote(client, target.display().to_string(), offer)
                             .await?
                             .dialled_locally()
@@ -189,7 +196,7 @@ async fn prepare_remote(
     mut client: LauncherClient<Channel>,
     named: String,
     offer: IncomingOffer,
-) -> Result<IncomingPlan, String> {
+) -> Result<IncomingPlan, TargetError> {
     let reply = client
         .prepare_migration_target(proto::PrepareMigrationTargetRequest {
             spec: offer.input.spec,
@@ -199,7 +206,10 @@ async fn prepare_remote(
             source_hotplug_dir: offer.source_hotplug_dir.display().to_string(),
         })
         .await
-        .map_err(|s| format!("{named}: {}", s.message()))?
+        .map_err(|s| TargetError::Unreachable {
+            target: named,
+            reason: s.message().to_string(),
+        })?
         .into_inner();
     Ok(IncomingPlan {
         libvirt_uri: reply.libvirt_uri,

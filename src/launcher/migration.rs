@@ -144,22 +144,49 @@ pub struct IncomingPlan {
     pub listen_address: Option<String>,
 }
 
+/// Why a migration's target did not do, as the source sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    /// The target could not be reached, or refused the offer (its own words).
+    #[error("{target}: {reason}")]
+    Unreachable { target: String, reason: String },
+    #[error("{target} does not take a migration over TCP (started without --listen?)")]
+    NotOverTcp { target: String },
+    #[error("{target} listens on {listen:?}, not an IP address")]
+    ListenNotAnAddress { target: String, listen: String },
+    #[error("the target answered with another kind of migration ({libvirt_uri}, {migration_uri})")]
+    NotLocal {
+        libvirt_uri: String,
+        migration_uri: String,
+    },
+    #[error("the target takes the guest over TCP: this launcher needs --tls-dir")]
+    NoCredentials,
+    #[error("a migration names its target")]
+    NotNamed,
+    #[error("cannot note the migration")]
+    Marker(#[source] std::io::Error),
+    /// On the target: the source's spec is not the one this launcher was started with.
+    #[error("the source's spec is not this launcher's SPEC")]
+    OtherSpec,
+}
+
 impl IncomingPlan {
     /// A target dialled over TCP at `host:port` (`run --incoming --listen`): its listeners are
     /// where the source dialled it, on the four fixed ports, whatever its answer names. The
     /// answer is another machine's: only its dirs, its pins and the address its QEMU listens
     /// on (an IP address) are taken from it, and it must be one for TCP.
-    pub fn dialled_over_tcp(mut self, host: &str, port: u16) -> Result<IncomingPlan, String> {
+    pub fn dialled_over_tcp(mut self, host: &str, port: u16) -> Result<IncomingPlan, TargetError> {
         if !self.migration_uri.starts_with("tcp://") {
-            return Err(format!(
-                "{host}:{port} does not take a migration over TCP (started without --listen?)"
-            ));
+            return Err(TargetError::NotOverTcp {
+                target: format!("{host}:{port}"),
+            });
         }
         if let Some(listen) = &self.listen_address {
             if listen.parse::<std::net::IpAddr>().is_err() {
-                return Err(format!(
-                    "{host}:{port} listens on {listen:?}, not an IP address"
-                ));
+                return Err(TargetError::ListenNotAnAddress {
+                    target: format!("{host}:{port}"),
+                    listen: listen.clone(),
+                });
             }
         }
         let at = |offset: u16| format!("{host}:{}", u32::from(port) + u32::from(offset));
@@ -171,16 +198,16 @@ impl IncomingPlan {
 
     /// A target dialled by its unix socket, on this machine: its answer must name unix
     /// sockets only, the local kind of migration.
-    pub fn dialled_locally(self) -> Result<IncomingPlan, String> {
+    pub fn dialled_locally(self) -> Result<IncomingPlan, TargetError> {
         let local = self.libvirt_uri.starts_with("qemu+unix:///")
             && self.migration_uri.starts_with("unix:///")
             && self.disks_uri.starts_with("unix:///")
             && self.listen_address.is_none();
         if !local {
-            return Err(format!(
-                "the target answered with another kind of migration ({}, {})",
-                self.libvirt_uri, self.migration_uri
-            ));
+            return Err(TargetError::NotLocal {
+                libvirt_uri: self.libvirt_uri,
+                migration_uri: self.migration_uri,
+            });
         }
         Ok(self)
     }
@@ -233,7 +260,9 @@ fn pinned_sources<'a>(
 
 /// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
 pub type PrepareTarget = Box<
-    dyn FnOnce(IncomingOffer) -> Pin<Box<dyn Future<Output = Result<IncomingPlan, String>> + Send>>
+    dyn FnOnce(
+            IncomingOffer,
+        ) -> Pin<Box<dyn Future<Output = Result<IncomingPlan, TargetError>> + Send>>
         + Send,
 >;
 
@@ -386,9 +415,7 @@ impl Launcher {
         };
         let plan = match (request.prepare)(offer).await {
             Ok(plan) => plan,
-            Err(message) => {
-                return Err(self.migration_failed(LauncherError::MigrationTarget(message), false))
-            }
+            Err(e) => return Err(self.migration_failed(e.into(), false)),
         };
         let n = self.domain_name.clone();
         let xml = match self.call(move |hv| hv.migratable_xml(&n)) {
@@ -430,10 +457,7 @@ impl Launcher {
                 uri_path(&installed.libvirt_dir)
             ),
             (true, None) => {
-                let e = LauncherError::MigrationTarget(
-                    "the target takes the guest over TCP: this launcher needs --tls-dir".into(),
-                );
-                return Err(self.migration_failed(e, false));
+                return Err(self.migration_failed(TargetError::NoCredentials.into(), false));
             }
         };
         let to = MigrateTo {
@@ -459,8 +483,7 @@ impl Launcher {
         }
         let marker = self.migration_marker();
         if let Err(e) = super::host_work(|| marker.write(&request.target)) {
-            let e = LauncherError::MigrationTarget(format!("cannot note the migration: {e}"));
-            return Err(self.migration_failed(e, false));
+            return Err(self.migration_failed(TargetError::Marker(e).into(), false));
         }
         self.set_migration(|m| m.state = MigrationState::Migrating);
         let n = self.domain_name.clone();

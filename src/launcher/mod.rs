@@ -61,7 +61,7 @@ use link::Link;
 use live_view::LiveView;
 pub use migration::{
     incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole,
-    MigrationState, MigrationStatus, PrepareTarget,
+    MigrationState, MigrationStatus, PrepareTarget, TargetError,
 };
 use reconciler::reconciler;
 pub use resize::{ResourceChange, ResourcePart};
@@ -140,8 +140,8 @@ pub enum LauncherError {
     SaveSync(#[from] SavedSyncError),
     #[error("no migration is in flight")]
     NoMigration,
-    #[error("the migration target: {0}")]
-    MigrationTarget(String),
+    #[error("the migration target")]
+    MigrationTarget(#[from] TargetError),
     #[error("block volume {volume:?}")]
     BlockVolume {
         volume: String,

@@ -224,9 +224,7 @@ impl Launcher {
                 self.prepare_sync(input)?.perform(self).await.map(drop)
             }
             // A migration needs its target: `Launcher::migrate`, never a bare command.
-            Command::Migrate => Err(LauncherError::MigrationTarget(
-                "a migration names its target".into(),
-            )),
+            Command::Migrate => Err(super::TargetError::NotNamed.into()),
         }
     }
 

@@ -155,9 +155,7 @@ impl Target<'_> {
         let spec = crate::spec::parse(&offer.input.spec)?;
         if let Some(own) = &self.opts.spec {
             if own != &spec {
-                return Err(LauncherError::MigrationTarget(
-                    "the source's spec is not this launcher's SPEC".into(),
-                ));
+                return Err(launcher::TargetError::OtherSpec.into());
             }
         }
         let strategy = match &self.opts.spec {
