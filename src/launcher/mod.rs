@@ -23,6 +23,7 @@ mod last_sync;
 mod link;
 mod live_view;
 mod migration;
+mod migration_plan;
 mod nics;
 mod reconciler;
 mod resize;
@@ -59,9 +60,9 @@ use detaches::Detaches;
 use last_sync::LastSync;
 use link::Link;
 use live_view::LiveView;
-pub use migration::{
-    incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, MigrateRequest, MigrationRole,
-    MigrationState, MigrationStatus, PrepareTarget, TargetError,
+pub use migration::{MigrateRequest, MigrationRole, MigrationState, MigrationStatus};
+pub use migration_plan::{
+    incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, PrepareTarget, TargetError,
 };
 use reconciler::reconciler;
 pub use resize::{ResourceChange, ResourcePart};
