@@ -6,6 +6,7 @@
 
 pub mod capcache;
 pub mod daemon;
+mod daemon_conf;
 pub mod delivered;
 pub mod events;
 mod lean;
