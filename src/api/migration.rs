@@ -14,8 +14,7 @@ use tonic::transport::Channel;
 use super::proto::launcher_client::LauncherClient;
 use super::tcp::TcpTarget;
 use crate::launcher::{
-    self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, MigrationStatus, PrepareTarget,
-    TargetError,
+    self, IncomingOffer, IncomingPlan, Launcher, MigrateRequest, PrepareTarget, TargetError,
 };
 use crate::migration_tls::MigrationTls;
 
@@ -224,20 +223,6 @@ async fn prepare_remote(
             .map(|(volume, pin)| (volume, pin.into()))
             .collect(),
     })
-}
-
-pub(super) fn status_to_proto(m: &MigrationStatus) -> proto::MigrationStatus {
-    proto::MigrationStatus {
-        role: m.role.as_str().into(),
-        state: m.state.as_str().into(),
-        peer: m.peer.clone(),
-        data_total: m.progress.data_total,
-        data_processed: m.progress.data_processed,
-        data_remaining: m.progress.data_remaining,
-        elapsed_ms: m.elapsed().as_millis() as u64,
-        downtime_ms: m.progress.downtime_ms.unwrap_or_default(),
-        message: m.message.clone(),
-    }
 }
 
 #[cfg(test)]
