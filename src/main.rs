@@ -11,7 +11,7 @@ use vmlauncher::run::{self, RunOptions};
 
 mod cli;
 
-use cli::args::{Cli, Command, LogFormat};
+use cli::args::{Cli, Command, LogFormat, RunArgs};
 use cli::client::{edit_volumes, events, send_command, status, sync, Verb};
 use cli::exit::{ExitCode, MainError};
 use cli::spec_edit::{add_volume, remove_volume};
@@ -178,96 +178,13 @@ fn launch(runtime: &mut Option<tokio::runtime::Runtime>) -> Result<Ended, MainEr
 
 async fn dispatch(command: Command) -> Outcome {
     match command {
-        Command::Run {
-            spec,
-            incoming,
-            connect,
-            runtime_dir,
-            socket,
-            emulation,
-            run_strategy,
-            resync_interval,
-            console,
-            hotplug_dir,
-            network,
-            publish_address,
-            publish,
-            reconnect_timeout,
-            log_max_size,
-            qemu_cache_dir,
-            host_disk_roots,
-            qemu_user,
-            allow_block_devices,
-            guest_loopback,
-            tls_dir,
-            listen,
-        } => {
-            let (spec, spec_text) = match spec {
-                Some(path) => {
-                    let (spec, text) = run::load_spec(&path)?;
-                    (Some(spec), text)
-                }
-                None => (None, String::new()),
-            };
-            let strategy = run_strategy
-                .or(spec.as_ref().and_then(|s| s.run_strategy))
-                .unwrap_or(RunStrategy::Once);
-            let host_ports = match &spec {
-                Some(spec) => {
-                    vmlauncher::convert::moved_ports(spec, &publish).map_err(MainError::Publish)?
-                }
-                None => Default::default(),
-            };
-            let ended = run::run(RunOptions {
-                spec,
-                incoming,
-                connect,
-                runtime_dir,
-                socket,
-                emulation,
-                strategy,
-                resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
-                console,
-                spec_text,
-                hotplug_dir,
-                network,
-                publish: vmlauncher::convert::Publish {
-                    address: publish_address
-                        .unwrap_or(vmlauncher::convert::Publish::default_for(network).address),
-                    host_ports,
-                },
-                reconnect_timeout: (reconnect_timeout > 0)
-                    .then(|| std::time::Duration::from_secs(reconnect_timeout)),
-                log_max_size,
-                qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
-                host_disk_roots,
-                qemu_user,
-                allow_block_devices,
-                guest_loopback,
-                tls_dir,
-                listen,
-            })
-            .await?;
-            Ok(ended)
-        }
+        Command::Run(args) => run_verb(args).await,
         Command::WarmCache { qemu_cache_dir } => Ok(run::warm_cache(&qemu_cache_dir).await?),
         Command::Convert {
             spec,
             emulation,
             console_log,
-        } => {
-            let (vmi, _) = run::load_spec(&spec)?;
-            let mut opts = ConvertOptions::new(emulation.resolve(), console_log);
-            opts.cpus = vmlauncher::host::cpus::own_cpus().map_err(MainError::OwnCpus)?;
-            let def = convert::convert(&vmi, &opts).map_err(|errors| {
-                run::SpecFileError::NotConvertible {
-                    path: spec.clone(),
-                    errors,
-                }
-            })?;
-            out!("{}", def.to_xml());
-            Ok(Ended::Done)
-        }
+        } => convert_verb(&spec, emulation, console_log),
         Command::Validate { spec } => {
             run::load_spec(&spec)?;
             Ok(Ended::Done)
@@ -296,20 +213,7 @@ async fn dispatch(command: Command) -> Outcome {
                 _ => return Err(MainError::NoVolumeSource),
             };
             let serial = serial.unwrap_or_else(|| name.clone());
-            edit_volumes(&socket, output, |spec, req| {
-                add_volume(spec, &name, &serial)?;
-                req.block_devices.insert(
-                    name.clone(),
-                    proto::BlockDevice {
-                        source: Some(source.clone()),
-                    },
-                );
-                if persist {
-                    req.persist.push(name.clone());
-                }
-                Ok(())
-            })
-            .await
+            addvolume_verb(&socket, output, name, serial, source, persist).await
         }
         Command::Removevolume {
             name,
@@ -366,4 +270,122 @@ async fn dispatch(command: Command) -> Outcome {
             .await
         }
     }
+}
+
+/// `run`: the spec file read, its run strategy and published ports decided, then the launcher.
+async fn run_verb(args: RunArgs) -> Outcome {
+    let RunArgs {
+        spec,
+        incoming,
+        connect,
+        runtime_dir,
+        socket,
+        emulation,
+        run_strategy,
+        resync_interval,
+        console,
+        hotplug_dir,
+        network,
+        publish_address,
+        publish,
+        reconnect_timeout,
+        log_max_size,
+        qemu_cache_dir,
+        host_disk_roots,
+        qemu_user,
+        allow_block_devices,
+        guest_loopback,
+        tls_dir,
+        listen,
+    } = args;
+    let (spec, spec_text) = match spec {
+        Some(path) => {
+            let (spec, text) = run::load_spec(&path)?;
+            (Some(spec), text)
+        }
+        None => (None, String::new()),
+    };
+    let strategy = run_strategy
+        .or(spec.as_ref().and_then(|s| s.run_strategy))
+        .unwrap_or(RunStrategy::Once);
+    let host_ports = match &spec {
+        Some(spec) => {
+            vmlauncher::convert::moved_ports(spec, &publish).map_err(MainError::Publish)?
+        }
+        None => Default::default(),
+    };
+    let ended = run::run(RunOptions {
+        spec,
+        incoming,
+        connect,
+        runtime_dir,
+        socket,
+        emulation,
+        strategy,
+        resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
+        console,
+        spec_text,
+        hotplug_dir,
+        network,
+        publish: vmlauncher::convert::Publish {
+            address: publish_address
+                .unwrap_or(vmlauncher::convert::Publish::default_for(network).address),
+            host_ports,
+        },
+        reconnect_timeout: (reconnect_timeout > 0)
+            .then(|| std::time::Duration::from_secs(reconnect_timeout)),
+        log_max_size,
+        qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
+        host_disk_roots,
+        qemu_user,
+        allow_block_devices,
+        guest_loopback,
+        tls_dir,
+        listen,
+    })
+    .await?;
+    Ok(ended)
+}
+
+/// `convert`: the domain XML of a spec file, on standard output.
+fn convert_verb(
+    spec: &std::path::Path,
+    emulation: vmlauncher::run::Emulation,
+    console_log: std::path::PathBuf,
+) -> Outcome {
+    let (vmi, _) = run::load_spec(spec)?;
+    let mut opts = ConvertOptions::new(emulation.resolve(), console_log);
+    opts.cpus = vmlauncher::host::cpus::own_cpus().map_err(MainError::OwnCpus)?;
+    let def =
+        convert::convert(&vmi, &opts).map_err(|errors| run::SpecFileError::NotConvertible {
+            path: spec.to_path_buf(),
+            errors,
+        })?;
+    out!("{}", def.to_xml());
+    Ok(Ended::Done)
+}
+
+/// `addvolume`: the volume added to the launcher's spec and the device to its request.
+async fn addvolume_verb(
+    socket: &std::path::Path,
+    output: cli::args::Output,
+    name: String,
+    serial: String,
+    source: proto::block_device::Source,
+    persist: bool,
+) -> Outcome {
+    edit_volumes(socket, output, |spec, req| {
+        add_volume(spec, &name, &serial)?;
+        req.block_devices.insert(
+            name.clone(),
+            proto::BlockDevice {
+                source: Some(source.clone()),
+            },
+        );
+        if persist {
+            req.persist.push(name.clone());
+        }
+        Ok(())
+    })
+    .await
 }

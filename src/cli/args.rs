@@ -33,99 +33,103 @@ pub(crate) enum Output {
     Json,
 }
 
+/// `run`'s options.
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// The VMI (or VirtualMachine) manifest; with --incoming, optional (the source sends
+    /// its own), and when given the source's must be the same.
+    #[arg(required_unless_present = "incoming")]
+    pub(crate) spec: Option<PathBuf>,
+    /// Start with no VM and wait for one to come by live migration from another launcher
+    /// (`vmlauncher migrate --to` this launcher's socket).
+    #[arg(long, conflicts_with = "connect")]
+    pub(crate) incoming: bool,
+    /// Use this libvirt instead of starting a private libvirtd.
+    #[arg(long)]
+    pub(crate) connect: Option<String>,
+    /// Where the launcher keeps its socket, console log and private libvirtd.
+    #[arg(long, default_value = "/var/run/vmlauncher", value_parser = utf8_path())]
+    pub(crate) runtime_dir: PathBuf,
+    /// The gRPC socket (default: RUNTIME_DIR/launcher.sock).
+    #[arg(long)]
+    pub(crate) socket: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) emulation: Emulation,
+    /// What happens when the VM stops (KubeVirt's runStrategy). Default: a VirtualMachine
+    /// manifest's `spec.runStrategy`; a bare VMI runs Once.
+    #[arg(long, value_enum)]
+    pub(crate) run_strategy: Option<RunStrategy>,
+    /// Seconds between safety-net re-reads of the real state (events do the real work).
+    #[arg(long, default_value_t = 30)]
+    pub(crate) resync_interval: u64,
+    /// Mirror the guest's serial console to standard output.
+    #[arg(long)]
+    pub(crate) console: bool,
+    /// Where hot-plugged volumes live: block nodes the launcher makes, and image files
+    /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
+    #[arg(long, value_parser = utf8_path())]
+    pub(crate) hotplug_dir: Option<PathBuf>,
+    /// local: QEMU's user-mode network. pod: masquerade interfaces too (ports published on
+    /// the pod's addresses), bridge interfaces the pod's tap devices (`tap0`, `tap1`, ...).
+    #[arg(long, value_enum, default_value = "local")]
+    pub(crate) network: vmlauncher::convert::NetworkMode,
+    /// The host address masquerade interfaces' `ports` are published on (default:
+    /// 127.0.0.1 for a local run, 0.0.0.0 in a pod).
+    #[arg(long)]
+    pub(crate) publish_address: Option<std::net::Ipv4Addr>,
+    /// Publish guest port PORT on host port HOSTPORT instead of its own number
+    /// (HOSTPORT:PORT, repeatable), e.g. `--publish 2222:22`.
+    #[arg(long = "publish", value_name = "HOSTPORT:PORT", value_parser = parse_publish)]
+    pub(crate) publish: Vec<(u16, u16)>,
+    /// Seconds to keep reconnecting to a lost libvirt before giving up (phase Unknown, exit
+    /// 3); 0 never gives up.
+    #[arg(long, default_value_t = 300)]
+    pub(crate) reconnect_timeout: u64,
+    /// The most bytes the console log and QEMU's log each hold before the launcher keeps
+    /// the log as NAME.1 and starts it again (with a private libvirtd; at least 4096).
+    #[arg(long, default_value_t = vmlauncher::logs::DEFAULT_MAX_SIZE,
+          value_parser = clap::value_parser!(u64).range(vmlauncher::logs::MIN_MAX_SIZE..))]
+    pub(crate) log_max_size: u64,
+    /// QEMU's capability cache shared by every launcher of the host; "" shares none.
+    #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
+    pub(crate) qemu_cache_dir: PathBuf,
+    /// The only directories a spec's hostDisk may be under, links followed (absolute,
+    /// repeatable; default: anywhere but the host's and the launcher's own places).
+    #[arg(long = "host-disk-root", value_name = "DIR", value_parser = absolute_path())]
+    pub(crate) host_disk_roots: Vec<PathBuf>,
+    /// The user QEMU runs as: a name or uid, or `root` (default: the host's libvirt-qemu
+    /// or qemu account; libvirt hands it each disk image while the VM uses it).
+    #[arg(long, value_name = "USER")]
+    pub(crate) qemu_user: Option<String>,
+    /// A block device a Sync may attach, MAJOR:MINOR (repeatable). Listing any restricts a
+    /// host run to those; in a container only listed devices, and those the node daemon
+    /// put a node for in the hotplug dir, may be attached.
+    #[arg(long = "allow-block-device", value_name = "MAJOR:MINOR")]
+    pub(crate) allow_block_devices: Vec<vmlauncher::host::DevNumber>,
+    /// Whether the guest reaches the host's loopback through its gateway (10.0.2.2) on
+    /// user-mode networking (default: open on a host run; closed with --network pod unless
+    /// the VMI's annotation vmlauncher.io/guest-reaches-host-loopback is "true").
+    #[arg(long, value_enum)]
+    pub(crate) guest_loopback: Option<vmlauncher::host::loopback::GuestLoopback>,
+    /// Credentials to migrate between machines over TCP under mutual TLS: ca-cert.pem,
+    /// server-cert.pem, server-key.pem, client-cert.pem, client-key.pem (QEMU's names), all
+    /// signed by one CA; a target's server certificate names the host sources dial.
+    #[arg(long, value_name = "DIR", conflicts_with = "connect", value_parser = utf8_path())]
+    pub(crate) tls_dir: Option<PathBuf>,
+    /// A migration target reachable from other machines: its API on ADDR:PORT, its
+    /// libvirtd on PORT+1, the guest's memory on PORT+2 and its copied disks on PORT+3, all
+    /// under TLS (`vmlauncher migrate --to HOST:PORT`).
+    #[arg(long, value_name = "ADDR:PORT", requires_all = ["incoming", "tls_dir"],
+          value_parser = parse_listen)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+}
+
 // Parsed once per process: `Run`'s many options inline cost nothing worth a box.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Boot the VM of SPEC and keep it running until it ends or the launcher is stopped.
-    Run {
-        /// The VMI (or VirtualMachine) manifest; with --incoming, optional (the source sends
-        /// its own), and when given the source's must be the same.
-        #[arg(required_unless_present = "incoming")]
-        spec: Option<PathBuf>,
-        /// Start with no VM and wait for one to come by live migration from another launcher
-        /// (`vmlauncher migrate --to` this launcher's socket).
-        #[arg(long, conflicts_with = "connect")]
-        incoming: bool,
-        /// Use this libvirt instead of starting a private libvirtd.
-        #[arg(long)]
-        connect: Option<String>,
-        /// Where the launcher keeps its socket, console log and private libvirtd.
-        #[arg(long, default_value = "/var/run/vmlauncher", value_parser = utf8_path())]
-        runtime_dir: PathBuf,
-        /// The gRPC socket (default: RUNTIME_DIR/launcher.sock).
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        #[arg(long, value_enum, default_value = "auto")]
-        emulation: Emulation,
-        /// What happens when the VM stops (KubeVirt's runStrategy). Default: a VirtualMachine
-        /// manifest's `spec.runStrategy`; a bare VMI runs Once.
-        #[arg(long, value_enum)]
-        run_strategy: Option<RunStrategy>,
-        /// Seconds between safety-net re-reads of the real state (events do the real work).
-        #[arg(long, default_value_t = 30)]
-        resync_interval: u64,
-        /// Mirror the guest's serial console to standard output.
-        #[arg(long)]
-        console: bool,
-        /// Where hot-plugged volumes live: block nodes the launcher makes, and image files
-        /// (default: RUNTIME_DIR/hotplug; /var/run/kubevirt/hotplug-disks in a pod).
-        #[arg(long, value_parser = utf8_path())]
-        hotplug_dir: Option<PathBuf>,
-        /// local: QEMU's user-mode network. pod: masquerade interfaces too (ports published on
-        /// the pod's addresses), bridge interfaces the pod's tap devices (`tap0`, `tap1`, ...).
-        #[arg(long, value_enum, default_value = "local")]
-        network: vmlauncher::convert::NetworkMode,
-        /// The host address masquerade interfaces' `ports` are published on (default:
-        /// 127.0.0.1 for a local run, 0.0.0.0 in a pod).
-        #[arg(long)]
-        publish_address: Option<std::net::Ipv4Addr>,
-        /// Publish guest port PORT on host port HOSTPORT instead of its own number
-        /// (HOSTPORT:PORT, repeatable), e.g. `--publish 2222:22`.
-        #[arg(long = "publish", value_name = "HOSTPORT:PORT", value_parser = parse_publish)]
-        publish: Vec<(u16, u16)>,
-        /// Seconds to keep reconnecting to a lost libvirt before giving up (phase Unknown, exit
-        /// 3); 0 never gives up.
-        #[arg(long, default_value_t = 300)]
-        reconnect_timeout: u64,
-        /// The most bytes the console log and QEMU's log each hold before the launcher keeps
-        /// the log as NAME.1 and starts it again (with a private libvirtd; at least 4096).
-        #[arg(long, default_value_t = vmlauncher::logs::DEFAULT_MAX_SIZE,
-              value_parser = clap::value_parser!(u64).range(vmlauncher::logs::MIN_MAX_SIZE..))]
-        log_max_size: u64,
-        /// QEMU's capability cache shared by every launcher of the host; "" shares none.
-        #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
-        qemu_cache_dir: PathBuf,
-        /// The only directories a spec's hostDisk may be under, links followed (absolute,
-        /// repeatable; default: anywhere but the host's and the launcher's own places).
-        #[arg(long = "host-disk-root", value_name = "DIR", value_parser = absolute_path())]
-        host_disk_roots: Vec<PathBuf>,
-        /// The user QEMU runs as: a name or uid, or `root` (default: the host's libvirt-qemu
-        /// or qemu account; libvirt hands it each disk image while the VM uses it).
-        #[arg(long, value_name = "USER")]
-        qemu_user: Option<String>,
-        /// A block device a Sync may attach, MAJOR:MINOR (repeatable). Listing any restricts a
-        /// host run to those; in a container only listed devices, and those the node daemon
-        /// put a node for in the hotplug dir, may be attached.
-        #[arg(long = "allow-block-device", value_name = "MAJOR:MINOR")]
-        allow_block_devices: Vec<vmlauncher::host::DevNumber>,
-        /// Whether the guest reaches the host's loopback through its gateway (10.0.2.2) on
-        /// user-mode networking (default: open on a host run; closed with --network pod unless
-        /// the VMI's annotation vmlauncher.io/guest-reaches-host-loopback is "true").
-        #[arg(long, value_enum)]
-        guest_loopback: Option<vmlauncher::host::loopback::GuestLoopback>,
-        /// Credentials to migrate between machines over TCP under mutual TLS: ca-cert.pem,
-        /// server-cert.pem, server-key.pem, client-cert.pem, client-key.pem (QEMU's names), all
-        /// signed by one CA; a target's server certificate names the host sources dial.
-        #[arg(long, value_name = "DIR", conflicts_with = "connect", value_parser = utf8_path())]
-        tls_dir: Option<PathBuf>,
-        /// A migration target reachable from other machines: its API on ADDR:PORT, its
-        /// libvirtd on PORT+1, the guest's memory on PORT+2 and its copied disks on PORT+3, all
-        /// under TLS (`vmlauncher migrate --to HOST:PORT`).
-        #[arg(long, value_name = "ADDR:PORT", requires_all = ["incoming", "tls_dir"],
-              value_parser = parse_listen)]
-        listen: Option<std::net::SocketAddr>,
-    },
+    Run(RunArgs),
     /// Probe QEMU once and fill the shared capability cache (an image build runs this).
     WarmCache {
         #[arg(long, default_value = vmlauncher::libvirt::capcache::DEFAULT_DIR)]
