@@ -107,9 +107,18 @@ pub fn agent_connected_in(doc: &roxmltree::Document<'_>) -> bool {
 fn live_devices<T>(
     xml: &str,
     tag: &str,
-    mut read: impl FnMut(usize, roxmltree::Node<'_, '_>) -> Result<T, LiveXmlError>,
+    read: impl FnMut(usize, roxmltree::Node<'_, '_>) -> Result<T, LiveXmlError>,
 ) -> Result<Vec<T>, LiveXmlError> {
     let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    devices_in(&doc, tag, read)
+}
+
+/// [`live_devices`] of a document already parsed.
+fn devices_in<T>(
+    doc: &roxmltree::Document<'_>,
+    tag: &str,
+    mut read: impl FnMut(usize, roxmltree::Node<'_, '_>) -> Result<T, LiveXmlError>,
+) -> Result<Vec<T>, LiveXmlError> {
     let Some(devices) = child(doc.root_element(), "devices") else {
         return Ok(Vec::new());
     };
@@ -210,7 +219,15 @@ impl LiveInterface {
 
 /// The `<interface>` elements of a live domain XML, in document order.
 pub fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
-    live_devices(xml, "interface", |index, iface| {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    live_interfaces_in(&doc)
+}
+
+/// [`live_interfaces`] of a document already parsed.
+pub fn live_interfaces_in(
+    doc: &roxmltree::Document<'_>,
+) -> Result<Vec<LiveInterface>, LiveXmlError> {
+    devices_in(doc, "interface", |index, iface| {
         let port_forwards = iface
             .children()
             .filter(|n| n.has_tag_name("portForward"))

@@ -14,9 +14,11 @@ use std::path::{Path, PathBuf};
 
 pub use live::{
     agent_connected, agent_connected_in, canonical_machines, domain_capabilities_machine,
-    live_disks, live_interfaces, LiveDisk, LiveInterface, LiveXmlError,
+    live_disks, live_interfaces, live_interfaces_in, LiveDisk, LiveInterface, LiveXmlError,
 };
-pub use resources::{live_resources, with_spare_root_ports, LiveResources, LiveVirtioMem};
+pub use resources::{
+    live_resources, live_resources_in, with_spare_root_ports, LiveResources, LiveVirtioMem,
+};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.

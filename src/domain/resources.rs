@@ -55,6 +55,11 @@ impl LiveResources {
 /// Reads `<vcpu>`, the NUMA cells, `<memory>` and the virtio-mem device of a live domain XML.
 pub fn live_resources(xml: &str) -> Result<LiveResources, LiveXmlError> {
     let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    live_resources_in(&doc)
+}
+
+/// [`live_resources`] of a document already parsed.
+pub fn live_resources_in(doc: &roxmltree::Document<'_>) -> Result<LiveResources, LiveXmlError> {
     let root = doc.root_element();
     let number = |node: roxmltree::Node, what: &'static str| -> Result<u64, LiveXmlError> {
         node.text()
@@ -131,7 +136,7 @@ pub fn live_resources(xml: &str) -> Result<LiveResources, LiveXmlError> {
                 size_kib: field("size", "virtio-mem <size>")?,
                 requested_kib: sized(requested, "virtio-mem <requested>")?,
                 current_kib: field("current", "virtio-mem <current>")?,
-                xml: xml[device.range()].to_string(),
+                xml: doc.input_text()[device.range()].to_string(),
                 requested_range: requested.range().start - start..requested.range().end - start,
             })
         })

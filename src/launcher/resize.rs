@@ -143,10 +143,12 @@ impl Launcher {
         xml: &str,
         agent_events: u64,
     ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
-        let resources = domain::live_resources(xml)?;
-        let interfaces = domain::live_interfaces(xml)?;
+        // One parse for the three readings: this runs after every Sync, resize and rebuild.
+        let doc = roxmltree::Document::parse(xml).map_err(domain::LiveXmlError::Malformed)?;
+        let resources = domain::live_resources_in(&doc)?;
+        let interfaces = domain::live_interfaces_in(&doc)?;
         let statuses = super::reconciler::interface_statuses(&interfaces);
-        let agent = domain::agent_connected(xml)?;
+        let agent = domain::agent_connected_in(&doc);
         self.update(|s| {
             s.resources = Some(resources.clone());
             s.interfaces = statuses;
