@@ -25,6 +25,7 @@ mod detached;
 mod migration;
 mod reflection;
 pub mod tcp;
+mod tcp_limits;
 mod to_proto;
 
 use detached::detached;

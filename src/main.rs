@@ -154,6 +154,11 @@ fn launch(runtime: &mut Option<tokio::runtime::Runtime>) -> Result<Ended, MainEr
         // Capabilities are per thread: drop them while this is the only thread.
         let dropped = vmlauncher::host::caps::drop_unneeded().map_err(MainError::Capabilities)?;
         tracing::info!(?dropped, "dropped capabilities");
+        // Before libvirtd starts, which inherits it.
+        match vmlauncher::host::fd_limit::raise_to_hard() {
+            Ok((soft, _)) => tracing::info!(soft, "descriptor limit"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+        }
     }
     // One VM's worth of work: the API, the reconciler and the event stream are light, and every
     // libvirt call and host step runs off the async worker (`block_in_place`, which a

@@ -14,12 +14,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{
     Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Server, ServerTlsConfig,
 };
 
 use super::proto::launcher_client::LauncherClient;
+use super::tcp_limits::{self, Limits};
 use super::{services, ApiError, Front};
 use crate::migration_tls::{Credentials, MigrationTls, TlsError};
 
@@ -42,7 +42,8 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ApiError> {
         .map_err(|source| ApiError::ListenTcp { addr, source })
 }
 
-/// Serves the launcher's API on `listener` under mutual TLS until `shutdown` resolves.
+/// Serves the launcher's API on `listener` under mutual TLS until `shutdown` resolves, within
+/// the connection limits of `tcp_limits`; the listener is closed then.
 pub async fn serve(
     front: Arc<Front>,
     listener: TcpListener,
@@ -53,9 +54,10 @@ pub async fn serve(
         .tls_config(server_config(&tls.launcher))
         .map_err(ApiError::Tls)?
         .layer(tower::layer::layer_fn(MigrationOnly));
+    let limits = Limits::new(tcp_limits::PER_PEER, tcp_limits::TOTAL);
     services(builder, front)
         .await
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(tcp_limits::incoming(listener, limits), shutdown)
         .await
         .map_err(ApiError::Serve)
 }

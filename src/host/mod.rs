@@ -22,6 +22,7 @@ mod cidata;
 pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
+pub mod fd_limit;
 pub(crate) mod image_check;
 pub mod loopback;
 pub mod pin;
