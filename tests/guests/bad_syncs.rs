@@ -3,7 +3,7 @@
 //! (libvirt's live XML), the status, and the guest's disks are what they were. The one case a
 //! gRPC client cannot send — bytes that are not UTF-8 in a proto `string` — is left out.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

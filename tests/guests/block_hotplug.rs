@@ -8,7 +8,7 @@
 //! bad names, char devices and unknown device numbers are refused before anything is touched;
 //! after unplug the rule is gone; 100 attach/detach cycles leave no node, rule or descriptor.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! private libvirtd of its own, so CI needs no system daemon), and the launcher must boot, hot-plug,
 //! stop, remove its domain there, and leave that libvirtd running.
 
-mod common;
+use crate::common;
 
 use common::{alive, guest_spec, ConsoleWait, Launched, BOOT_DEADLINE, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};

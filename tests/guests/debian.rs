@@ -7,7 +7,7 @@
 //! same image (guest info, users, filesystems, freeze) are in `e2e_kubevirt_node`, through the
 //! real virt-handler.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::net::TcpStream;

@@ -5,7 +5,7 @@
 //! that leads into the runtime dir through a link is a bad Sync. The link's target is untouched.
 //! Against the real binary and a real private libvirtd (and, for hot-plug, a TCG guest).
 
-mod common;
+use crate::common;
 
 use common::{guest_spec, live_disk_source, with_claims, ConsoleWait, Launched, GUEST_DEADLINE};
 use vmlauncher::api::{self, proto};

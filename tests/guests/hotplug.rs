@@ -3,7 +3,7 @@
 //! Sync without one → the guest reports it gone → the same spec again changes nothing → bad Syncs
 //! are refused and change nothing → SIGTERM → the domain is gone and the launcher exited 0.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -3,7 +3,7 @@
 //! must close that connection and nothing else: its peak RSS stays under 256 MiB, it goes on
 //! answering, and the guest goes on running. The peak is printed with `--nocapture`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;

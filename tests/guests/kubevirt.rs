@@ -5,7 +5,7 @@
 //! unplugs it, pauses across a Sync, reads guest info and QEMU's version, shuts down and deletes;
 //! it ends with `HELD`. Then SIGTERM ends the launcher with 0.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

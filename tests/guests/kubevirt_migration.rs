@@ -11,7 +11,7 @@
 //! pod) are stood in for by unix-socket byte forwarders from the source pod's
 //! `<share>/migrationproxy` to the target pod's libvirt socket and migration sockets.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -6,7 +6,7 @@
 //! `GetGuestInfo` carries the guest's hostname and OS; its freeze fails cleanly (the initramfs
 //! has nothing to freeze) and leaves it thawed.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

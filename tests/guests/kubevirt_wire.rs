@@ -9,7 +9,7 @@
 //! (one for a caller that gives up and a racing Shutdown, one for `SyncVirtualMachineCPUs` and
 //! `SyncVirtualMachineMemory` as virt-handler sends them after a hotplug migration).
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

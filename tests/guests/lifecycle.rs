@@ -3,7 +3,7 @@
 //! a launcher that dies and is started again, and every owner command on the event stream.
 //! Every wait is on an event, a stdout line, a console line or an exit, with a deadline.
 
-mod common;
+use crate::common;
 
 use std::process::Command as Process;
 use std::time::{Duration, Instant};

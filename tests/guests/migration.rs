@@ -5,7 +5,7 @@
 //! running on the source; and it goes back and forth (`VMLAUNCHER_MIGRATION_ROUNDS`, 2 here, 20 in
 //! `scripts/soak.sh`), paused and running, with a persistent vTPM whose state moves with it.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! 127.0.0.1: the real binary, real private libvirtds, a TCG guest whose container disk (which
 //! it wrote to) is copied through NBD under TLS, its boot kept.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

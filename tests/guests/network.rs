@@ -4,7 +4,7 @@
 //! (10.0.2.2 inside the guest is the host's 127.0.0.1). The guest's /init reports its DHCP lease,
 //! its server and what it fetched on the serial console. Only loopback addresses are used.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::time::{Duration, Instant};

@@ -9,7 +9,7 @@
 //! - a launcher killed with SIGKILL and started again adopts both and has nothing to redo;
 //! - changing what an interface is (its model) is refused and changes nothing.
 
-mod common;
+use crate::common;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Instant;

@@ -5,7 +5,7 @@
 //! lists the services and serves the types the client builds its messages from, a Sync hot-plugs
 //! a disk the guest reports by serial, and health turns NOT_SERVING while the launcher terminates.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

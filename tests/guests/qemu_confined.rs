@@ -5,7 +5,7 @@
 //! field and the directory. A Sync attaches only the block devices the launcher was given.
 //! Against the real binary, a real private libvirtd and a TCG guest.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

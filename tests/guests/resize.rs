@@ -14,7 +14,7 @@
 //! guest at 2 CPUs with `RestartRequired` in the status, a Sync back to 2 changes nothing in the
 //! guest and takes it back, and a cold boot after another decrease comes up with 1.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -10,7 +10,7 @@
 //! - SIGTERM and Kill stop a Sync in flight at its next volume, and the guest still gets its
 //!   ACPI power button (a grace period is not spent on hotplug).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Instant;

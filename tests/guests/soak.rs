@@ -15,7 +15,7 @@
 //! `VMLAUNCHER_SOAK_CYCLES` (default 50) and `VMLAUNCHER_SOAK_PAUSES` (default 20);
 //! `scripts/soak.sh` runs 1000 and 200. Figures are printed with `--nocapture`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -8,7 +8,7 @@
 //!   `vcpuinfo` (the affinity of QEMU's vCPU thread) — and `isolateEmulatorThread` pins the
 //!   emulator to one more (libvirt's live `emulatorpin`).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

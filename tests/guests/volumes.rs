@@ -3,7 +3,7 @@
 //! the launcher writes). The guest's /init reports every disk with its serial and size, and
 //! mounts any disk labelled `cidata` to print its instance id and the user-data's marker line.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

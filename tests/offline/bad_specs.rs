@@ -4,7 +4,7 @@
 //! quadratic path fails the test instead of the machine. The same corpus is sent to `Sync` on a
 //! running VM by `e2e_bad_syncs.rs`.
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;

@@ -1,7 +1,7 @@
 //! The command-line contract (`docs/DESIGN.md` §6) on the real binary: validate, convert, and a
 //! `run` with a bad spec, which must fail before touching any hypervisor.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! that name the unsupported fields. The table below is the contract: a manifest moving from one
 //! side to the other is a change to review, not an accident.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

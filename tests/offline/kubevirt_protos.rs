@@ -6,7 +6,7 @@
 //! `../shared/kubevirt-wire` (or `VMLAUNCHER_KUBEVIRT_WIRE`), and the two sets must match file for
 //! file. No guest, no launcher: fast.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

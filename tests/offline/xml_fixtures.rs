@@ -5,7 +5,7 @@
 //! A fixture may carry an `options.yaml` for the host facts conversion takes as input:
 //! `network: pod` (tap devices instead of user-mode networking) and `blockVolumes: [names]`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

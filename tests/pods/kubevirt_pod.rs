@@ -7,7 +7,7 @@
 //! `<share>/domain-notify-pipe.sock` to its own socket beside the share, as virt-handler's proxy
 //! would put it there, and the link must resolve on both sides.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

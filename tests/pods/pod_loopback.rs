@@ -8,7 +8,7 @@
 //! `scripts/test.sh` builds the image before `cargo test`; run `scripts/build-image.sh` first
 //! when running this test alone.
 
-mod common;
+use crate::common;
 
 use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER, IMAGE};
 use common::{BOOT_DEADLINE, GUEST_DEADLINE};

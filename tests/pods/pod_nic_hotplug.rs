@@ -10,7 +10,7 @@
 //! `scripts/test.sh` builds the image before `cargo test`; run `scripts/build-image.sh` first
 //! when running this test alone.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
