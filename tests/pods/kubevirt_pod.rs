@@ -12,9 +12,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::kubevirt::{guest_vmi_json, handler_replay_holds};
-use common::pod::{podman, podman_ok, Logs, PlayedPod};
-
-const CONTAINER: &str = "virt-launcher-testvmi-compute";
+use common::pod::{podman, podman_ok, PlayedPod};
 
 fn manifest(root: &str, uid: &str) -> String {
     format!(
@@ -106,8 +104,10 @@ fn the_image_runs_as_kubevirts_launcher_under_podman_kube_play() {
     let vmi = root.path().join("vmi.json");
     std::fs::write(&vmi, guest_vmi_json("testvmi", "kvtest", uid).to_string()).unwrap();
 
-    let _pod = PlayedPod::play(&manifest_path);
-    let logs = Logs::follow_container(CONTAINER);
+    let pod = PlayedPod::play(&manifest_path);
+    // The pod is `virt-launcher-testvmi-<unique>`, its container `<pod>-compute`.
+    let container = pod.container("compute");
+    let logs = pod.logs("compute");
     logs.wait_for("the launcher ready", Duration::from_secs(120), |l| {
         l.contains("virt-launcher for kvtest_testvmi ready")
     });
@@ -118,16 +118,16 @@ fn the_image_runs_as_kubevirts_launcher_under_podman_kube_play() {
         &root.path().join("hotplug"),
         &root.path().join("private"),
         || {
-            let log = podman(&["logs", CONTAINER]);
+            let log = podman(&["logs", &container]);
             format!("container log:\n{}", String::from_utf8_lossy(&log.stderr))
         },
     );
 
     // The VM is over and deleted: the launcher exits by itself; SIGTERM would end it too.
-    let _ = podman(&["kill", "--signal", "TERM", CONTAINER]);
-    podman_ok(&["wait", CONTAINER]);
-    let code = podman_ok(&["inspect", "--format", "{{.State.ExitCode}}", CONTAINER]);
-    let log = podman(&["logs", CONTAINER]);
+    let _ = podman(&["kill", "--signal", "TERM", &container]);
+    podman_ok(&["wait", &container]);
+    let code = podman_ok(&["inspect", "--format", "{{.State.ExitCode}}", &container]);
+    let log = podman(&["logs", &container]);
     assert_eq!(
         code.trim(),
         "0",

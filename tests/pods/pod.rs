@@ -13,13 +13,13 @@ use crate::common;
 
 use std::path::Path;
 
-use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER};
+use common::pod::{podman_ok, repo, PlayedPod};
 use common::python::python_client;
 use common::{guest_vmi_from, with_claims, Loop, BOOT_DEADLINE, GUEST_DEADLINE};
 
-/// The container's device cgroup (v1) on the host.
-fn devices_list() -> String {
-    let pid = podman_ok(&["inspect", "--format", "{{.State.Pid}}", CONTAINER]);
+/// The launcher container's device cgroup (v1) on the host.
+fn devices_list(pod: &PlayedPod) -> String {
+    let pid = podman_ok(&["inspect", "--format", "{{.State.Pid}}", &pod.launcher()]);
     let cgroups = std::fs::read_to_string(format!("/proc/{}/cgroup", pid.trim())).unwrap();
     let path = cgroups
         .lines()
@@ -49,7 +49,7 @@ fn spec(disks: &[(&str, &str)]) -> String {
 #[test]
 fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     let pod = PlayedPod::play(&repo().join("deploy/pod.yaml"));
-    let logs = Logs::follow();
+    let logs = pod.logs("launcher");
     let running = logs.wait_for("phase Running", BOOT_DEADLINE, |l| {
         l.contains("phase Running")
     });
@@ -101,7 +101,7 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     eprintln!("{disks}");
     let rule = format!("b {} rwm", block.number());
     assert!(
-        devices_list().lines().any(|l| l == rule),
+        devices_list(&pod).lines().any(|l| l == rule),
         "{rule} not in the container's devices.list"
     );
     let node = shared.join("hotplug-disks/blk");
@@ -129,15 +129,20 @@ fn the_pod_manifest_runs_and_hotplug_works_inside_the_container() {
     assert!(!node.exists(), "the node is gone");
     assert!(!pin.exists(), "the pin is gone");
     assert!(
-        !devices_list().lines().any(|l| l == rule),
+        !devices_list(&pod).lines().any(|l| l == rule),
         "the rule is gone"
     );
 
     // podman stop: SIGTERM to PID 1 -> ACPI power-off -> exit 0 (README's table).
-    podman_ok(&["stop", "-t", "90", CONTAINER]);
+    podman_ok(&["stop", "-t", "90", &pod.launcher()]);
     logs.wait_for("the guest's ACPI power-off", GUEST_DEADLINE, |l| {
         l.contains("VMLTEST-ACPI-POWEROFF")
     });
-    let code = podman_ok(&["inspect", "--format", "{{.State.ExitCode}}", CONTAINER]);
+    let code = podman_ok(&[
+        "inspect",
+        "--format",
+        "{{.State.ExitCode}}",
+        &pod.launcher(),
+    ]);
     assert_eq!(code.trim(), "0", "the container's exit code");
 }

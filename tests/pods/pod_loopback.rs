@@ -10,11 +10,10 @@
 
 use crate::common;
 
-use common::pod::{podman_ok, repo, Logs, PlayedPod, CONTAINER, IMAGE};
+use common::pod::{podman_ok, repo, PlayedPod, IMAGE};
 use common::{BOOT_DEADLINE, GUEST_DEADLINE};
 
 const PORT: u16 = 8099;
-const SIDECAR: &str = "vmlauncher-sidecar";
 
 /// A sidecar that answers every connection on the pod's 127.0.0.1 and logs it.
 fn sidecar() -> String {
@@ -54,8 +53,8 @@ fn the_guest_cannot_reach_the_pods_loopback() {
         .replace(containers, &format!("{containers}{}", sidecar()));
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("pod.yaml"), manifest).unwrap();
-    let _pod = PlayedPod::play(&work.path().join("pod.yaml"));
-    let logs = Logs::follow();
+    let pod = PlayedPod::play(&work.path().join("pod.yaml"));
+    let logs = pod.logs("launcher");
 
     logs.wait_for("the guest's boot line", BOOT_DEADLINE, |l| {
         l.contains("VMLTEST-BOOTED")
@@ -75,7 +74,7 @@ fn the_guest_cannot_reach_the_pods_loopback() {
     );
     let answer = podman_ok(&[
         "exec",
-        CONTAINER,
+        &pod.launcher(),
         "perl",
         "-MIO::Socket::INET",
         "-e",
@@ -83,6 +82,6 @@ fn the_guest_cannot_reach_the_pods_loopback() {
     ]);
     assert!(answer.contains("sidecar-admin"), "{answer}");
     // And that was its only connection: none came from the guest.
-    let seen = podman_ok(&["logs", SIDECAR]);
+    let seen = podman_ok(&["logs", &pod.container("sidecar")]);
     assert_eq!(seen.matches("accepted").count(), 1, "sidecar's log: {seen}");
 }

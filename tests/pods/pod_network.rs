@@ -13,16 +13,16 @@ use crate::common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use common::net::{host_server, http_get};
-use common::pod::{infra_container, podman_ok, repo, Logs, PlayedPod};
+use common::pod::{podman_ok, repo, PlayedPod};
 use common::{BOOT_DEADLINE, GUEST_DEADLINE};
 
 /// The pod's address on podman's default network (its infra container holds the namespace).
-fn pod_address() -> IpAddr {
+fn pod_address(pod: &PlayedPod) -> IpAddr {
     let address = podman_ok(&[
         "inspect",
         "--format",
         "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-        &infra_container(),
+        &pod.infra_container(),
     ]);
     address.trim().parse().unwrap()
 }
@@ -60,7 +60,7 @@ fn traffic_crosses_the_pod_both_ways() {
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("pod.yaml"), manifest).unwrap();
     let pod = PlayedPod::play(&work.path().join("pod.yaml"));
-    let logs = Logs::follow();
+    let logs = pod.logs("launcher");
 
     let lease = logs.wait_for("the guest's DHCP lease", BOOT_DEADLINE, |l| {
         l.contains("VMLTEST-NET ")
@@ -78,7 +78,7 @@ fn traffic_crosses_the_pod_both_ways() {
     });
 
     // Host → guest: the pod's address, port 80.
-    let pod_ip = pod_address();
+    let pod_ip = pod_address(&pod);
     let answer = http_get(SocketAddr::new(pod_ip, 80), "/").unwrap();
     eprintln!("{answer}");
     assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");

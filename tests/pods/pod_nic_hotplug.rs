@@ -14,7 +14,7 @@ use crate::common;
 
 use std::process::Command;
 
-use common::pod::{infra_pid, repo, Logs, PlayedPod};
+use common::pod::{repo, PlayedPod};
 use common::{cli_sync, BOOT_DEADLINE, GUEST_DEADLINE};
 
 const MAC: &str = "02:00:00:00:0a:01";
@@ -92,14 +92,14 @@ fn a_bridge_nic_plugged_in_a_pod_reaches_the_guest_and_leaves() {
     let work = tempfile::tempdir().unwrap();
     std::fs::write(work.path().join("pod.yaml"), &with_tun).unwrap();
     let pod = PlayedPod::play(&work.path().join("pod.yaml"));
-    let logs = Logs::follow();
+    let logs = pod.logs("launcher");
     logs.wait_for("the guest's NICs at boot", BOOT_DEADLINE, |l| {
         l.contains("VMLTEST-NICS ")
     });
 
     // The node's plugin: the tap of interface 1, owned by the user libvirtd runs as in the
     // pod (root), so that it may open it without NET_ADMIN.
-    let pid = infra_pid();
+    let pid = pod.infra_pid();
     in_pod_netns_ok(
         pid,
         &[
