@@ -37,7 +37,7 @@ impl TestCgroup {
             Kind::V1 => "/sys/fs/cgroup/devices",
             Kind::V2 => "/sys/fs/cgroup/unified",
         };
-        let dir = Path::new(root).join(format!("vml-test-{name}-{}", std::process::id()));
+        let dir = Path::new(root).join(format!("vml-test-{name}-{}", common::unique()));
         std::fs::create_dir(&dir).expect("make the test cgroup");
         let cg = TestCgroup { kind, dir };
         match kind {

@@ -139,7 +139,7 @@ struct OwnCgroup(std::path::PathBuf);
 impl OwnCgroup {
     fn new(name: &str) -> OwnCgroup {
         let dir = std::path::PathBuf::from("/sys/fs/cgroup/unified")
-            .join(format!("vmltest-{name}-{}", std::process::id()));
+            .join(format!("vmltest-{name}-{}", common::unique()));
         std::fs::create_dir_all(&dir).expect("a cgroup v2 hierarchy at /sys/fs/cgroup/unified");
         OwnCgroup(dir)
     }

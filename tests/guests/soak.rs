@@ -49,7 +49,7 @@ impl DenyBlockCgroup {
     fn new() -> DenyBlockCgroup {
         let dir = PathBuf::from(format!(
             "/sys/fs/cgroup/devices/vml-soak-{}",
-            std::process::id()
+            common::unique()
         ));
         std::fs::create_dir(&dir).expect("make the test cgroup");
         for (file, rule) in [
