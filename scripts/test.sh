@@ -6,14 +6,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/e2e_debian.rs boots it)
+scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/guests/debian.rs boots it)
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 # The fuzz targets build (scripts/fuzz.sh runs them; `cargo test` replays their corpus).
 # Checked in the main target dir, so that the dependencies clippy just checked are reused, not
 # checked again into fuzz/target (0.7 GB).
 cargo check --manifest-path fuzz/Cargo.toml --locked --target-dir target
-# The launcher's image, for the pod tests (tests/e2e_pod.rs: hotplug; tests/e2e_pod_network.rs:
-# traffic both ways): cached, seconds when nothing changed.
+# The launcher's image, for the pod tests (tests/pods: tests/pods/pod_manifest.rs hotplug,
+# tests/pods/pod_network.rs traffic both ways): cached, seconds when nothing changed.
 scripts/build-image.sh
 cargo test --all-targets --locked

@@ -416,7 +416,7 @@ fn enabled_vcpus(domain: &Value) -> usize {
 /// CPU or memory hotplug (`hotplugCPU`, `hotplugMemory`): the VMI whose spec asks for more,
 /// through `SyncVirtualMachineCPUs` and `SyncVirtualMachineMemory`. The migration itself is not
 /// needed for what the launcher does with the calls (its domain is the one it runs either way;
-/// `e2e_kubevirt_migration` moves a guest); the guest's own console says what it got.
+/// `kubevirt_migration` moves a guest); the guest's own console says what it got.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cpus_and_memory_synced_as_after_a_migration_to_a_bigger_pod() {
     const CPUS: &str = "wirecpus";

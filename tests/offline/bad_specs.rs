@@ -2,7 +2,7 @@
 //! hostile or oversized spec makes `vmlauncher validate` exit 2 with its own error, naming the
 //! field — within a memory limit (an address-space rlimit) and a deadline, so an alias bomb or a
 //! quadratic path fails the test instead of the machine. The same corpus is sent to `Sync` on a
-//! running VM by `e2e_bad_syncs.rs`.
+//! running VM by `tests/guests/bad_syncs.rs`.
 
 use crate::common;
 
