@@ -11,10 +11,10 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           libelf-dev zlib1g-dev  # libbpf-sys (libcgroups cgroup v2 device programs) links them
           util-linux mount       # unshare and losetup, for the PID-1 and block-device tests
           debootstrap extlinux fdisk  # the Debian image (scripts/build-debian-image.sh); the pod's base image
-          openssh-client         # ssh into it (the README, tests/e2e_debian.rs)
+          openssh-client         # ssh into it (the README, tests/guests/debian.rs)
           swtpm swtpm-tools      # the vTPM libvirt starts for `tpm: {}`
           python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
-          iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/e2e_pod_nic_hotplug.rs)
+          iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/pods/pod_nic_hotplug.rs)
           openssl                # test certificates for a migration over TCP (scripts/migration-tls.sh)
           curl xz-utils          # the KubeVirt node (tests/e2e_kubevirt_node.rs): virt-handler's REST
                                  # server; ../shared/kubevirt-cluster/bin/*.xz unpacked once

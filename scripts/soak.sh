@@ -7,11 +7,11 @@
 #   - 8 concurrent Syncs with different specs end in the state of the last one;
 #   - 200 pause/unpause cycles with no gap in the event stream;
 #   - libvirtd killed (SIGKILL) during an attach, then the same Sync converges;
-# then, ROUNDS times (default 5), tests/e2e_restart.rs: the launcher killed (SIGKILL) between
+# then, ROUNDS times (default 5), tests/guests/restart.rs: the launcher killed (SIGKILL) between
 # Syncs and in the middle of one, restarted, converging with nothing unplugged; a pending volume
 # across a guest restart; SIGTERM and Kill interrupting a Sync;
 # then MIGRATIONS (default 20) live-migration round trips of one guest between launchers
-# (tests/e2e_migration.rs: one boot id from the first hop to the last).
+# (tests/guests/local_migration.rs: one boot id from the first hop to the last).
 # Figures are the lines starting with SOAK. Needs what scripts/setup.sh installs; ~5–8 min.
 #   scripts/soak.sh [CYCLES [PAUSES [ROUNDS [MIGRATIONS]]]]
 set -euo pipefail
@@ -22,14 +22,14 @@ rounds=${3:-5}
 migrations=${4:-20}
 started=$(date +%s)
 VMLAUNCHER_SOAK_CYCLES=$cycles VMLAUNCHER_SOAK_PAUSES=$pauses \
-  cargo test --locked --test e2e_soak -- --nocapture 2>&1 | grep -E '^SOAK|^test |panicked|result:'
+  cargo test --locked --test guests soak:: -- --nocapture 2>&1 | grep -E '^SOAK|^test |panicked|result:'
 for i in $(seq 1 "$rounds"); do
   echo "SOAK restart round $i/$rounds"
-  cargo test --locked --test e2e_restart -- --nocapture --test-threads 1 2>&1 \
+  cargo test --locked --test guests restart:: -- --nocapture --test-threads 1 2>&1 \
     | grep -E 'killed with|^restarted and|^Sync interrupted|^test |panicked|result:'
 done
 echo "SOAK migration round trips: $migrations"
 VMLAUNCHER_MIGRATION_ROUNDS=$migrations \
-  cargo test --locked --test e2e_migration a_guest_goes_back_and_forth -- --nocapture 2>&1 \
+  cargo test --locked --test guests local_migration::a_guest_goes_back_and_forth -- --nocapture 2>&1 \
   | grep -E '^test |panicked|result:'
 echo "SOAK done in $(( $(date +%s) - started ))s"

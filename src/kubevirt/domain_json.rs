@@ -6,7 +6,7 @@
 //! `ObjectMeta` is k8s' `metav1.ObjectMeta` with its lowercase tags, and `TypeMeta` is embedded
 //! untagged, so its `kind`/`apiVersion` sit at the top. virt-handler decodes with the same
 //! structs, case-sensitively, so every key here is spelled as Go spells it
-//! (`tests/data/kubevirt-wire/api-schema.go`; `tests/kubevirt_domain_json.rs` checks it).
+//! (`tests/data/kubevirt-wire/api-schema.go`; `tests/offline/kubevirt_domain_json.rs` checks it).
 //!
 //! Only the part of the schema virt-handler reads is translated (see [`domain_json`]); a key
 //! left out decodes as Go's zero value, which is what KubeVirt itself sends for a field its

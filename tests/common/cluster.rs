@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::pod::{podman, repo, IMAGE};
+pub use super::unique;
 
 /// How long the cluster's scripts may take (etcd, kube-apiserver, CRDs, virt-handler).
 const UP_WITHIN: Duration = Duration::from_secs(240);
@@ -409,16 +410,6 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.down();
     }
-}
-
-/// A name no other test in this run uses.
-pub fn unique() -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    format!(
-        "{}-{}",
-        std::process::id(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    )
 }
 
 /// Every version of one VMI as kube-apiserver serves it (`kubectl get --watch`), kept in order.

@@ -23,6 +23,18 @@ pub mod pod;
 pub mod python;
 pub mod websocket;
 
+/// A name no other test uses while this process runs (`<pid>-<n>`): for what a test makes outside
+/// its temp dirs (a cgroup, a pod, a podman volume), since the tests of one binary run side by
+/// side.
+pub fn unique() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}
+
 // The test files name the harness as `common::X`, whatever the concern X belongs to. Each test
 // crate compiles all of it and uses a part, so a re-export may go unused there.
 #[allow(unused_imports)]

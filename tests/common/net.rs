@@ -6,27 +6,36 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-/// A port nobody listens on right now, on the host's loopback.
+/// A port nobody listens on right now, on the host's loopback, and not handed to another test
+/// of this process (they run side by side; a port is free only until its test binds it).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_ports(1)
 }
 
 /// The first of `n` consecutive ports nobody listens on right now, on the host's loopback (a
-/// migration target on TCP takes four).
+/// migration target on TCP takes four), none of them handed to another test of this process.
 pub fn free_ports(n: u16) -> u16 {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
     loop {
-        let first = free_port();
+        let first = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         if first > u16::MAX - n {
             continue;
         }
-        let held: Vec<_> = (first..first + n)
+        let range = first..first + n;
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if range.clone().any(|p| handed_out.contains(&p)) {
+            continue;
+        }
+        let held: Vec<_> = range
+            .clone()
             .map_while(|p| TcpListener::bind(("127.0.0.1", p)).ok())
             .collect();
         if held.len() == usize::from(n) {
+            handed_out.extend(range);
             return first;
         }
     }
