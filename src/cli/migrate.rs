@@ -35,6 +35,9 @@ pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
     let mut client = connect(args.socket).await?;
     // Progress comes from the source's own event stream, on a second connection.
     let progress = tokio::spawn(show_progress(args.socket.to_path_buf()));
+    // The target's end, followed from before the migration: a target on TCP closes its port
+    // once its migration is over, and serves on only the connections it has.
+    let target_end = tokio::spawn(target_done(args.to.to_string(), tls.clone()));
     let reply = client
         .migrate(proto::MigrateRequest {
             target: args.to.into(),
@@ -47,9 +50,10 @@ pub(crate) async fn migrate(args: MigrateArgs<'_>) -> Outcome {
     let m = reply.migration.unwrap_or_default();
     // The guest's pause at switch-over is the target's to tell: the source's domain, and its
     // job's statistics, are gone.
-    let arrived = tokio::time::timeout(TARGET_DONE, target_done(args.to, tls.as_ref()))
+    let arrived = tokio::time::timeout(TARGET_DONE, target_end)
         .await
         .ok()
+        .and_then(Result::ok)
         .flatten();
     match args.output {
         Output::Json => outln!(
@@ -86,11 +90,11 @@ const TARGET_DONE: Duration = Duration::from_secs(15);
 
 /// The target's migration status once its side ended too (it has the statistics). Over TCP
 /// only with credentials to reach it.
-async fn target_done(target: &str, tls: Option<&MigrationTls>) -> Option<proto::MigrationStatus> {
+async fn target_done(target: String, tls: Option<MigrationTls>) -> Option<proto::MigrationStatus> {
     use proto::event::Kind;
-    let mut client = match api::tcp::TcpTarget::parse(target) {
-        Some(tcp) => api::tcp::connect(&tcp, tls?).await.ok()?,
-        None => api::connect(Path::new(target)).await.ok()?,
+    let mut client = match api::tcp::TcpTarget::parse(&target) {
+        Some(tcp) => api::tcp::connect(&tcp, tls.as_ref()?).await.ok()?,
+        None => api::connect(Path::new(&target)).await.ok()?,
     };
     let mut stream = client
         .watch_events(proto::WatchEventsRequest {})
@@ -99,7 +103,11 @@ async fn target_done(target: &str, tls: Option<&MigrationTls>) -> Option<proto::
         .into_inner();
     while let Ok(Some(event)) = stream.message().await {
         if let Some(Kind::Status(s) | Kind::Resync(s)) = event.kind {
-            if let Some(m) = s.migration.filter(|m| m.state != "Migrating") {
+            // Followed from before the migration: its first states are not the end.
+            let over = |m: &proto::MigrationStatus| {
+                matches!(m.state.as_str(), "Completed" | "Failed" | "Cancelled")
+            };
+            if let Some(m) = s.migration.filter(over) {
                 return Some(m);
             }
         }

@@ -73,6 +73,14 @@ cert_file = "{cert}"
 ca_file = "{ca}"
 tls_no_verify_certificate = 0
 auth_tls = "none"
+# Bounded, as a port anyone may reach must be (security review N-4): few clients still in their
+# handshake, few in all (the launcher's own connection among them), and a client that stops
+# answering keepalives is dropped.
+max_anonymous_clients = 16
+max_queued_clients = 16
+max_clients = 64
+keepalive_interval = 5
+keepalive_count = 5
 "#,
             addr = listen.ip(),
             port = listen.port(),
@@ -170,6 +178,9 @@ mod tests {
             "key_file = \"/run/vm2/tls/serverkey.pem\"",
             "ca_file = \"/run/vm2/tls/cacert.pem\"",
             "tls_no_verify_certificate = 0",
+            "max_anonymous_clients = 16",
+            "max_clients = 64",
+            "keepalive_interval = 5",
         ] {
             assert!(conf.lines().any(|l| l == line), "{line}: {conf}");
         }

@@ -208,7 +208,12 @@ impl Target<'_> {
             return Ok(());
         };
         let listener = api::tcp::bind(listen).await?;
-        api.also_tcp(front.clone(), listener, tls.credentials.clone());
+        api.also_tcp(
+            front.clone(),
+            listener,
+            tls.credentials.clone(),
+            migration_over(front.clone()),
+        );
         Ok(())
     }
 
@@ -232,4 +237,13 @@ impl Target<'_> {
         let c = self.connector.clone();
         let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
     }
+}
+
+/// Resolves once the launcher `front` is given has taken a migration and it ended, either way.
+async fn migration_over(front: Arc<api::Front>) {
+    let launcher = front.wait().await;
+    let mut status = launcher.subscribe();
+    let _ = status
+        .wait_for(|s| s.migration.as_ref().is_some_and(|m| m.state.is_over()))
+        .await;
 }

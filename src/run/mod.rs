@@ -362,16 +362,26 @@ impl Served {
         }
     }
 
-    /// The same API over TCP under mutual TLS as well (a migration target on `--listen`).
+    /// The same API over TCP under mutual TLS as well (a migration target on `--listen`), until
+    /// the API stops or `closed` resolves (the incoming migration ended, either way): a port
+    /// anyone may reach is open no longer than a migration needs it. Connections already
+    /// served go on (a source following the target to its end).
     pub(super) fn also_tcp(
         &mut self,
         front: std::sync::Arc<api::Front>,
         listener: tokio::net::TcpListener,
         tls: crate::migration_tls::MigrationTls,
+        closed: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let stopped = Self::stopped(&self.stop);
         self.servers.push(tokio::spawn(async move {
-            api::tcp::serve(front, listener, &tls, stopped).await
+            let until = async {
+                tokio::select! {
+                    () = stopped => {}
+                    () = closed => tracing::info!("the incoming migration ended: the TCP API closes"),
+                }
+            };
+            api::tcp::serve(front, listener, &tls, until).await
         }));
     }
 

@@ -247,8 +247,20 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     }
 
     // With the right credentials everywhere, it goes; the CLI reads the target's end over TCP.
+    // Meanwhile another peer (127.0.0.2) holds 1,100 silent connections to the target's API
+    // port (security review N-4): the target holds a few of them, answers its owner at once,
+    // and the migration from 127.0.0.1 goes through.
     let port = free_ports(4);
     let mut target = target_on_tcp(source.dir(), &tls, port);
+    let flood = silent_connections([127, 0, 0, 2], port, 1_100);
+    let asked = std::time::Instant::now();
+    let waiting = cli_status(&target.socket());
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "status took {:?} under the flood",
+        asked.elapsed()
+    );
+    assert_eq!(waiting["phase"], "Scheduled", "{waiting}");
     let (code, answer, stderr) = migrate(&source.socket(), port, &tls);
     assert_eq!(code, Some(0), "{stderr}");
     assert_eq!(answer["migration"]["state"], "Completed", "{answer}");
@@ -256,8 +268,21 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
     assert!(stderr.contains("migrating: "), "{stderr}");
     source.wait_stdout("phase Succeeded (Succeeded; Migrated)", MIGRATION_DEADLINE);
     assert_eq!(source.wait_exit(GUEST_DEADLINE).code(), Some(0));
-    let arrived = status_over_tcp(port, &ours).unwrap();
-    assert_eq!(arrived.phase, "Running", "{arrived:?}");
+    let arrived = cli_status(&target.socket());
+    assert_eq!(arrived["phase"], "Running", "{arrived}");
+    // The migration over, its TCP API is closed: no one connects any more.
+    let closed_by = std::time::Instant::now() + Duration::from_secs(10);
+    while status_over_tcp(port, &ours).is_ok() {
+        assert!(
+            std::time::Instant::now() < closed_by,
+            "the TCP API still answers after the migration"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "port {port} still listens"
+    );
     // The claim, given by descriptor on the source, is opened on the target through the
     // target's pin of the inode it checked, never by its path.
     let live = common::live_xml(&target.libvirt_uri(), "default_mig-tcp");
@@ -295,4 +320,21 @@ fn a_guest_moves_to_a_target_on_tcp_every_channel_under_mutual_tls() {
 
     target.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(target.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    drop(flood);
+}
+
+/// `count` TCP connections from `from` (a loopback address of its own: another peer) to
+/// 127.0.0.1's `port`, which never send a byte.
+fn silent_connections(from: [u8; 4], port: u16, count: usize) -> Vec<std::net::TcpStream> {
+    let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let from = std::net::SocketAddr::from((from, 0));
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut held = Vec::with_capacity(count);
+        for _ in 0..count {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(from).unwrap();
+            held.push(socket.connect(to).await.unwrap().into_std().unwrap());
+        }
+        held
+    })
 }
