@@ -279,74 +279,53 @@ async fn dispatch(command: Command) -> Outcome {
 
 /// `run`: the spec file read, its run strategy and published ports decided, then the launcher.
 async fn run_verb(args: RunArgs) -> Outcome {
-    let RunArgs {
-        spec,
-        incoming,
-        connect,
-        runtime_dir,
-        socket,
-        emulation,
-        run_strategy,
-        resync_interval,
-        console,
-        hotplug_dir,
-        network,
-        publish_address,
-        publish,
-        reconnect_timeout,
-        log_max_size,
-        qemu_cache_dir,
-        host_disk_roots,
-        qemu_user,
-        allow_block_devices,
-        guest_loopback,
-        tls_dir,
-        listen,
-    } = args;
-    let (spec, spec_text) = match spec {
+    let (spec, spec_text) = match &args.spec {
         Some(path) => {
-            let (spec, text) = run::load_spec(&path)?;
+            let (spec, text) = run::load_spec(path)?;
             (Some(spec), text)
         }
         None => (None, String::new()),
     };
-    let strategy = run_strategy
+    let strategy = args
+        .run_strategy
         .or(spec.as_ref().and_then(|s| s.run_strategy))
         .unwrap_or(RunStrategy::Once);
     let host_ports = match &spec {
         Some(spec) => {
-            vmlauncher::convert::moved_ports(spec, &publish).map_err(MainError::Publish)?
+            vmlauncher::convert::moved_ports(spec, &args.publish).map_err(MainError::Publish)?
         }
         None => Default::default(),
     };
     let ended = run::run(RunOptions {
         spec,
-        incoming,
-        connect,
-        runtime_dir,
-        socket,
-        emulation,
+        incoming: args.incoming,
+        connect: args.connect,
+        runtime_dir: args.runtime_dir,
+        socket: args.socket,
+        emulation: args.emulation,
         strategy,
-        resync_interval: std::time::Duration::from_secs(resync_interval.max(1)),
-        console,
+        resync_interval: std::time::Duration::from_secs(args.resync_interval.max(1)),
+        console: args.console,
         spec_text,
-        hotplug_dir,
-        network,
+        hotplug_dir: args.hotplug_dir,
+        network: args.network,
         publish: vmlauncher::convert::Publish {
-            address: publish_address
-                .unwrap_or(vmlauncher::convert::Publish::default_for(network).address),
+            address: args
+                .publish_address
+                .unwrap_or(vmlauncher::convert::Publish::default_for(args.network).address),
             host_ports,
         },
-        reconnect_timeout: (reconnect_timeout > 0)
-            .then(|| std::time::Duration::from_secs(reconnect_timeout)),
-        log_max_size,
-        qemu_cache_dir: (!qemu_cache_dir.as_os_str().is_empty()).then_some(qemu_cache_dir),
-        host_disk_roots,
-        qemu_user,
-        allow_block_devices,
-        guest_loopback,
-        tls_dir,
-        listen,
+        reconnect_timeout: (args.reconnect_timeout > 0)
+            .then(|| std::time::Duration::from_secs(args.reconnect_timeout)),
+        log_max_size: args.log_max_size,
+        qemu_cache_dir: (!args.qemu_cache_dir.as_os_str().is_empty())
+            .then_some(args.qemu_cache_dir),
+        host_disk_roots: args.host_disk_roots,
+        qemu_user: args.qemu_user,
+        allow_block_devices: args.allow_block_devices,
+        guest_loopback: args.guest_loopback,
+        tls_dir: args.tls_dir,
+        listen: args.listen,
     })
     .await?;
     Ok(ended)
