@@ -14,7 +14,7 @@ pub use super::errors::FrontError;
 use super::errors::MigrationError;
 use super::flags::VirtLauncherFlags;
 use super::guest_agent;
-use super::vmi::{self, VmiError};
+use super::vmi;
 use crate::host::qemu_user::QemuUser;
 use crate::launcher::{
     Launcher, LauncherError, MigrationRole, MigrationState, SyncInput, VolumePhase,
@@ -188,12 +188,19 @@ impl Front {
         launcher: &Launcher,
         sync: vmi::HandlerSync,
     ) -> Result<crate::launcher::SyncOutcome, FrontError> {
-        let grace = grace_of(&sync.spec_text);
+        let grace = sync
+            .spec
+            .spec
+            .termination_grace_period_seconds
+            .and_then(|g| i64::try_from(g).ok());
         let outcome = launcher
-            .sync(SyncInput {
-                spec: sync.spec_text,
-                ..SyncInput::default()
-            })
+            .sync_validated(
+                SyncInput {
+                    spec: sync.spec_text,
+                    ..SyncInput::default()
+                },
+                sync.spec,
+            )
             .await?;
         self.meta.send_if_modified(|m| {
             let uid_changed = m.domain.uid != sync.uid;
@@ -240,7 +247,7 @@ impl Front {
         sync: vmi::HandlerSync,
         incoming: bool,
     ) -> Result<Arc<Launcher>, FrontError> {
-        let spec = crate::spec::parse(&sync.spec_text).map_err(VmiError::Spec)?;
+        let spec = sync.spec;
         crate::run::warn_if_cpus_shared(&spec);
         let grace = spec.spec.termination_grace_period_seconds;
         // The VM runs once, as a VMI does: restarting it is the controller's decision.
@@ -541,14 +548,6 @@ fn lend_events(
             forwarder,
         },
     )
-}
-
-/// The VMI's `terminationGracePeriodSeconds`, read without a full parse (the Sync parses it).
-fn grace_of(spec_text: &str) -> Option<i64> {
-    serde_json::from_str::<serde_json::Value>(spec_text)
-        .ok()?
-        .pointer("/spec/terminationGracePeriodSeconds")?
-        .as_i64()
 }
 
 /// Now, as Kubernetes writes a `metav1.Time`.

@@ -24,10 +24,13 @@ use crate::spec::{self, SpecErrors};
 const MOUNTED: &[&str] = &["MountedToPod", "Ready"];
 
 /// What a Sync from virt-handler asks for.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct HandlerSync {
-    /// The spec without the status and without hotplug volumes not mounted yet.
+    /// The spec without the status and without hotplug volumes not mounted yet: the text the
+    /// launcher keeps as its last Sync.
     pub spec_text: String,
+    /// The same, parsed and validated (from the document read once, not from the text).
+    pub spec: spec::Validated,
     pub name: String,
     pub namespace: String,
     pub uid: String,
@@ -54,10 +57,8 @@ pub fn from_handler(bytes: &[u8]) -> Result<HandlerSync, VmiError> {
         field: "(document)",
         why: "not UTF-8",
     })?;
-    let mut vmi: Value = serde_json::from_str(text).map_err(|_| VmiError::Shape {
-        field: "(document)",
-        why: "not a JSON object",
-    })?;
+    // Read once, within every spec's bounds; edited as a document, then typed from it.
+    let mut vmi: Value = spec::read_document(text)?;
     let Some(object) = vmi.as_object_mut() else {
         return Err(VmiError::Shape {
             field: "(document)",
@@ -83,8 +84,11 @@ pub fn from_handler(bytes: &[u8]) -> Result<HandlerSync, VmiError> {
     };
     let (name, namespace, uid) = (text_of("name"), text_of("namespace"), text_of("uid"));
     let not_mounted = drop_unmounted_hotplug(&mut vmi, &phases);
+    let spec_text = vmi.to_string();
+    let spec = spec::from_document(vmi)?;
     Ok(HandlerSync {
-        spec_text: vmi.to_string(),
+        spec_text,
+        spec,
         name,
         namespace,
         uid,
@@ -170,7 +174,7 @@ mod tests {
         format!(
             r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
             "metadata":{{"name":"testvmi","namespace":"ns1","uid":"u-1","creationTimestamp":null}},
-            "spec":{{"domain":{{"devices":{{"disks":[
+            "spec":{{"domain":{{"memory":{{"guest":"64Mi"}},"devices":{{"disks":[
                 {{"name":"root","disk":{{"bus":"scsi"}}}},
                 {{"name":"hp1","disk":{{"bus":"scsi"}},"serial":"s1"}}]}}}},
               "volumes":[
@@ -230,13 +234,13 @@ mod tests {
     #[test]
     fn a_vmi_from_the_informer_cache_has_no_type_meta_and_is_a_vmi() {
         let mut cached: Value = serde_json::from_str(&vmi("")).unwrap();
-        cached["spec"]["domain"]["memory"] = serde_json::json!({"guest": "64Mi"});
         let object = cached.as_object_mut().unwrap();
         object.remove("apiVersion");
         object.remove("kind");
         let sync = from_handler(cached.to_string().as_bytes()).unwrap();
-        let spec = crate::spec::parse(&sync.spec_text).unwrap();
-        assert_eq!(spec.metadata.name, "testvmi");
+        assert_eq!(sync.spec.metadata.name, "testvmi");
+        // The text kept as the last Sync means the same.
+        assert_eq!(crate::spec::parse(&sync.spec_text).unwrap(), sync.spec);
         let text: Value = serde_json::from_str(&sync.spec_text).unwrap();
         assert_eq!(
             (&text["apiVersion"], &text["kind"]),
@@ -250,9 +254,8 @@ mod tests {
     #[test]
     fn a_vmi_that_says_it_is_something_else_is_still_refused() {
         let other = vmi("").replace("\"kind\":\"VirtualMachineInstance\"", "\"kind\":\"Pod\"");
-        let sync = from_handler(other.as_bytes()).unwrap();
-        let e = crate::spec::parse(&sync.spec_text).unwrap_err().to_string();
-        assert!(e.contains("kind"), "{e}");
+        let e = from_handler(other.as_bytes()).unwrap_err().to_string();
+        assert!(e.starts_with("vmi.vmiJson: kind"), "{e}");
     }
 
     #[test]

@@ -137,11 +137,31 @@ impl Launcher {
         self.run(prepared).await.map(|(_, outcome)| outcome)
     }
 
+    /// [`Launcher::sync`] of a request whose spec the caller has parsed and validated already
+    /// (`vmi`, from `input.spec`'s document): not parsed a second time.
+    pub async fn sync_validated(
+        &self,
+        input: SyncInput,
+        vmi: Validated,
+    ) -> Result<SyncOutcome, LauncherError> {
+        let prepared = self.prepare_parsed(input, vmi)?;
+        self.run(prepared).await.map(|(_, outcome)| outcome)
+    }
+
     /// Everything about a Sync that needs no task: parse and validate, check the block
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
-        let interrupt_generation = self.signals.interrupt_generation();
         let vmi = spec::parse_bytes(input.spec.as_bytes())?;
+        self.prepare_parsed(input, vmi)
+    }
+
+    /// [`Launcher::prepare_sync`] past the parse.
+    fn prepare_parsed(
+        &self,
+        input: SyncInput,
+        vmi: Validated,
+    ) -> Result<PreparedSync, LauncherError> {
+        let interrupt_generation = self.signals.interrupt_generation();
         self.options.host_paths.check(&vmi)?;
         let held = self.block.nodes();
         let devices = self.resolve_block_devices(&vmi, &input)?;

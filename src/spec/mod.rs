@@ -106,7 +106,21 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Validated, SpecErrors> {
 
 /// Parses a VMI (or a VirtualMachine's template) from YAML or JSON text and validates it.
 pub fn parse(text: &str) -> Result<Validated, SpecErrors> {
-    let (vmi, from_vm) = parse::parse_manifest(text)?;
+    validated(parse::parse_manifest(text)?)
+}
+
+/// Reads YAML or JSON text into a document, within the bounds every spec has (size, values,
+/// strings, no key twice): for a caller that edits the document before [`from_document`].
+pub fn read_document(text: &str) -> Result<serde_json::Value, SpecErrors> {
+    Ok(document::read(text)?)
+}
+
+/// [`parse`] of a document already read with [`read_document`]: the text is not parsed again.
+pub fn from_document(document: serde_json::Value) -> Result<Validated, SpecErrors> {
+    validated(parse::manifest_of(document)?)
+}
+
+fn validated((vmi, from_vm): (VirtualMachineInstance, bool)) -> Result<Validated, SpecErrors> {
     let facts = validate::check(&vmi).map_err(|SpecErrors(errors)| {
         // A VirtualMachine's instance lives under spec.template: say so in every path.
         SpecErrors(

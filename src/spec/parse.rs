@@ -27,7 +27,13 @@ fn from_value<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Resul
 /// The instance, and whether it came from a VirtualMachine's template.
 pub(super) fn parse_manifest(text: &str) -> Result<(VirtualMachineInstance, bool), SpecErrors> {
     // Bounded: size, values after alias expansion, no duplicate keys (see `document`).
-    let value = super::document::read(text)?;
+    manifest_of(super::document::read(text)?)
+}
+
+/// [`parse_manifest`] of a document already read (within the same bounds).
+pub(super) fn manifest_of(
+    value: serde_json::Value,
+) -> Result<(VirtualMachineInstance, bool), SpecErrors> {
     if !value.is_object() {
         return Err(SpecErrors::one("(document)", Problem::NotAnObject));
     }
