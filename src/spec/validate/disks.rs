@@ -7,7 +7,7 @@ use super::{BootOrders, Problems};
 use crate::spec::checks::{
     check_serial, MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN, MAX_VIRTIO_SERIAL_LEN,
 };
-use crate::spec::model::{DiskKind, VirtualMachineInstance, Volume, VolumeSource};
+use crate::spec::model::{Disk, DiskKind, VirtualMachineInstance, Volume, VolumeSource};
 use crate::spec::problem::Problem;
 use crate::spec::unsupported;
 
@@ -84,52 +84,7 @@ pub(super) fn validate_disks(
         if let Some(l) = &disk.lun {
             unsupported::check(e, &format!("{path}.lun"), l);
         }
-        if let Some(serial) = &disk.serial {
-            if kind == DiskKind::Lun {
-                e.add(format!("{path}.serial"), Problem::LunSerial);
-            } else if bus_ok {
-                let max = match bus {
-                    "scsi" => MAX_SCSI_SERIAL_LEN,
-                    "sata" => MAX_SATA_SERIAL_LEN,
-                    _ => MAX_VIRTIO_SERIAL_LEN,
-                };
-                if let Err(why) = check_serial(serial, bus, max) {
-                    e.add(format!("{path}.serial"), why);
-                }
-            }
-        }
-        if let Some(cache) = &disk.cache {
-            e.one_of(
-                format!("{path}.cache"),
-                cache,
-                &["none", "writethrough", "writeback"],
-            );
-        }
-        if let Some(io) = &disk.io {
-            e.one_of(format!("{path}.io"), io, &["native", "threads"]);
-            // QEMU opens native AIO with O_DIRECT: a host page cache in between refuses to start.
-            if io == "native" && disk.cache.as_deref().is_some_and(|c| c != "none") {
-                e.add(
-                    format!("{path}.io"),
-                    Problem::NativeIoNeedsNoCache {
-                        cache: disk.cache.clone().unwrap_or_default(),
-                    },
-                );
-            }
-        }
-        if let Some(policy) = &disk.error_policy {
-            e.one_of(
-                format!("{path}.errorPolicy"),
-                policy,
-                &["stop", "ignore", "report", "enospace"],
-            );
-        }
-        if disk.dedicated_io_thread == Some(true) && bus != "virtio" {
-            e.add(
-                format!("{path}.dedicatedIOThread"),
-                Problem::IoThreadNeedsVirtio,
-            );
-        }
+        check_disk_options(disk, &path, kind, bus_ok, e);
         boot.check(e, format!("{path}.bootOrder"), disk.boot_order);
         let claim_readonly = volume
             .and_then(|v| v.persistent_volume_claim.as_ref())
@@ -150,5 +105,57 @@ pub(super) fn validate_disks(
                 }
             }
         }
+    }
+}
+
+/// A disk's serial (within its bus's length), cache, I/O mode, error policy and dedicated
+/// iothread. `bus_ok`: its bus is one its kind takes (a serial is judged by that bus only then).
+fn check_disk_options(disk: &Disk, path: &str, kind: DiskKind, bus_ok: bool, e: &mut Problems) {
+    let bus = disk.bus();
+    if let Some(serial) = &disk.serial {
+        if kind == DiskKind::Lun {
+            e.add(format!("{path}.serial"), Problem::LunSerial);
+        } else if bus_ok {
+            let max = match bus {
+                "scsi" => MAX_SCSI_SERIAL_LEN,
+                "sata" => MAX_SATA_SERIAL_LEN,
+                _ => MAX_VIRTIO_SERIAL_LEN,
+            };
+            if let Err(why) = check_serial(serial, bus, max) {
+                e.add(format!("{path}.serial"), why);
+            }
+        }
+    }
+    if let Some(cache) = &disk.cache {
+        e.one_of(
+            format!("{path}.cache"),
+            cache,
+            &["none", "writethrough", "writeback"],
+        );
+    }
+    if let Some(io) = &disk.io {
+        e.one_of(format!("{path}.io"), io, &["native", "threads"]);
+        // QEMU opens native AIO with O_DIRECT: a host page cache in between refuses to start.
+        if io == "native" && disk.cache.as_deref().is_some_and(|c| c != "none") {
+            e.add(
+                format!("{path}.io"),
+                Problem::NativeIoNeedsNoCache {
+                    cache: disk.cache.clone().unwrap_or_default(),
+                },
+            );
+        }
+    }
+    if let Some(policy) = &disk.error_policy {
+        e.one_of(
+            format!("{path}.errorPolicy"),
+            policy,
+            &["stop", "ignore", "report", "enospace"],
+        );
+    }
+    if disk.dedicated_io_thread == Some(true) && bus != "virtio" {
+        e.add(
+            format!("{path}.dedicatedIOThread"),
+            Problem::IoThreadNeedsVirtio,
+        );
     }
 }
