@@ -375,13 +375,20 @@ impl Served {
     ) {
         let stopped = Self::stopped(&self.stop);
         self.servers.push(tokio::spawn(async move {
+            let ended = std::sync::atomic::AtomicBool::new(false);
             let until = async {
                 tokio::select! {
                     () = stopped => {}
-                    () = closed => tracing::info!("the incoming migration ended: the TCP API closes"),
+                    () = closed => ended.store(true, std::sync::atomic::Ordering::Relaxed),
                 }
             };
-            api::tcp::serve(front, listener, &tls, until).await
+            let served = api::tcp::serve(front, listener, &tls, until).await;
+            if ended.load(std::sync::atomic::Ordering::Relaxed) {
+                say(format_args!(
+                    "api tcp: closed, the incoming migration ended"
+                ));
+            }
+            served
         }));
     }
 
