@@ -62,7 +62,6 @@ use tonic_health::pb::HealthCheckRequest;
 use vmlauncher::api::{self, proto};
 use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::{live_disks, live_resources, target_name, LiveVirtioMem};
-use vmlauncher::host::qemu_user::QemuUser;
 use vmlauncher::libvirt::events::{ensure_event_loop, EventRegistration, HypervisorEvent};
 
 /// Alternating cycles for each one-disk row. With 30, the medians of either side moved by
@@ -764,11 +763,14 @@ fn first_vm_rows(
     );
     let raw_dir = work.join("raw-start");
     std::fs::create_dir_all(raw_dir.join("private")).unwrap();
-    // QEMU runs as an unprivileged user: the copy's private dir (its VNC socket) is shared with
-    // it as the launcher shares its own.
-    if let Some(qemu) = QemuUser::resolve(None).unwrap() {
-        qemu.share_dir(&raw_dir.join("private")).unwrap();
-    }
+    // The copy's QEMU runs as the launcher's own QEMU id (the same libvirtd): its private dir,
+    // where it makes its VNC socket, is that id's, as a launcher's QEMU dir is.
+    let qemu_id: u32 = std::fs::read_to_string(vm.dir().join("qemu-id"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::os::unix::fs::chown(raw_dir.join("private"), Some(qemu_id), Some(qemu_id)).unwrap();
     let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..cold_starts.max(warm_starts) {

@@ -14,6 +14,7 @@ packages=(libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients libvirt-dev 
           openssh-client         # ssh into it (the README, tests/guests/debian.rs)
           swtpm swtpm-tools      # the vTPM libvirt starts for `tpm: {}`
           python3-venv           # the stock Python gRPC client test (PyPI packages in a venv)
+          acl                    # setfacl/getfacl: tests of the ACL QEMU passes the runtime dir by
           iputils-ping           # a packet to the guest on a NIC plugged in a pod (tests/pods/pod_nic_hotplug.rs)
           openssl                # test certificates for a migration over TCP (scripts/migration-tls.sh)
           curl xz-utils          # the KubeVirt node (tests/e2e_kubevirt_node.rs): virt-handler's REST

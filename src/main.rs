@@ -322,6 +322,7 @@ async fn run_verb(args: RunArgs) -> Outcome {
             .then_some(args.qemu_cache_dir),
         host_disk_roots: args.host_disk_roots,
         qemu_user: args.qemu_user,
+        qemu_ids: args.qemu_ids,
         allow_block_devices: args.allow_block_devices,
         guest_loopback: args.guest_loopback,
         tls_dir: args.tls_dir,

@@ -18,10 +18,14 @@ pub struct HostPaths {
     pub container_disk_dir: PathBuf,
     /// What the launcher makes itself: overlays, empty disks, cloud-init ISOs, EFI variables.
     pub private_dir: PathBuf,
-    /// Where QEMU listens for the consoles: `virt-serial0` and `virt-vnc`, the names KubeVirt's
+    /// Where the consoles are found: `virt-serial0` and `virt-vnc`, the names KubeVirt's
     /// converter gives them (in a pod `/var/run/kubevirt-private/<vmi uid>`, where
-    /// virt-handler's console server looks for them).
+    /// virt-handler's console server looks for them). Root's: libvirt makes the serial socket
+    /// and hands QEMU its descriptor; `virt-vnc` here is a link into `qemu_dir`.
     pub console_dir: PathBuf,
+    /// QEMU's own dir, the only one it may write: what QEMU creates itself (the VNC socket, a
+    /// migration target's sockets). Nothing root works in by path lives here.
+    pub qemu_dir: PathBuf,
     /// Where QEMU copies the guest's serial console (in a pod KubeVirt's
     /// `<console_dir>/virt-serial0-log`, which its `guest-console-log` container follows).
     pub console_log: PathBuf,
@@ -38,6 +42,18 @@ pub struct HostPaths {
 
 pub const OVMF_DIR: &str = "/usr/share/OVMF";
 
+/// The VNC socket's name, KubeVirt's.
+pub const VNC_SOCKET: &str = "virt-vnc";
+
+/// The private dir's subdirectories for the images the launcher makes, and EFI variables.
+pub const PRIVATE_SUBDIRS: [&str; 5] = [
+    "cloud-init",
+    "container-disks",
+    "empty-disks",
+    "ephemeral-disks",
+    "nvram",
+];
+
 impl HostPaths {
     /// KubeVirt's pod layout.
     pub fn pod() -> HostPaths {
@@ -47,6 +63,7 @@ impl HostPaths {
             container_disk_dir: "/var/run/kubevirt/container-disks".into(),
             private_dir: "/var/run/kubevirt-private/vmlauncher".into(),
             console_dir: "/var/run/kubevirt-private".into(),
+            qemu_dir: "/var/run/kubevirt-private/vmlauncher-qemu".into(),
             console_log: "/var/run/kubevirt-private/virt-serial0-log".into(),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: "/var/run/kubevirt/hotplug-disks".into(),
@@ -62,6 +79,7 @@ impl HostPaths {
             container_disk_dir: runtime_dir.join("container-disks"),
             private_dir: runtime_dir.join("private"),
             console_dir: runtime_dir.join("private"),
+            qemu_dir: runtime_dir.join("qemu"),
             console_log: runtime_dir.join("console.log"),
             firmware_dir: OVMF_DIR.into(),
             hotplug_dir: runtime_dir.join("hotplug"),
@@ -69,8 +87,15 @@ impl HostPaths {
         }
     }
 
+    /// Where QEMU listens for VNC (it makes the socket itself, so in its own dir).
     pub fn vnc_socket(&self) -> PathBuf {
-        self.console_dir.join("virt-vnc")
+        self.qemu_dir.join(VNC_SOCKET)
+    }
+
+    /// Where the VNC socket is found beside the serial console (a link to
+    /// [`Self::vnc_socket`]).
+    pub fn vnc_link(&self) -> PathBuf {
+        self.console_dir.join(VNC_SOCKET)
     }
 
     pub fn serial_socket(&self) -> PathBuf {
@@ -319,6 +344,21 @@ fn own_qcow2(paths: &HostPaths, dir: &str, name: &str, preparation: Preparation)
         block: false,
         format: ImageFormat::Qcow2,
         preparation,
+    }
+}
+
+impl ResolvedVolume {
+    /// An image the launcher makes in its private dir (an empty disk, an overlay, a
+    /// cloud-init ISO): given to QEMU as a hot-plugged file is, through the descriptor the
+    /// launcher opened (`DiskDef::given_to_qemu`), never by libvirt's chown of a path.
+    pub fn made_by_launcher(&self) -> bool {
+        !self.block
+            && matches!(
+                self.preparation,
+                Preparation::EmptyQcow2 { .. }
+                    | Preparation::Overlay { .. }
+                    | Preparation::CloudInit { .. }
+            )
     }
 }
 

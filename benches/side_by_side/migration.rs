@@ -15,7 +15,7 @@
 //!   (`PrivateDaemon`, the same options, a runtime dir laid out and shared with QEMU's user the
 //!   same way, its own host UUID), then moved back and forth between that daemon and a second
 //!   one by `virDomainMigrateToURI3` with the launcher's flags, destination XML
-//!   (`migratable::for_target`) and memory socket (`<target dir>/private/migration.sock`).
+//!   (`migratable::for_target`) and memory socket (`<target dir>/qemu/migration.sock`).
 //!   Timed: the call alone; the XML it takes is read before. The downtime is libvirt's
 //!   completed job on the destination (`virDomainGetJobStats`), where the launcher reads it too.
 //!
@@ -373,8 +373,8 @@ struct Definition {
 }
 
 /// A private libvirtd of the raw side, in a runtime dir laid out as a launcher's: started as a
-/// launcher starts its own (`run::host::prepare`), QEMU's private dir made and shared with its
-/// user as a launcher does (`give_qemu_its_dirs`).
+/// launcher starts its own (`run::host::prepare`), its private dirs and QEMU's own dir made as
+/// a launcher makes them (`host::private_dirs`), QEMU let through the runtime dir.
 struct RawHost {
     dir: PathBuf,
     daemon: Option<PrivateDaemon>,
@@ -384,12 +384,13 @@ struct RawHost {
 
 impl RawHost {
     fn start(dir: PathBuf, caps: &Path, qemu: &QemuUser, tls: Option<&MigrationTls>) -> RawHost {
-        let private = dir.join("private");
-        std::fs::create_dir_all(private.join("nvram")).unwrap();
+        let owner = vmlauncher::host::NodeOwner {
+            uid: qemu.uid,
+            gid: qemu.gid,
+        };
+        vmlauncher::host::private_dirs::prepare_local(&dir, owner).unwrap();
         if !qemu.is_root() {
-            qemu.share_dir(&private).unwrap();
-            qemu.share_dir(&private.join("nvram")).unwrap();
-            qemu.traverse_dir(&dir).unwrap();
+            vmlauncher::host::acl::grant_search(&dir, qemu.uid).unwrap();
         }
         let tcp_port = tls.map(|_| common::net::free_ports(4));
         // As `run --tls-dir --listen` sets its daemon up.
@@ -449,10 +450,7 @@ impl RawHost {
     fn migration_uri(&self) -> String {
         match self.tcp_port {
             Some(port) => format!("tcp://127.0.0.1:{}", port + 2),
-            None => format!(
-                "unix://{}",
-                self.dir.join("private/migration.sock").display()
-            ),
+            None => format!("unix://{}", self.dir.join("qemu/migration.sock").display()),
         }
     }
 }

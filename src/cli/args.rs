@@ -97,10 +97,15 @@ pub(crate) struct RunArgs {
     /// repeatable; default: anywhere but the host's and the launcher's own places).
     #[arg(long = "host-disk-root", value_name = "DIR", value_parser = absolute_path())]
     pub(crate) host_disk_roots: Vec<PathBuf>,
-    /// The user QEMU runs as: a name or uid, or `root` (default: the host's libvirt-qemu
-    /// or qemu account; libvirt hands it each disk image while the VM uses it).
+    /// The user QEMU runs as: a name or uid, or `root` (default on a host: an id of its
+    /// own from --qemu-ids; in a pod or with --connect: the libvirt-qemu or qemu account).
     #[arg(long, value_name = "USER")]
     pub(crate) qemu_user: Option<String>,
+    /// The uids (each with the same gid) from which each launcher on a host takes one for its
+    /// QEMU, FIRST-LAST; no account of the host may use them.
+    #[arg(long, value_name = "FIRST-LAST",
+          default_value_t = vmlauncher::host::qemu_ids::DEFAULT_RANGE)]
+    pub(crate) qemu_ids: vmlauncher::host::qemu_ids::QemuIdRange,
     /// A block device a Sync may attach, MAJOR:MINOR (repeatable). Listing any restricts a
     /// host run to those; in a container only listed devices, and those the node daemon
     /// put a node for in the hotplug dir, may be attached.

@@ -208,6 +208,8 @@ impl ExitCode {
                 ExitCode::Internal
             }
             RunError::MigrationTls(_) => ExitCode::Usage,
+            // No id of the range is free, or the lock dir is unusable: the host's state.
+            RunError::Setup(SetupError::QemuId(_)) => ExitCode::HypervisorUnavailable,
             RunError::Setup(SetupError::Signals)
             | RunError::Panicked(_)
             | RunError::WarmCachePanicked(_)
@@ -226,7 +228,9 @@ impl ExitCode {
             VirtLauncherError::Libvirtd(_) => ExitCode::HypervisorUnavailable,
             VirtLauncherError::NoDomain { .. } => ExitCode::GuestFailed,
             // KubeVirt's QEMU user is the image's own: its lack is the launcher's failure.
-            VirtLauncherError::Setup(SetupError::Signals | SetupError::QemuUser(_))
+            VirtLauncherError::Setup(
+                SetupError::Signals | SetupError::QemuUser(_) | SetupError::QemuId(_),
+            )
             | VirtLauncherError::Panicked(_)
             | VirtLauncherError::StatusClosed => ExitCode::Internal,
         }

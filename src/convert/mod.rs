@@ -579,6 +579,7 @@ fn disks(
             && resolved.preparation == crate::volumes::Preparation::Claim
             && !resolved.block;
         let hotpluggable = crate::volumes::is_hotpluggable(volume);
+        let given_to_qemu = (tenant_file && hotpluggable) || resolved.made_by_launcher();
         let backing = resolved.backing().map(|(path, block, trust)| BackingDef {
             source: if block {
                 DiskSource::Block(path.into())
@@ -625,7 +626,7 @@ fn disks(
             readonly: disk.readonly() || claim_readonly,
             shareable: disk.shareable == Some(true) || shared,
             fd_group: (tenant_file && !hotpluggable).then(|| format!("vml-{}", disk.name)),
-            given_to_qemu: tenant_file && hotpluggable,
+            given_to_qemu,
             // Where a tenant's file goes when not by descriptor: hot-plugged ones always
             // (libvirt 9.0 cannot pass a descriptor on hot-plug), claims on a migration target
             // (descriptors cannot travel with libvirt's migration). By the launcher's pin of what

@@ -81,7 +81,7 @@ fn converts_the_whole_skeleton_subset() {
         "<kernel>/k/vmlinuz</kernel>",
         "<cmdline>console=ttyS0</cmdline>",
         "<serial type=\"unix\">",
-        "<source mode=\"bind\" path=\"/run/vml/private/virt-serial0\"/>",
+        "<source mode=\"bind\" path=\"/run/vml/private/virt-serial0\">\n        <seclabel model=\"dac\" relabel=\"no\"/>",
         "<log file=\"/run/vml/console.log\" append=\"on\"/>",
     ] {
         assert!(xml.contains(needle), "{needle} missing from\n{xml}");

@@ -605,7 +605,13 @@ fn write_serial(w: &mut XmlWriter, serial: &SerialDef) -> io::Result<()> {
     w.create_element("serial")
         .with_attribute(("type", "unix"))
         .write_inner_content(|w| {
-            empty(w, "source", &[("mode", "bind"), ("path", socket.as_ref())])?;
+            // libvirt makes the socket (root's, in the root-owned console dir) and hands QEMU
+            // its descriptor: with no relabel it never chowns a path in that dir.
+            w.create_element("source")
+                .with_attributes([("mode", "bind"), ("path", socket.as_ref())])
+                .write_inner_content(|w| {
+                    empty(w, "seclabel", &[("model", "dac"), ("relabel", "no")])
+                })?;
             if let Some(log) = &serial.log {
                 let log = log.to_string_lossy();
                 empty(w, "log", &[("file", log.as_ref()), ("append", "on")])?;

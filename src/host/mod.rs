@@ -14,6 +14,7 @@
 //! `qemu_user` (the unprivileged user QEMU runs as, and what it is given), `loopback` (keeping
 //! QEMU's user-mode network off the host's loopback).
 
+pub mod acl;
 pub(crate) mod block;
 pub mod block_allow;
 pub mod caps;
@@ -26,7 +27,9 @@ pub mod fd_limit;
 pub(crate) mod image_check;
 pub mod loopback;
 pub mod pin;
+pub mod private_dirs;
 mod qcow2;
+pub mod qemu_ids;
 pub mod qemu_user;
 pub(crate) mod records;
 pub mod watch;
@@ -39,7 +42,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::volumes::{Backing, HostPaths, Preparation, ResolvedVolume};
+use crate::volumes::{Backing, Preparation, ResolvedVolume};
 use cidata::build_cidata;
 use qcow2::create_qcow2;
 
@@ -69,6 +72,8 @@ pub enum HostError {
     },
     #[error(transparent)]
     Pin(#[from] pin::PinError),
+    #[error("{path} belongs to uid {owner}, not to the launcher: someone else put it there, and root does not work in a directory another user controls")]
+    NotOurs { path: PathBuf, owner: u32 },
     #[error("cannot inspect {path}")]
     Inspect {
         path: PathBuf,
@@ -101,6 +106,7 @@ impl HostError {
             HostError::UnsafeImage { .. }
             | HostError::Link { .. }
             | HostError::KernelFile { .. } => "UnsafeImage",
+            HostError::NotOurs { .. } => "UnsafeDir",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
             HostError::Pin(_) => "PinFailed",
         }
@@ -295,27 +301,6 @@ fn give_to(file: &fs::File, path: &Path, owner: devnode::NodeOwner) -> Result<()
     }
 }
 
-/// Makes the directories the launcher writes into: its private dir (overlays, ISOs), the one
-/// for EFI variables, which libvirt fills from the template but does not create, and the one
-/// QEMU listens in for the consoles.
-pub fn prepare_private_dirs(paths: &HostPaths) -> Result<(), HostError> {
-    // 0700 (0770 with QEMU's group, when QEMU is not root: `run::prepare` made it so first):
-    // cloud-init user data (secrets) and overlays live here.
-    let dirs = [
-        paths.private_dir.clone(),
-        paths.private_dir.join("nvram"),
-        paths.console_dir.clone(),
-    ];
-    for dir in dirs {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|source| HostError::Create { path: dir, source })?;
-    }
-    Ok(())
-}
-
 /// Does what a resolved volume needs before the domain can use it.
 pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     let path = volume.path.as_path();
@@ -363,12 +348,18 @@ pub fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<
         .collect()
 }
 
+/// Makes `path`'s directory (root's, searched by QEMU, listed and written by no one else) if
+/// it is missing.
 pub(super) fn make_parent(path: &Path) -> Result<(), HostError> {
     match path.parent() {
-        Some(parent) => fs::create_dir_all(parent).map_err(|source| HostError::Create {
-            path: parent.into(),
-            source,
-        }),
+        Some(parent) => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(parent)
+            .map_err(|source| HostError::Create {
+                path: parent.into(),
+                source,
+            }),
         None => Ok(()),
     }
 }

@@ -1,14 +1,14 @@
 //! The user QEMU runs as. A guest that escapes into QEMU acts with QEMU's rights, so QEMU runs
 //! as a dedicated unprivileged user, as libvirt's system daemon and KubeVirt (uid 107) do: with
 //! no capabilities (libvirt clears them for a non-root emulator), unable to open the launcher's
-//! and libvirtd's root-only sockets or anything else of root's. The launcher gives this user
-//! exactly what QEMU must reach: its private dir (overlays, ISOs, the VNC socket, EFI
-//! variables), traversal of the runtime and hotplug dirs, and the block nodes it makes; libvirt
-//! gives it each disk image for as long as the VM uses it (`dynamic_ownership`).
+//! and libvirtd's root-only sockets or anything else of root's. On a host each VM's QEMU has an
+//! id of its own (`qemu_ids`). The launcher gives this user exactly what QEMU must reach: search
+//! through its private dirs (`private_dirs`) and, by an ACL entry, the runtime and hotplug dirs
+//! (`acl`); the images it makes and the block nodes, by descriptor; a dir of its own for the
+//! sockets it creates.
 
 use std::fs;
-use std::io;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// The accounts QEMU runs as by default, the first that exists: Debian's and Ubuntu's
@@ -71,26 +71,6 @@ impl QemuUser {
                 Ok(None)
             }
         }
-    }
-
-    /// Shares `dir` with QEMU (root's, QEMU's group, 0770): QEMU creates sockets there (VNC)
-    /// and opens what the launcher put there for it, and the launcher keeps writing there
-    /// without CAP_DAC_OVERRIDE (a pod may not grant it). Nothing else of the launcher's may
-    /// live in such a dir.
-    pub fn share_dir(&self, dir: &Path) -> io::Result<()> {
-        nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(self.gid)))
-            .map_err(io::Error::from)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o770))
-    }
-
-    /// Lets QEMU pass through `dir` (root's, 0711: traverse, not list) to what is given to it
-    /// inside; everything else in there stays root's own (0600 files, 0700 dirs).
-    pub fn traverse_dir(&self, dir: &Path) -> io::Result<()> {
-        if self.is_root() {
-            return Ok(());
-        }
-        let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
-        fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o011))
     }
 }
 
@@ -185,6 +165,7 @@ fn lookup(name: &str) -> Result<Option<QemuUser>, QemuUserError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn root_is_found_by_name_and_by_uid() {
@@ -244,24 +225,5 @@ mod tests {
         fs::set_permissions(&closed, fs::Permissions::from_mode(0o710)).unwrap();
         assert_eq!(qemu.blocked_on_the_way(&disk), None);
         assert_eq!(QemuUser::root().blocked_on_the_way(&disk), None);
-    }
-
-    #[test]
-    fn a_traversed_dir_gains_execute_for_others_only() {
-        let tmp = tempfile::tempdir().unwrap();
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
-        let qemu = QemuUser {
-            name: "q".into(),
-            uid: 3_999_999,
-            gid: 3_999_999,
-        };
-        qemu.traverse_dir(tmp.path()).unwrap();
-        let mode = fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o7777;
-        assert_eq!(mode, 0o711);
-        QemuUser::root().traverse_dir(tmp.path()).unwrap();
-        assert_eq!(
-            fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o7777,
-            0o711
-        );
     }
 }

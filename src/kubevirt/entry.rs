@@ -76,6 +76,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     let paths = HostPaths {
         console_log: console_dir.join("virt-serial0-log"),
         console_dir,
+        qemu_dir: flags.kubevirt_private_dir.join("vmlauncher-qemu"),
         container_disk_dir: flags.container_disk_dir.clone(),
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
         firmware_dir: flags.ovmf_path.clone(),
@@ -114,6 +115,7 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
         block_allow: crate::host::block_allow::BlockAllowList::new([], true),
         // KubeVirt's handler migrates through its own proxies, on unix sockets.
         migration_tls: None,
+        previous_qemu_id: None,
     });
     let _logs = prepared.logs;
     // libvirtd is up before the launcher says it is ready, as KubeVirt's is: the first Sync

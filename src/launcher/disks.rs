@@ -52,8 +52,9 @@ impl Launcher {
         } else {
             opts
         };
+        let qemu = self.options.hotplug.node_owner;
         let (vmi_, boot_, opts_) = (vmi.clone(), boot.clone(), opts.clone());
-        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_))
+        tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_, qemu))
             .await
             .map_err(LauncherError::Join)??;
         def.disks = boot;
@@ -65,7 +66,7 @@ impl Launcher {
             let opts = opts.clone();
             let (vmi_, disk_) = (vmi.clone(), disk.clone());
             match tokio::task::spawn_blocking(move || {
-                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts)
+                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts, qemu)
             })
             .await
             .map_err(LauncherError::Join)?
@@ -216,9 +217,10 @@ pub(super) fn prepare_disks(
     vmi: &VirtualMachineInstance,
     disks: &[DiskDef],
     opts: &ConvertOptions,
+    qemu: crate::host::devnode::NodeOwner,
 ) -> Result<(), DiskNotReady> {
-    // The VNC socket and EFI variables go there too, whatever the disks.
-    host::prepare_private_dirs(&opts.paths).map_err(|source| DiskNotReady {
+    // The consoles and EFI variables go there too, whatever the disks; checked at every start.
+    host::private_dirs::prepare(&opts.paths, qemu).map_err(|source| DiskNotReady {
         volume: String::new(),
         source,
     })?;

@@ -158,15 +158,15 @@ pub type PrepareTarget = Box<
         + Send,
 >;
 
-/// The target's plan for a migration into `runtime_dir`: its libvirt, and two sockets in the
-/// dir its QEMU may create files in.
+/// The target's plan for a migration into `runtime_dir`: its libvirt, and two sockets in
+/// `qemu_dir`, the one dir its QEMU may create files in.
 pub fn incoming_plan(
     libvirt_uri: String,
     runtime_dir: PathBuf,
-    private_dir: &std::path::Path,
+    qemu_dir: &std::path::Path,
     hotplug_dir: PathBuf,
 ) -> IncomingPlan {
-    let socket = |name: &str| format!("unix://{}", private_dir.join(name).display());
+    let socket = |name: &str| format!("unix://{}", qemu_dir.join(name).display());
     IncomingPlan {
         libvirt_uri,
         migration_uri: socket("migration.sock"),

@@ -25,6 +25,7 @@ mod live_view;
 mod migration;
 mod migration_plan;
 mod nics;
+mod pending;
 mod reconciler;
 mod resize;
 mod saved;
@@ -75,13 +76,13 @@ use task_slot::TaskSlot;
 pub fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
     SavedSyncs::read(base)
 }
+use pending::pending_watcher;
 use status::placeholder_status;
 pub use status::waiting_status;
 pub use status::{
     EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
     VolumePhase, VolumeStatus,
 };
-use sync::pending_watcher;
 pub use sync::{BlockSource, PlannedAction, SyncInput, SyncOutcome};
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.

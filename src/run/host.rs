@@ -35,6 +35,8 @@ pub enum SetupError {
     #[error(transparent)]
     QemuUser(QemuUserError),
     #[error(transparent)]
+    QemuId(crate::host::qemu_ids::QemuIdError),
+    #[error(transparent)]
     RuntimeDir(crate::runtime_dir::RuntimeDirError),
 }
 
@@ -61,6 +63,8 @@ pub struct HostRequest<'a> {
     pub block_allow: crate::host::block_allow::BlockAllowList,
     /// Migrating over TCP (`run --tls-dir`, and `--listen` for a target).
     pub migration_tls: Option<DaemonTls>,
+    /// The QEMU uid a previous launcher of this runtime dir used (`host::qemu_ids`).
+    pub previous_qemu_id: Option<u32>,
 }
 
 /// The user QEMU runs as: the one `--qemu-user` names, else the distribution's QEMU account;
@@ -76,45 +80,64 @@ pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
     }))
 }
 
-/// What a non-root QEMU must reach: the runtime and hotplug dirs to pass through, and the
-/// private and console dirs it shares with the launcher (overlays, ISOs, EFI variables; the
-/// console sockets it listens on).
-fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
+/// Who QEMU runs as on a host run: the user `--qemu-user` names if any; with a libvirt of its
+/// own outside a pod (`shared` false), an id of its own from `ids`, held while the returned
+/// hold lives (`host::qemu_ids`); else the distribution's account, as [`qemu_user`] finds it.
+pub fn qemu_identity(
+    requested: Option<&str>,
+    ids: crate::host::qemu_ids::QemuIdRange,
+    rt: &RuntimeDir,
+    shared: bool,
+) -> Result<(QemuUser, Option<crate::host::qemu_ids::QemuId>), SetupError> {
+    if requested.is_some() || shared {
+        return Ok((qemu_user(requested).map_err(SetupError::QemuUser)?, None));
+    }
+    let id = crate::host::qemu_ids::allocate(
+        ids,
+        std::path::Path::new(crate::host::qemu_ids::LOCK_DIR),
+        &rt.0,
+    )
+    .map_err(SetupError::QemuId)?;
+    Ok((id.user.clone(), Some(id)))
+}
+
+/// What a non-root QEMU must reach: the private dirs as `host::private_dirs` makes them, and
+/// search (only) through the runtime, hotplug and console dirs' parents, by an ACL entry for its
+/// uid, which the returned reach takes back when the launcher ends: the operator's modes stay
+/// theirs, and no other local user gains anything. `previous`: the uid a killed launcher of
+/// this runtime dir gave such entries to.
+fn give_qemu_its_dirs(
+    rt: &RuntimeDir,
+    paths: &HostPaths,
+    qemu: &QemuUser,
+    previous: Option<u32>,
+) -> Option<QemuReach> {
     if qemu.is_root() {
-        return;
+        return None;
     }
-    let private = [
-        paths.private_dir.clone(),
-        paths.private_dir.join("nvram"),
-        paths.console_dir.clone(),
-    ];
-    for dir in &private {
-        if let Err(e) = fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-        {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot make QEMU's private dir");
+    let owner = crate::host::devnode::NodeOwner {
+        uid: qemu.uid,
+        gid: qemu.gid,
+    };
+    if let Err(e) = crate::host::private_dirs::prepare(paths, owner) {
+        say(format_args!(
+            "cannot give QEMU's user {} its dirs: {}",
+            qemu.name,
+            crate::error_chain(&e)
+        ));
+    }
+    // The console dir's parent: KubeVirt's private dir in a pod (an emptyDir, 0777 there), the
+    // runtime dir on a host; QEMU's own dir is beside it.
+    let mut searched: Vec<PathBuf> = vec![rt.0.clone(), paths.hotplug_dir.clone()];
+    for dir in [&paths.console_dir, &paths.qemu_dir] {
+        if let Some(parent) = dir.parent() {
+            if !searched.iter().any(|d| d == parent) {
+                searched.push(parent.to_path_buf());
+            }
         }
     }
-    // The console dir's parent: KubeVirt's private dir in a pod (an emptyDir, 0777 there; a
-    // dir the launcher makes 0700 elsewhere), the runtime dir on a host.
-    let console_parent = paths.console_dir.parent().unwrap_or(&rt.0).to_path_buf();
-    let given = private.iter().map(|dir| (dir, qemu.share_dir(dir))).chain(
-        [&rt.0, &paths.hotplug_dir, &console_parent]
-            .into_iter()
-            .map(|dir| (dir, qemu.traverse_dir(dir))),
-    );
-    for (dir, result) in given {
-        if let Err(e) = result {
-            say(format_args!(
-                "cannot give {} to QEMU's user {}: {e}",
-                dir.display(),
-                qemu.name
-            ));
-        }
-    }
-    for dir in [&paths.private_dir, &paths.hotplug_dir, &paths.console_dir] {
+    let reach = QemuReach::grant(searched, qemu, previous);
+    for dir in [&paths.private_dir, &paths.hotplug_dir, &paths.qemu_dir] {
         if let Some(blocked) = qemu.blocked_on_the_way(&dir.join("-")) {
             say(format_args!(
                 "QEMU's user {} cannot reach {}: {} is {:04o} {}:{}",
@@ -125,6 +148,47 @@ fn give_qemu_its_dirs(rt: &RuntimeDir, paths: &HostPaths, qemu: &QemuUser) {
                 blocked.owner,
                 blocked.group
             ));
+        }
+    }
+    Some(reach)
+}
+
+/// QEMU's search through directories that are not the launcher's alone, for as long as it
+/// lives.
+#[derive(Debug)]
+pub struct QemuReach {
+    uid: u32,
+    dirs: Vec<PathBuf>,
+}
+
+impl QemuReach {
+    fn grant(dirs: Vec<PathBuf>, qemu: &QemuUser, previous: Option<u32>) -> QemuReach {
+        let uid = qemu.uid;
+        let mut granted = Vec::new();
+        for dir in dirs {
+            if let Some(old) = previous.filter(|old| *old != uid) {
+                // A killed launcher's entry: its id may go to another VM now.
+                let _ = crate::host::acl::revoke(&dir, |id| id == old);
+            }
+            match crate::host::acl::grant_search(&dir, uid) {
+                Ok(()) => granted.push(dir),
+                Err(e) => say(format_args!(
+                    "cannot let QEMU's user {} pass through {}: {e}",
+                    qemu.name,
+                    dir.display()
+                )),
+            }
+        }
+        QemuReach { uid, dirs: granted }
+    }
+}
+
+impl Drop for QemuReach {
+    fn drop(&mut self) {
+        for dir in &self.dirs {
+            if let Err(e) = crate::host::acl::revoke(dir, |id| id == self.uid) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot take QEMU's passage back");
+            }
         }
     }
 }
@@ -140,6 +204,8 @@ pub struct Prepared {
     pub base: LaunchBase,
     /// Keeps the console and QEMU logs bounded while it lives.
     pub logs: Option<LogBound>,
+    /// QEMU's passage through the dirs it needs, taken back when dropped.
+    pub reach: Option<QemuReach>,
 }
 
 /// Launch options without a spec.
@@ -160,6 +226,11 @@ impl LaunchBase {
     pub fn pins(&self) -> Option<(PathBuf, PathBuf)> {
         let dir = self.convert.pin_dir.clone()?;
         Some((dir, self.convert.paths.hotplug_dir.clone()))
+    }
+
+    /// Who QEMU runs as: what the launcher gives it is given to this owner.
+    pub fn qemu_owner(&self) -> crate::host::devnode::NodeOwner {
+        self.hotplug.node_owner
     }
 
     /// Where a launcher keeps its last accepted Sync.
@@ -238,6 +309,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         qemu_user,
         block_allow,
         migration_tls,
+        previous_qemu_id,
     } = request;
     let (events_tx, events) = mpsc::unbounded_channel();
     let backend = match &connect {
@@ -263,7 +335,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
     }
     // Before the logs are watched: the console log may live in the console dir made here.
-    give_qemu_its_dirs(rt, &paths, &qemu_user);
+    let reach = give_qemu_its_dirs(rt, &paths, &qemu_user, previous_qemu_id);
     // A `--connect`ed libvirt has its own virtlogd to bound the logs.
     let logs = match &connect {
         Some(_) => None,
@@ -368,6 +440,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
             migration_tls: migration_tls.map(|t| t.installed),
         },
         logs,
+        reach,
     }
 }
 

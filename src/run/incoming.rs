@@ -26,6 +26,8 @@ pub(super) struct Target<'a> {
     pub base: &'a LaunchBase,
     pub socket: &'a Path,
     pub qemu_uid: u32,
+    /// Where QEMU listens for a source on this host (`None` with `--listen`).
+    pub sockets: Option<&'a crate::host::private_dirs::MigrationSockets>,
 }
 
 impl Target<'_> {
@@ -227,7 +229,7 @@ impl Target<'_> {
             None => launcher::incoming_plan(
                 self.connector.uri(),
                 self.rt.0.clone(),
-                &self.paths.private_dir,
+                self.sockets.map_or(&self.paths.qemu_dir, |s| s.path()),
                 self.paths.hotplug_dir.clone(),
             ),
         }

@@ -22,7 +22,8 @@ use crate::spec::{self, Validated};
 mod host;
 mod incoming;
 pub use host::{
-    host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared, SetupError,
+    host_path_policy, prepare, qemu_identity, qemu_user, HostRequest, LaunchBase, Prepared,
+    SetupError,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -86,6 +87,8 @@ pub struct RunOptions {
     pub host_disk_roots: Vec<PathBuf>,
     /// `--qemu-user`: who QEMU runs as (`None`: the host's QEMU account).
     pub qemu_user: Option<String>,
+    /// `--qemu-ids`: where a host run's QEMU takes an id of its own from.
+    pub qemu_ids: crate::host::qemu_ids::QemuIdRange,
     /// `--allow-block-device`: the block devices a Sync may attach besides the hotplug dir's.
     pub allow_block_devices: Vec<crate::host::DevNumber>,
     /// `--guest-loopback` (`None`: decided by the network mode and the VMI).
@@ -218,10 +221,16 @@ pub enum RunError {
 pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     let started = Instant::now();
     let mut signals = StopSignals::install().map_err(|_| SetupError::Signals)?;
-    let qemu_user = host::qemu_user(opts.qemu_user.as_deref()).map_err(SetupError::QemuUser)?;
-    let qemu_uid = qemu_user.uid;
     // Held until the launcher exits: one launcher per runtime dir.
     let (rt, _lock) = RuntimeDir::claim(&opts.runtime_dir).map_err(SetupError::RuntimeDir)?;
+    // Held until the launcher exits too: this VM's QEMU identity on a host.
+    let (qemu_user, _qemu_id) = host::qemu_identity(
+        opts.qemu_user.as_deref(),
+        opts.qemu_ids,
+        &rt,
+        opts.connect.is_some() || crate::init::is_container_entrypoint(),
+    )?;
+    let qemu_uid = qemu_user.uid;
     // The API socket's path before anything starts: a `--socket` that would be refused (a file
     // there, a socket someone still answers on) ends the run here, with no daemon or VM to undo.
     // It is bound only once the VM is up: until then a client finds no socket and fails at
@@ -256,6 +265,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         events,
         base,
         logs: _logs,
+        reach: _reach,
     } = prepare(HostRequest {
         rt: &rt,
         connect: opts.connect.clone(),
@@ -274,12 +284,31 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
             crate::init::is_container_entrypoint(),
         ),
         migration_tls,
+        previous_qemu_id: _qemu_id.as_ref().and_then(|id| id.previous),
     });
     let console_log = paths.console_log.clone();
     if opts.console {
         mirror_console(console_log.clone());
     }
     if opts.incoming {
+        // A source on this host connects there (`MigrationSockets`); in a pod no other pod
+        // reaches a path of this one's, and QEMU's own dir serves.
+        let sockets = if opts.listen.is_none() && !crate::init::is_container_entrypoint() {
+            let owner = base.qemu_owner();
+            let made = tokio::task::spawn_blocking(move || {
+                crate::host::private_dirs::MigrationSockets::make(owner)
+            })
+            .await
+            .map_err(RunError::Panicked)?;
+            Some(made.map_err(|source| {
+                RunError::Incoming(crate::launcher::LauncherError::HostDisk {
+                    volume: String::new(),
+                    source,
+                })
+            })?)
+        } else {
+            None
+        };
         let target = incoming::Target {
             opts: &opts,
             rt: &rt,
@@ -288,6 +317,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
             base: &base,
             socket: &socket,
             qemu_uid,
+            sockets: sockets.as_ref(),
         };
         return target.run(events, started, &mut signals).await;
     }

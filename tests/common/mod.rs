@@ -3,10 +3,11 @@
 //! deadline that fails with a clear message. Never a sleep. One file per concern: the guest
 //! (`guest`), the binary as a client (`cli`), the console (`console`), a launched `run`
 //! (`launched`), the gRPC API (`grpc`), loop devices (`loopdev`), libvirt (`libvirt`), the pod
-//! (`pod`, `net`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
+//! (`pod`, `net`), an escaped guest's credentials (`as_qemu`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
 //! proxy), the Python client (`python`).
 #![allow(dead_code)]
 
+pub mod as_qemu;
 pub mod cli;
 pub mod cluster;
 pub mod console;
@@ -38,4 +39,6 @@ pub fn unique() -> String {
 // The test files name the harness as `common::X`, whatever the concern X belongs to. Each test
 // crate compiles all of it and uses a part, so a re-export may go unused there.
 #[allow(unused_imports)]
-pub use self::{cli::*, console::*, grpc::*, guest::*, launched::*, libvirt::*, loopdev::*};
+pub use self::{
+    as_qemu::*, cli::*, console::*, grpc::*, guest::*, launched::*, libvirt::*, loopdev::*,
+};

@@ -492,10 +492,9 @@ async fn a_device_a_killed_libvirtd_left_in_qemu_is_replaced_on_attach() {
     let mut console = vm.boot();
     let image = vm.dir().join("hotplug/left.img");
     common::sparse_file(&image, 4);
-    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
-        .unwrap()
-        .unwrap();
-    nix::unistd::chown(&image, Some(qemu_uid.uid), Some(qemu_uid.gid)).unwrap();
+    // What QEMU opens by path must be its own (this VM's QEMU id).
+    let qemu_id = common::qemu_id_of(vm.dir());
+    std::os::unix::fs::chown(&image, Some(qemu_id), Some(qemu_id)).unwrap();
     let conn = virt::connect::Connect::open(Some(&vm.libvirt_uri())).unwrap();
     let dom = conn
         .lookup_domain_by_name(&format!("default_{name}"))

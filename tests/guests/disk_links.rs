@@ -233,11 +233,8 @@ async fn claim_images_reach_qemu_as_descriptors_and_hotplugged_files_as_pinned()
     assert!(cmdline.contains("/dev/fdset/"), "{cmdline}");
     assert!(!cmdline.contains(claim.to_str().unwrap()), "{cmdline}");
     assert_eq!(owner_and_mode(&claim), (0, 0o600));
-    let qemu_uid = nix::unistd::User::from_name("libvirt-qemu")
-        .unwrap()
-        .unwrap()
-        .uid
-        .as_raw();
+    // This VM's QEMU id, no shared account.
+    let qemu_uid = common::qemu_id_of(vm.dir());
     assert_eq!(owner_and_mode(&hotplugged), (qemu_uid, 0o600));
     let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
     assert!(

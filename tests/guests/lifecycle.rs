@@ -674,9 +674,11 @@ async fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rf
         consoles["serialSocket"],
         private.join("virt-serial0").to_str().unwrap()
     );
+    // QEMU makes the VNC socket in its own dir; the private dir has a link to it where
+    // KubeVirt's layout has the socket.
     assert_eq!(
         consoles["vncSocket"],
-        private.join("virt-vnc").to_str().unwrap()
+        vm.dir().join("qemu/virt-vnc").to_str().unwrap()
     );
     assert_eq!(
         consoles["serialLog"],

@@ -28,6 +28,7 @@ mod network;
 mod nic_hotplug;
 mod python_client;
 mod qemu_confined;
+mod qemu_walls;
 mod resize;
 mod restart;
 mod soak;

@@ -24,20 +24,15 @@ fn status_of(pid: i32, key: &str) -> String {
         .to_string()
 }
 
-/// Whether `user` may open `path` for writing (a socket: connect to it), by `test -w` run as
-/// that user.
-fn writable_by(user: &str, path: &Path) -> bool {
-    std::process::Command::new("runuser")
-        .args(["-u", user, "--", "test", "-w"])
-        .arg(path)
-        .status()
-        .expect("runuser")
-        .success()
+/// Whether a process with QEMU's credentials (`uid`, its own gid, no supplementary groups, no
+/// capabilities) may open `path` for writing (a socket: connect to it), by `test -w`.
+fn writable_by(uid: u32, path: &Path) -> bool {
+    common::as_qemu(uid, &["test", "-w"], path)
 }
 
 /// How many bytes the launcher's HTTP/2 server answers to a client preface on `socket`, sent as
-/// `user` (`None`: as this test, root); 0 when it closes the connection instead.
-fn answer_bytes(user: Option<&str>, socket: &Path) -> usize {
+/// QEMU's `uid` (`None`: as this test, root); 0 when it closes the connection instead.
+fn answer_bytes(uid: Option<u32>, socket: &Path) -> usize {
     const CLIENT: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_UNIX)
@@ -51,10 +46,11 @@ except (BrokenPipeError, ConnectionResetError):
     answer = b""
 print(len(answer))
 "#;
-    let mut command = match user {
-        Some(user) => {
-            let mut c = std::process::Command::new("runuser");
-            c.args(["-u", user, "--", "python3"]);
+    let mut command = match uid {
+        Some(uid) => {
+            let mut c = common::qemu_command(uid);
+            // The system's: root's PATH may lead into a home QEMU cannot enter.
+            c.arg("/usr/bin/python3");
             c
         }
         None => std::process::Command::new("python3"),
@@ -79,7 +75,7 @@ print(len(answer))
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
     let name = "confined";
-    let qemu_user = nix::unistd::User::from_name("libvirt-qemu")
+    let libvirt_qemu = nix::unistd::User::from_name("libvirt-qemu")
         .unwrap()
         .expect("scripts/setup.sh makes the libvirt-qemu account");
     let disks = common::disk_dir("vml-confined-");
@@ -98,11 +94,23 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
     });
 
     let qemu = vm.qemu_pid(name);
-    let uids = status_of(qemu, "Uid");
-    assert!(
-        uids.split_whitespace()
-            .all(|uid| uid == qemu_user.uid.to_string()),
-        "QEMU's uids: {uids}"
+    // An id of its own on a host (`--qemu-ids`' default range), recorded in the runtime dir,
+    // with the same gid: not the host's shared QEMU account.
+    let own = common::qemu_id_of(vm.dir());
+    assert!((2_000_000_000..=2_000_065_535).contains(&own), "{own}");
+    assert_ne!(own, libvirt_qemu.uid.as_raw());
+    for key in ["Uid", "Gid"] {
+        let ids = status_of(qemu, key);
+        assert!(
+            ids.split_whitespace().all(|id| id == own.to_string()),
+            "QEMU's {key}: {ids}"
+        );
+    }
+    // libvirt lists its primary group as its only supplementary one.
+    assert_eq!(
+        status_of(qemu, "Groups"),
+        own.to_string(),
+        "QEMU's supplementary groups"
     );
     for set in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
         assert_eq!(status_of(qemu, set), "0000000000000000", "QEMU's {set}");
@@ -133,6 +141,7 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
         "block devices in QEMU's /dev"
     );
 
+    let own_id = own;
     for own in [
         vm.socket(),
         vm.dir().join("libvirt/sock/libvirt-sock"),
@@ -141,7 +150,7 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
     ] {
         assert!(own.exists(), "{} exists", own.display());
         assert!(
-            !writable_by(&qemu_user.name, &own),
+            !writable_by(own_id, &own),
             "QEMU's user can write {}",
             own.display()
         );
@@ -151,7 +160,7 @@ async fn qemu_runs_unprivileged_and_sandboxed_and_cannot_reach_the_launcher() {
     // answered, while root is.
     std::fs::set_permissions(vm.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
     assert_eq!(
-        answer_bytes(Some(&qemu_user.name), &vm.socket()),
+        answer_bytes(Some(own_id), &vm.socket()),
         0,
         "QEMU's user was answered"
     );
@@ -219,7 +228,7 @@ fn a_host_disk_qemu_cannot_reach_is_refused_before_anything_starts() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
         stderr.contains("spec.volumes[0].hostDisk.path")
-            && stderr.contains("QEMU's user libvirt-qemu cannot reach it")
+            && stderr.contains("cannot reach it")
             && stderr.contains(&format!("{} is 0700 0:0", closed.path().display())),
         "{stderr}"
     );

@@ -1,0 +1,274 @@
+//! The directories the launcher keeps for one VM, and who may write each. Root (the launcher,
+//! and libvirt as root) works in the private dir by path: it writes the images it makes there,
+//! and libvirt chowns what a domain names. A directory QEMU's user could write would let an
+//! escaped guest swap one of those paths for a link to any host file, which root would then
+//! write or give to QEMU. So:
+//! - the private dir, its subdirectories and the console dir are root's, `0710` with QEMU's
+//!   group (search, never write), checked every time they are prepared: opened once, not
+//!   through a link, and refused when not root's own (a dir QEMU put in place of one);
+//! - QEMU's own dir (`HostPaths::qemu_dir`, `0700` its user's) holds only what QEMU creates
+//!   itself: the VNC socket and a migration target's sockets. Root never writes into it by
+//!   path; the console dir's `virt-vnc` is a link (root's) into it.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use super::devnode::NodeOwner;
+use super::HostError;
+use crate::volumes::{HostPaths, PRIVATE_SUBDIRS};
+
+/// Makes the private dir, its subdirectories, the console dir and QEMU's own dir as the module
+/// says, for QEMU running as `qemu`.
+pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
+    let root_dirs = std::iter::once(paths.private_dir.clone())
+        .chain(PRIVATE_SUBDIRS.iter().map(|d| paths.private_dir.join(d)))
+        .chain(std::iter::once(paths.console_dir.clone()));
+    for dir in root_dirs {
+        root_dir_qemu_searches(&dir, qemu.gid)?;
+    }
+    if paths.qemu_dir != paths.console_dir {
+        qemu_own_dir(&paths.qemu_dir, qemu)?;
+        link_vnc(paths)?;
+    }
+    Ok(())
+}
+
+/// [`prepare`] for a host run's runtime dir (`HostPaths::local`).
+pub fn prepare_local(runtime_dir: &Path, qemu: NodeOwner) -> Result<(), HostError> {
+    prepare(&HostPaths::local(runtime_dir), qemu)
+}
+
+/// `dir` made (or found) root's, `root:<gid> 0710`.
+fn root_dir_qemu_searches(dir: &Path, gid: u32) -> Result<(), HostError> {
+    let file = open_made(dir, 0o710)?;
+    let meta = file.metadata().map_err(|e| inspect(dir, e))?;
+    let euid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != euid {
+        return Err(HostError::NotOurs {
+            path: dir.into(),
+            owner: meta.uid(),
+        });
+    }
+    nix::unistd::fchown(&file, None, Some(nix::unistd::Gid::from_raw(gid)))
+        .map_err(|e| inspect(dir, e.into()))?;
+    nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o710))
+        .map_err(|e| inspect(dir, e.into()))
+}
+
+/// QEMU's own dir, `<uid>:<gid> 0700`.
+fn qemu_own_dir(dir: &Path, qemu: NodeOwner) -> Result<(), HostError> {
+    let file = open_made(dir, 0o700)?;
+    nix::unistd::fchown(
+        &file,
+        Some(nix::unistd::Uid::from_raw(qemu.uid)),
+        Some(nix::unistd::Gid::from_raw(qemu.gid)),
+    )
+    .map_err(|e| inspect(dir, e.into()))?;
+    nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o700))
+        .map_err(|e| inspect(dir, e.into()))
+}
+
+/// `dir`, made with `mode` if missing, opened as itself (a link there is refused).
+fn open_made(dir: &Path, mode: u32) -> Result<fs::File, HostError> {
+    if let Err(e) = fs::DirBuilder::new().recursive(true).mode(mode).create(dir) {
+        return Err(HostError::Create {
+            path: dir.into(),
+            source: e,
+        });
+    }
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) || e.raw_os_error() == Some(libc::ENOTDIR) {
+                HostError::Link { path: dir.into() }
+            } else {
+                inspect(dir, e)
+            }
+        })
+}
+
+/// Where a migration target's QEMU listens on a host, for a source on the same host:
+/// `/run/vmlauncher/migration/<launcher pid>`, its QEMU user's, `0711`. The source's QEMU, another
+/// uid, connects to the disks' socket there (its libvirt gives it that socket), which it could
+/// not in the target's runtime dir; no one else may list the dir or add to it, and a socket
+/// takes a connection only from its owner. Removed when dropped.
+#[derive(Debug)]
+pub struct MigrationSockets(PathBuf);
+
+/// The host's directory for every launcher's migration sockets.
+pub const MIGRATION_SOCKETS: &str = "/run/vmlauncher/migration";
+
+impl MigrationSockets {
+    pub fn make(qemu: NodeOwner) -> Result<MigrationSockets, HostError> {
+        let parent = Path::new(MIGRATION_SOCKETS);
+        for dir in [parent.parent().unwrap_or(parent), parent] {
+            let file = open_made(dir, 0o711)?;
+            let meta = file.metadata().map_err(|e| inspect(dir, e))?;
+            if meta.uid() != nix::unistd::geteuid().as_raw() {
+                return Err(HostError::NotOurs {
+                    path: dir.into(),
+                    owner: meta.uid(),
+                });
+            }
+            nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o711))
+                .map_err(|e| inspect(dir, e.into()))?;
+        }
+        let dir = parent.join(std::process::id().to_string());
+        // A launcher killed before it removed its own, whose pid this one has now.
+        if fs::symlink_metadata(&dir).is_ok() {
+            fs::remove_dir_all(&dir).map_err(|e| inspect(&dir, e))?;
+        }
+        qemu_own_dir(&dir, qemu)?;
+        let file = open_made(&dir, 0o711)?;
+        nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o711))
+            .map_err(|e| inspect(&dir, e.into()))?;
+        Ok(MigrationSockets(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for MigrationSockets {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(&self.0) {
+            tracing::warn!(dir = %self.0.display(), error = %e, "cannot remove the migration sockets' dir");
+        }
+    }
+}
+
+/// `console_dir/virt-vnc`, a link into QEMU's dir, relative: virt-handler reaches it through
+/// `/proc/<pid>/root`, where an absolute link would resolve in its own root. Whatever was
+/// there (an older layout's socket, a link) is replaced: the console dir is root's.
+fn link_vnc(paths: &HostPaths) -> Result<(), HostError> {
+    let link = paths.vnc_link();
+    let target = relative(&paths.console_dir, &paths.vnc_socket());
+    if fs::read_link(&link).is_ok_and(|t| t == target) {
+        return Ok(());
+    }
+    crate::durable::remove_if_present(&link).map_err(|e| inspect(&link, e))?;
+    std::os::unix::fs::symlink(&target, &link).map_err(|source| HostError::Create {
+        path: link.clone(),
+        source,
+    })
+}
+
+/// `to` as a path relative to the directory `from` (both absolute).
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<Component> = from.components().collect();
+    let to: Vec<Component> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut out = PathBuf::new();
+    for _ in common..from.len() {
+        out.push("..");
+    }
+    for c in &to[common..] {
+        out.push(c);
+    }
+    out
+}
+
+fn inspect(path: &Path, source: io::Error) -> HostError {
+    HostError::Inspect {
+        path: path.into(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_relative_link_leads_from_one_dir_into_another() {
+        assert_eq!(
+            relative(
+                Path::new("/var/run/kubevirt-private/uid-1"),
+                Path::new("/var/run/kubevirt-private/vmlauncher-qemu/virt-vnc")
+            ),
+            PathBuf::from("../vmlauncher-qemu/virt-vnc")
+        );
+        assert_eq!(
+            relative(Path::new("/rt/private"), Path::new("/rt/qemu/virt-vnc")),
+            PathBuf::from("../qemu/virt-vnc")
+        );
+    }
+
+    fn paths_in(rt: &Path) -> HostPaths {
+        HostPaths::local(rt)
+    }
+
+    fn stat(path: &Path) -> (u32, u32, u32) {
+        let m = fs::symlink_metadata(path).unwrap();
+        (m.uid(), m.gid(), m.mode() & 0o7777)
+    }
+
+    #[test]
+    fn the_private_dirs_are_roots_and_qemus_dir_is_its_own() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = paths_in(tmp.path());
+        // Ids no account has on any machine this runs on.
+        let qemu = NodeOwner {
+            uid: 3_999_301,
+            gid: 3_999_302,
+        };
+        prepare(&paths, qemu).unwrap();
+        assert_eq!(stat(&paths.private_dir), (0, 3_999_302, 0o710));
+        for sub in PRIVATE_SUBDIRS {
+            assert_eq!(
+                stat(&paths.private_dir.join(sub)),
+                (0, 3_999_302, 0o710),
+                "{sub}"
+            );
+        }
+        assert_eq!(stat(&paths.qemu_dir), (3_999_301, 3_999_302, 0o700));
+        assert_eq!(
+            fs::read_link(paths.private_dir.join("virt-vnc")).unwrap(),
+            PathBuf::from("../qemu/virt-vnc")
+        );
+        // An older layout's modes are put right.
+        fs::set_permissions(&paths.private_dir, fs::Permissions::from_mode(0o770)).unwrap();
+        prepare(&paths, qemu).unwrap();
+        assert_eq!(stat(&paths.private_dir), (0, 3_999_302, 0o710));
+    }
+
+    #[test]
+    fn a_subdirectory_someone_else_put_in_place_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let paths = paths_in(tmp.path());
+        let qemu = NodeOwner {
+            uid: 3_999_301,
+            gid: 3_999_301,
+        };
+        prepare(&paths, qemu).unwrap();
+        // What an escaped QEMU did where the private dir was writable to it.
+        let ci = paths.private_dir.join("cloud-init");
+        fs::remove_dir(&ci).unwrap();
+        fs::create_dir(&ci).unwrap();
+        nix::unistd::chown(&ci, Some(nix::unistd::Uid::from_raw(3_999_301)), None).unwrap();
+        let e = prepare(&paths, qemu).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                HostError::NotOurs {
+                    owner: 3_999_301,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        // And a link there is never followed.
+        let etc = stat(Path::new("/etc"));
+        fs::remove_dir(&ci).unwrap();
+        std::os::unix::fs::symlink("/etc", &ci).unwrap();
+        let e = prepare(&paths, qemu).unwrap_err();
+        assert!(matches!(e, HostError::Link { .. }), "{e}");
+        assert_eq!(stat(Path::new("/etc")), etc, "/etc is untouched");
+    }
+}
