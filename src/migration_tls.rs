@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 
 use crate::host::devnode::NodeOwner;
 
+mod cas;
+
 /// The files of each set of `--tls-dir`, named as QEMU reads them.
 pub const CA_CERT: &str = "ca-cert.pem";
 pub const SERVER_CERT: &str = "server-cert.pem";
@@ -91,8 +93,15 @@ pub enum TlsError {
         file: &'static str,
         what: &'static str,
     },
-    #[error("--tls-dir {dir}: QEMU's credentials (qemu/) must come from a CA of their own: QEMU's user reads them, and the launchers' CA would let it into every launcher's API and libvirtd")]
-    SharedCa { dir: PathBuf },
+    #[error("--tls-dir {dir}: {file} is not an X.509 certificate")]
+    NotACertificate {
+        dir: PathBuf,
+        file: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("--tls-dir {dir}: QEMU's credentials (qemu/) must come from a CA of their own, but {how}: QEMU's user reads them, and the launchers' CA would let it into every launcher's API and libvirtd")]
+    SharedCa { dir: PathBuf, how: String },
     #[error("--tls-dir {dir}: the {which} certificates and keys are not usable for TLS: {reason}")]
     Unusable {
         dir: PathBuf,
@@ -109,13 +118,12 @@ pub enum TlsError {
 
 impl MigrationTls {
     /// Reads the launchers' set in `dir` and QEMU's in `dir/qemu`, each file a regular file of
-    /// at most 64 KiB holding PEM; QEMU's CA must not be the launchers'.
+    /// at most 64 KiB holding PEM; QEMU's CA must not be the launchers', nor either sign the
+    /// other's certificates (`cas`).
     pub fn read(dir: &Path) -> Result<MigrationTls, TlsError> {
         let launcher = Credentials::read(dir)?;
         let qemu = Credentials::read(&dir.join(QEMU_SUBDIR))?;
-        if qemu.ca_cert == launcher.ca_cert {
-            return Err(TlsError::SharedCa { dir: dir.into() });
-        }
+        cas::check_apart(dir, &launcher, &qemu)?;
         Ok(MigrationTls { launcher, qemu })
     }
 }
@@ -281,26 +289,44 @@ mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
 
-    const CERT: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
-    const QEMU_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIQ\n-----END CERTIFICATE-----\n";
     const KEY: &str = "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n";
+
+    /// The files of a `--tls-dir` as the README's script makes it (two CAs of their own), made
+    /// once per test binary: `(path under the dir, content)`.
+    fn made_by_the_script() -> &'static [(PathBuf, Vec<u8>)] {
+        static FILES: std::sync::OnceLock<Vec<(PathBuf, Vec<u8>)>> = std::sync::OnceLock::new();
+        FILES.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/migration-tls.sh");
+            let out = std::process::Command::new(script)
+                .arg(dir.path())
+                .arg("127.0.0.1")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+            let mut files = Vec::new();
+            for sub in ["", QEMU_SUBDIR] {
+                for name in [CA_CERT, SERVER_CERT, SERVER_KEY, CLIENT_CERT, CLIENT_KEY] {
+                    let path = Path::new(sub).join(name);
+                    files.push((path.clone(), fs::read(dir.path().join(path)).unwrap()));
+                }
+            }
+            files
+        })
+    }
 
     fn operator_dir() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for (sub, ca) in [("", CERT), (QEMU_SUBDIR, QEMU_CA)] {
-            let set = dir.path().join(sub);
-            fs::create_dir_all(&set).unwrap();
-            for (name, text) in [
-                (CA_CERT, ca),
-                (SERVER_CERT, CERT),
-                (SERVER_KEY, KEY),
-                (CLIENT_CERT, CERT),
-                (CLIENT_KEY, KEY),
-            ] {
-                fs::write(set.join(name), text).unwrap();
-            }
+        fs::create_dir(dir.path().join(QEMU_SUBDIR)).unwrap();
+        for (path, bytes) in made_by_the_script() {
+            fs::write(dir.path().join(path), bytes).unwrap();
         }
         dir
+    }
+
+    /// The file at `path` under `dir`.
+    fn file(dir: &tempfile::TempDir, path: &str) -> Vec<u8> {
+        fs::read(dir.path().join(path)).unwrap()
     }
 
     #[test]
@@ -348,17 +374,93 @@ mod tests {
         );
     }
 
+    /// `pem` with its base64 wrapped at `width` columns (openssl writes 64), and CRLF line ends:
+    /// the same certificate, other bytes.
+    fn rewrapped(pem: &[u8], width: usize) -> Vec<u8> {
+        let text = String::from_utf8(pem.to_vec()).unwrap();
+        let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+        let mut out = String::from("-----BEGIN CERTIFICATE-----\r\n");
+        for chunk in body.as_bytes().chunks(width) {
+            out += std::str::from_utf8(chunk).unwrap();
+            out += "\r\n";
+        }
+        out += "-----END CERTIFICATE-----\r\n";
+        out.into_bytes()
+    }
+
+    /// The review's reproduction (N-6), and what the byte comparison missed besides.
     #[test]
-    fn qemus_credentials_from_the_launchers_ca_are_refused() {
+    fn the_launchers_ca_as_qemus_is_refused_however_its_file_is_written() {
+        let launchers_ca = file(&operator_dir(), CA_CERT);
+        let mut with_a_newline = launchers_ca.clone();
+        with_a_newline.push(b'\n');
+        let rewrapped = rewrapped(&launchers_ca, 76);
+        assert_ne!(rewrapped, launchers_ca);
+        for (how, ca) in [
+            ("as is", launchers_ca),
+            ("with a newline more", with_a_newline),
+            ("wrapped at 76 columns", rewrapped),
+        ] {
+            let dir = operator_dir();
+            fs::write(dir.path().join("qemu").join(CA_CERT), &ca).unwrap();
+            let e = MigrationTls::read(dir.path()).expect_err(how);
+            assert!(
+                matches!(&e, TlsError::SharedCa { how, .. }
+                    if how == "qemu/ca-cert.pem has the key of the launchers' CA (ca-cert.pem)"),
+                "{how}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_certificate_signed_by_the_other_sets_ca_is_refused() {
+        // QEMU's client certificate issued by the launchers' CA: it would open their API and
+        // libvirtd, though QEMU's own CA file is another CA's.
         let dir = operator_dir();
-        fs::write(dir.path().join("qemu").join(CA_CERT), CERT).unwrap();
+        for name in [CLIENT_CERT, CLIENT_KEY] {
+            fs::write(dir.path().join("qemu").join(name), file(&dir, name)).unwrap();
+        }
         let e = MigrationTls::read(dir.path()).unwrap_err();
-        assert!(matches!(e, TlsError::SharedCa { .. }), "{e}");
+        let expected = "qemu/client-cert.pem is signed by the launchers' CA (ca-cert.pem)";
+        assert!(
+            matches!(&e, TlsError::SharedCa { how, .. } if how == expected),
+            "{e}"
+        );
+
+        // The reverse: the launchers' server certificate issued by QEMU's CA.
+        let dir = operator_dir();
+        for name in [SERVER_CERT, SERVER_KEY] {
+            let qemus = file(&dir, &format!("qemu/{name}"));
+            fs::write(dir.path().join(name), qemus).unwrap();
+        }
+        let e = MigrationTls::read(dir.path()).unwrap_err();
+        let expected = "server-cert.pem is signed by QEMU's CA (qemu/ca-cert.pem)";
+        assert!(
+            matches!(&e, TlsError::SharedCa { how, .. } if how == expected),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn two_cas_of_their_own_are_taken_and_a_certificate_must_parse() {
+        let dir = operator_dir();
+        let tls = MigrationTls::read(dir.path()).unwrap();
+        assert_eq!(tls.qemu.ca_cert, file(&dir, "qemu/ca-cert.pem"));
+
+        let garbage = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        fs::write(dir.path().join("qemu").join(SERVER_CERT), garbage).unwrap();
+        let e = MigrationTls::read(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, TlsError::NotACertificate { file: SERVER_CERT, dir: d, .. }
+                if d.ends_with("qemu")),
+            "{e}"
+        );
     }
 
     #[test]
     fn installs_libvirts_names_for_root_and_qemus_readable_by_its_group_alone() {
-        let tls = MigrationTls::read(operator_dir().path()).unwrap();
+        let operator = operator_dir();
+        let tls = MigrationTls::read(operator.path()).unwrap();
         let run = tempfile::tempdir().unwrap();
         let qemu = NodeOwner {
             uid: 107,
@@ -380,7 +482,7 @@ mod tests {
         }
         assert_eq!(
             fs::read(installed.libvirt_dir.join(LIBVIRT_CA)).unwrap(),
-            CERT.as_bytes()
+            file(&operator, CA_CERT)
         );
         for name in [CA_CERT, CLIENT_CERT, CLIENT_KEY, SERVER_CERT, SERVER_KEY] {
             let meta = fs::metadata(installed.qemu_dir.join(name)).unwrap();
@@ -390,7 +492,7 @@ mod tests {
         // QEMU's set is QEMU's CA's, never the launchers'.
         assert_eq!(
             fs::read(installed.qemu_dir.join(CA_CERT)).unwrap(),
-            QEMU_CA.as_bytes()
+            file(&operator, "qemu/ca-cert.pem")
         );
         let dir = fs::metadata(&installed.qemu_dir).unwrap();
         assert_eq!((dir.uid(), dir.gid(), dir.mode() & 0o777), (0, 4242, 0o750));

@@ -156,6 +156,8 @@ pub struct ConvertOptions {
     /// Claim images (a PVC's or DataVolume's `disk.img`, a hot-plugged file) are passed to QEMU
     /// as descriptors the launcher opens (`DiskDef::fd_group`; libvirt 9.0 and later).
     pub claims_by_fd: bool,
+    /// The `--connect` URI when claims are refused there (`refused::disk`); `None` takes them.
+    pub claims_refused_by: Option<String>,
     /// Where hot-plugged image files are pinned for QEMU (`host::pin`, `DiskDef::pin`), with
     /// `claims_by_fd`; `None` gives them by their path.
     pub pin_dir: Option<PathBuf>,
@@ -185,6 +187,7 @@ impl ConvertOptions {
             cpus: Vec::new(),
             block_volumes: BTreeSet::new(),
             claims_by_fd: false,
+            claims_refused_by: None,
             pin_dir: None,
             guest_at_boot: None,
         }
@@ -524,14 +527,8 @@ fn disks(
         let resolved =
             volumes::resolve_source(vmi, volume, source, &opts.paths, &opts.block_volumes);
         let kind = disk.kind();
-        if kind == DiskKind::Lun && !resolved.block {
-            problems.push(FieldError::new(
-                format!("spec.domain.devices.disks[{i}].lun"),
-                Problem::NotABlockDevice {
-                    volume: volume.name.clone(),
-                    path: resolved.path.display().to_string(),
-                },
-            ));
+        if let Some(problem) = refused::disk(i, kind, volume, &resolved, opts) {
+            problems.push(problem);
             continue;
         }
         let (bus, target, address) = match disk.bus() {
@@ -797,4 +794,5 @@ fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
 mod tests;
 
 mod consoles;
+mod refused;
 pub use consoles::Consoles;

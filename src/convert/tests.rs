@@ -571,11 +571,46 @@ fn hot_plugged_files_are_pinned_and_boot_claims_passed_by_descriptor() {
         xml.contains("<source file=\"/run/vml/vmi-disks/data/disk.img\" fdgroup=\"vml-data\""),
         "{xml}"
     );
-    // Without pins (a `--connect`ed libvirt, or claims not passed by descriptor): by path.
+    // Without pins (claims not passed by descriptor): by path.
     o.pin_dir = None;
     assert!(convert(&vmi(&text), &o)
         .unwrap()
         .disks
         .iter()
         .all(|d| d.pin.is_none()));
+}
+
+/// Under `--connect` every claim, at boot or hot-plugged, is refused naming its disk and volume;
+/// a hostDisk is not a claim and is taken.
+#[test]
+fn claims_are_refused_through_a_libvirt_the_launcher_does_not_run() {
+    let text = SPEC
+        .replace(
+            "      - {name: two, disk: {bus: scsi}, serial: SerialTwo}\n",
+            "      - {name: two, disk: {bus: scsi}, serial: SerialTwo}\n      - {name: late, disk: {bus: scsi}}\n      - {name: data, disk: {bus: scsi}}\n",
+        )
+        .replace(
+            "  - {name: two, hostDisk: {path: /d/two.img, type: Disk}}\n",
+            "  - {name: two, hostDisk: {path: /d/two.img, type: Disk}}\n  - {name: late, persistentVolumeClaim: {claimName: late, hotpluggable: true}}\n  - {name: data, dataVolume: {name: data}}\n",
+        );
+    let mut o = opts();
+    assert!(convert(&vmi(&text), &o).is_ok());
+    o.claims_refused_by = Some("qemu:///system".into());
+    let errors = convert(&vmi(&text), &o).unwrap_err().0;
+    let disks = vmi(&text).spec.domain.devices.disks.clone();
+    let at = |name: &str| disks.iter().position(|d| d.name == name).unwrap();
+    let refused: Vec<_> = errors
+        .iter()
+        .map(|e| (e.path.clone(), e.problem.clone()))
+        .collect();
+    assert_eq!(
+        refused,
+        ["late", "data"].map(|v| (
+            format!("spec.domain.devices.disks[{}]", at(v)),
+            Problem::ClaimUnderConnect {
+                volume: v.into(),
+                uri: "qemu:///system".into()
+            }
+        ))
+    );
 }

@@ -413,6 +413,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         // The private libvirtd is this host's libvirt, 9.0 or later where it was built against
         // one; a `--connect`ed one may be older than `fdgroup`.
         claims_by_fd,
+        claims_refused_by: connect.clone(),
         // Beside the private dir, not in it: a migration copies the writable disks under the
         // private dir, and a hot-plugged file is shared, never copied.
         pin_dir: claims_by_fd.then(|| rt.0.join(crate::host::pin::PIN_DIR)),

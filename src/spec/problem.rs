@@ -212,6 +212,9 @@ pub enum Problem {
     /// Found by `convert`, which knows what the host found at the volume's path.
     #[error("volume {volume:?} is not a block device on this host ({path}); a lun needs one")]
     NotABlockDevice { volume: String, path: String },
+    /// Found by `convert`: `run --connect` takes no claims (`convert::refused`).
+    #[error("volume {volume:?} is a claim, which is refused with --connect {uri}: a claim's image is handed to QEMU only as the file the launcher opened and checked (by descriptor or pinned), which it cannot do through a libvirt it does not run; by path, that libvirt would open and relabel whatever link was put there")]
+    ClaimUnderConnect { volume: String, uri: String },
 }
 
 /// One problem in a spec, with the path of the field it is about.

@@ -90,3 +90,60 @@ async fn a_libvirt_that_stays_gone_ends_in_unknown_and_exit_3() {
     );
     common::signal_pid(qemu, nix::sys::signal::Signal::SIGKILL).unwrap();
 }
+
+/// Security review H-1's residual: through a libvirt it does not run, the launcher could give a
+/// claim's image to QEMU only by path, and that libvirt would open and chown whatever link a
+/// tenant put in the claim's directory between the launcher's check and its own open. A claim
+/// is refused instead, at start (a bad spec, exit 2, before anything is defined there) and in a
+/// Sync (InvalidArgument), naming the volume and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_is_refused_naming_the_volume_and_why() {
+    let name = "uri-claim";
+    let external = tempfile::tempdir().unwrap();
+    let daemon = common::private_libvirtd(external.path());
+    let uri = daemon.uri().to_string();
+    let refusal = format!("volume \"data\" is a claim, which is refused with --connect {uri}");
+    let with_claim = |spec: String| {
+        spec.replace(
+            "      disks: []\n",
+            "      disks:\n      - {name: data, disk: {bus: scsi}, serial: Data-1}\n",
+        )
+        .replace(
+            "  volumes: []\n",
+            "  volumes:\n  - {name: data, persistentVolumeClaim: {claimName: data}}\n",
+        )
+    };
+    // A claim that is a plain file, which a private libvirtd would take.
+    let mut vm = Launched::start_owned(|dir| {
+        std::fs::create_dir_all(dir.join("vmi-disks/data")).unwrap();
+        common::sparse_file(dir.join("vmi-disks/data/disk.img"), 4);
+    })
+    .run(&with_claim(guest_spec(name, "", &[])), &["--connect", &uri]);
+    let code = vm.wait_exit(GUEST_DEADLINE).code();
+    let stderr = vm.stderr_text();
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains(&refusal), "{stderr}");
+    let conn = virt::connect::Connect::open(Some(&uri)).unwrap();
+    assert!(conn
+        .lookup_domain_by_name(&format!("default_{name}"))
+        .is_err());
+
+    // A hot-plugged claim, on a VM that runs there without one.
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &["--connect", &uri]);
+    // Booted: a guest still in its firmware does not answer the graceful stop below.
+    vm.boot();
+    common::sparse_file(vm.dir().join("hotplug/data.img"), 4);
+    let status = api::connect(&vm.socket())
+        .await
+        .unwrap()
+        .sync(proto::SyncRequest {
+            spec: common::with_claims(guest_spec(name, "", &[]), &[("data", "Data-1")]),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a Sync with a claim");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains(&refusal), "{status:?}");
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
