@@ -95,7 +95,8 @@ pub(crate) fn to_status(e: &LauncherError) -> tonic::Status {
         LauncherError::FrozenFieldsChanged { .. }
         | LauncherError::NoMigration
         | LauncherError::Refused(_)
-        | LauncherError::Terminating { .. } => Code::FailedPrecondition,
+        | LauncherError::Terminating { .. }
+        | LauncherError::HostFile { .. } => Code::FailedPrecondition,
         LauncherError::Preempted | LauncherError::SyncInterrupted => Code::Aborted,
         LauncherError::InterfaceStuck { .. } => Code::DeadlineExceeded,
         LauncherError::Plan(crate::hotplug::PlanError::NoFreeUnit) => Code::ResourceExhausted,

@@ -168,7 +168,9 @@ impl ExitCode {
             LauncherError::Unreachable | LauncherError::Connect(_) => {
                 ExitCode::HypervisorUnavailable
             }
-            LauncherError::HostDisk { .. } | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
+            LauncherError::HostDisk { .. }
+            | LauncherError::HostFile { .. }
+            | LauncherError::Libvirt(_) => ExitCode::GuestFailed,
             LauncherError::WrongInstance { .. }
             | LauncherError::FrozenFieldsChanged { .. }
             | LauncherError::Plan(_)

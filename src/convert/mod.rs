@@ -13,10 +13,9 @@ use crate::domain::{
     HypervFeature, InputDef, InstanceMetadata, InterfaceBackend, InterfaceDef, KernelBootDef,
     PortForward, TimerDef, TpmDef, VirtType, VirtioMemDef, WatchdogDef,
 };
-use crate::spec::DEFAULT_NAMESPACE;
 use crate::spec::{
     self, DiskKind, DomainSpec, FeatureState, FieldError, Firmware, Problem, SpecErrors, Validated,
-    VirtualMachineInstance, VolumeSource,
+    VirtualMachineInstance, VolumeSource, DEFAULT_NAMESPACE,
 };
 use crate::volumes::{self, HostPaths};
 
@@ -565,10 +564,10 @@ fn disks(
         } else {
             None
         };
-        let (claim_readonly, shared) = match source {
-            VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false),
-            VolumeSource::HostDisk(h) => (false, h.shared == Some(true)),
-            _ => (false, false),
+        let (claim_readonly, shared, host_file) = match source {
+            VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false, false),
+            VolumeSource::HostDisk(h) => (false, h.shared == Some(true), !resolved.block),
+            _ => (false, false, false),
         };
         // A claim's image file lies where a tenant or the node daemon writes: handed to QEMU by
         // the launcher, never by a path QEMU or libvirt resolves (`DiskDef::fd_group`).
@@ -622,8 +621,11 @@ fn disks(
             boot_order: disk.boot_order,
             readonly: disk.readonly() || claim_readonly,
             shareable: disk.shareable == Some(true) || shared,
-            fd_group: (tenant_file && !hotpluggable).then(|| format!("vml-{}", disk.name)),
+            // A hostDisk too, the host's own file, by descriptor where it can (`host_file`).
+            fd_group: ((tenant_file && !hotpluggable) || (host_file && opts.claims_by_fd))
+                .then(|| format!("vml-{}", disk.name)),
             given_to_qemu,
+            host_file,
             // Where a tenant's file goes when not by descriptor: hot-plugged ones always
             // (libvirt 9.0 cannot pass a descriptor on hot-plug), claims on a migration target
             // (descriptors cannot travel with libvirt's migration). By the launcher's pin of what
@@ -790,9 +792,8 @@ fn hyperv_features(hv: Option<&spec::Hyperv>) -> Vec<HypervFeature> {
     .collect()
 }
 
-#[cfg(test)]
-mod tests;
-
 mod consoles;
 mod refused;
+#[cfg(test)]
+mod tests;
 pub use consoles::Consoles;

@@ -95,7 +95,7 @@ fn write_disk(w: &mut XmlWriter, disk: &DiskDef) -> io::Result<()> {
             if let Some(group) = &disk.fd_group {
                 source_attrs.push(("fdgroup", group));
             }
-            if disk.given_to_qemu {
+            if disk.given_to_qemu || disk.host_file {
                 w.create_element("source")
                     .with_attributes(source_attrs)
                     .write_inner_content(|w| {

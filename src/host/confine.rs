@@ -15,7 +15,9 @@ use crate::spec::{
 /// The places no spec path may lead into, resolved, and the roots host disks are confined to.
 #[derive(Debug, Clone, Default)]
 pub struct HostPathPolicy {
-    /// `(dir, what it is, whether only a disk is kept out)`.
+    /// `(dir, what it is, whether a kernel or an initrd may be there under a host disk root)`:
+    /// the host's programs and boot files hold no disk, and a kernel there (one the host
+    /// itself boots, say) only where the deployment named its dir with `--host-disk-root`.
     denied: Vec<(PathBuf, Place, bool)>,
     /// Empty: no restriction beyond `denied`.
     host_disk_roots: Vec<PathBuf>,
@@ -31,8 +33,8 @@ impl HostPathPolicy {
     /// only directories a host disk may be under.
     pub fn new(launcher_dirs: &[PathBuf], host_disk_roots: &[PathBuf]) -> HostPathPolicy {
         let fixed = denied_places(true).map(|(dir, place)| {
-            let disk_only = place == Place::Programs;
-            (PathBuf::from(dir), place, disk_only)
+            let rootable = place == Place::Programs;
+            (PathBuf::from(dir), place, rootable)
         });
         let own = launcher_dirs
             .iter()
@@ -128,8 +130,9 @@ impl HostPathPolicy {
             link: link.display().to_string(),
         })?;
         let shown = resolved.display().to_string();
-        for (dir, place, disk_only) in &self.denied {
-            if (*disk_only && !disk) || !resolved.starts_with(dir) {
+        let under_a_root = self.host_disk_roots.iter().any(|r| resolved.starts_with(r));
+        for (dir, place, rootable) in &self.denied {
+            if (*rootable && !disk && under_a_root) || !resolved.starts_with(dir) {
                 continue;
             }
             let (dir, place) = (dir.display().to_string(), *place);
@@ -148,10 +151,7 @@ impl HostPathPolicy {
                 }
             });
         }
-        if disk
-            && !self.host_disk_roots.is_empty()
-            && !self.host_disk_roots.iter().any(|r| resolved.starts_with(r))
-        {
+        if disk && !self.host_disk_roots.is_empty() && !under_a_root {
             let roots: Vec<String> = self
                 .host_disk_roots
                 .iter()
@@ -320,6 +320,33 @@ mod tests {
         assert!(matches!(
             p.check_path(&via, true),
             Err(HostPathError::OutsideRoots { .. })
+        ));
+    }
+
+    #[test]
+    fn a_kernel_in_the_hosts_programs_only_under_a_host_disk_root() {
+        // /usr/lib exists on every machine the tests run on.
+        let kernel = "/usr/lib/vmlinuz-test";
+        let err = policy(&[], &[]).check_path(kernel, false).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                HostPathError::Denied {
+                    place: Place::Programs,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let rooted = policy(&[], &[Path::new("/usr/lib")]);
+        assert_eq!(rooted.check_path(kernel, false), Ok(()));
+        // A disk never, whatever the roots.
+        assert!(matches!(
+            rooted.check_path("/usr/lib/disk.img", true),
+            Err(HostPathError::Denied {
+                place: Place::Programs,
+                ..
+            })
         ));
     }
 

@@ -24,6 +24,7 @@ pub mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub mod fd_limit;
+pub mod host_files;
 pub(crate) mod image_check;
 pub mod loopback;
 pub mod pin;
@@ -54,6 +55,18 @@ pub enum HostError {
     NotADisk { path: PathBuf },
     #[error("{path} is a symbolic link: a disk image from a claim or a container disk is opened only as itself, never through a link")]
     Link { path: PathBuf },
+    #[error("{path} goes through the symbolic link {link}, in a directory others than root may write: a host file is followed only through links root made")]
+    UntrustedLink { path: PathBuf, link: String },
+    #[error("the directory of {path} is writable by others than root and its owner (mode {mode:04o}, owner uid {owner}): they could put another file in its place")]
+    DirWritableByOthers {
+        path: PathBuf,
+        mode: u32,
+        owner: u32,
+    },
+    #[error("{path} is {size} bytes, more than the {max} a kernel or an initrd may be")]
+    TooLarge { path: PathBuf, size: u64, max: u64 },
+    #[error("{path} is not a regular file")]
+    NotAFile { path: PathBuf },
     #[error("{path} is a file of the kernel's {filesystem} (something was mounted over it), not a disk image")]
     KernelFile {
         path: PathBuf,
@@ -72,7 +85,7 @@ pub enum HostError {
     },
     #[error(transparent)]
     Pin(#[from] pin::PinError),
-    #[error("{path} belongs to uid {owner}, not to the launcher: someone else put it there, and root does not work in a directory another user controls")]
+    #[error("{path} belongs to uid {owner}, not to the launcher: someone else made it, and root does not work in what another user controls")]
     NotOurs { path: PathBuf, owner: u32 },
     #[error("cannot inspect {path}")]
     Inspect {
@@ -100,13 +113,16 @@ impl HostError {
     pub fn reason(&self) -> &'static str {
         match self {
             HostError::Missing { .. } => "SourceNotFound",
-            HostError::NotADisk { .. } => "NotADisk",
+            HostError::NotADisk { .. } | HostError::NotAFile { .. } => "NotADisk",
+            HostError::TooLarge { .. } => "TooLarge",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
             HostError::UnsafeImage { .. }
             | HostError::Link { .. }
+            | HostError::UntrustedLink { .. }
+            | HostError::DirWritableByOthers { .. }
+            | HostError::NotOurs { .. }
             | HostError::KernelFile { .. } => "UnsafeImage",
-            HostError::NotOurs { .. } => "UnsafeDir",
             HostError::ToolMissing { .. } | HostError::Tool { .. } => "CreateFailed",
             HostError::Pin(_) => "PinFailed",
         }
@@ -227,7 +243,7 @@ fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
 }
 
 /// Hands QEMU the images of `disks` that lie where others write, each opened as itself
-/// (`open_image`; read-only for a read-only disk), so that what was checked is what QEMU gets:
+/// (`open_image`, or `host_files` for a hostDisk; read-only for a read-only disk), so that what was checked is what QEMU gets:
 /// returns the descriptors of those passed by `fdgroup`; gives those marked `given_to_qemu`, and
 /// every overlay's backing, to QEMU's user (`owner`) through the descriptor (`fchown`, no path
 /// followed), and reads a container disk's backing format from the file it opened. The checked
@@ -240,11 +256,22 @@ pub fn open_for_qemu(
     let fds = &mut out.fds;
     for disk in disks.iter_mut() {
         let failed = |e| (disk.volume.clone(), e);
-        if disk.fd_group.is_some() || disk.given_to_qemu {
+        if disk.fd_group.is_some() || disk.given_to_qemu || disk.host_file {
             let path = disk.source.path();
-            let file = open_image(path, !disk.readonly).map_err(failed)?;
+            let file = if disk.host_file {
+                let kind = host_files::Kind::Disk {
+                    writable: !disk.readonly,
+                    create: None,
+                };
+                host_files::open_host_file(path, kind)
+            } else {
+                open_image(path, !disk.readonly)
+            }
+            .map_err(failed)?;
             match &disk.fd_group {
                 Some(group) => fds.push((group.clone(), file)),
+                // A hostDisk QEMU opens by its path (no descriptor here): checked, left as is.
+                None if !disk.given_to_qemu => {}
                 None => {
                     give_to(&file, path, owner).map_err(failed)?;
                     if disk.pin.is_some() {
@@ -305,9 +332,22 @@ fn give_to(file: &fs::File, path: &Path, owner: devnode::NodeOwner) -> Result<()
 pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     let path = volume.path.as_path();
     match &volume.preparation {
-        Preparation::Exists => prepare_host_disk(path, None),
+        // A spec's hostDisk: walked as the host's own file, at every start and attach.
+        Preparation::Exists => {
+            let kind = host_files::Kind::Disk {
+                writable: false,
+                create: None,
+            };
+            host_files::open_host_file(path, kind).map(drop)
+        }
         Preparation::Claim => open_image(path, false).map(drop),
-        Preparation::CreateIfMissing { capacity } => prepare_host_disk(path, Some(*capacity)),
+        Preparation::CreateIfMissing { capacity } => {
+            let kind = host_files::Kind::Disk {
+                writable: false,
+                create: Some(*capacity),
+            };
+            host_files::open_host_file(path, kind).map(drop)
+        }
         Preparation::EmptyQcow2 { capacity } => {
             if path.exists() {
                 // Kept across restarts of the launcher: an empty disk lives as long as the VMI.

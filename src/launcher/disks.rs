@@ -32,6 +32,19 @@ impl Launcher {
                 .collect();
             (s.spec.clone(), def, waiting)
         };
+        // Where the spec's host paths lead is looked at again at every start, not only when
+        // the spec was taken: links may have changed since.
+        self.options.host_paths.check(&vmi)?;
+        if let Some(kb) = def.kernel_boot.as_mut() {
+            let (mut kb_, private_dir) = (kb.clone(), opts.paths.private_dir.clone());
+            let owner = self.options.hotplug.node_owner;
+            tokio::task::spawn_blocking(move || {
+                copy_boot_files(&mut kb_, &private_dir, owner).map(|()| kb_)
+            })
+            .await
+            .map_err(LauncherError::Join)?
+            .map(|copied| *kb = copied)?;
+        }
         // A hot-plugged volume never keeps the VM from (re)starting: one that waits
         // or failed, or whose source is not ready now, is left out of the definition and keeps
         // (or gets) its Pending or Failed status; a later Sync, or its source appearing,
@@ -56,7 +69,8 @@ impl Launcher {
         let (vmi_, boot_, opts_) = (vmi.clone(), boot.clone(), opts.clone());
         tokio::task::spawn_blocking(move || prepare_disks(&vmi_, &boot_, &opts_, qemu))
             .await
-            .map_err(LauncherError::Join)??;
+            .map_err(LauncherError::Join)?
+            .map_err(|e| e.named(&vmi))?;
         def.disks = boot;
         let mut not_ready = Vec::new();
         for disk in hot {
@@ -82,7 +96,9 @@ impl Launcher {
                 // migration, whose mount namespace is copied from libvirtd's then: pinned there
                 // now, the checked inode is what it opens (the source names the pins in the
                 // domain it sends, from the plan).
-                disk.given_to_qemu |= disk.fd_group.take().is_some();
+                // A hostDisk is opened by its path, as its owner's mode lets QEMU: its owner
+                // stays the host's (`DiskDef::host_file`).
+                disk.given_to_qemu |= disk.fd_group.take().is_some() && !disk.host_file;
                 if let Some(backing) = disk.backing.as_mut() {
                     backing.fd_group = None;
                 }
@@ -99,7 +115,8 @@ impl Launcher {
         .await
         .map_err(LauncherError::Join)?;
         def.disks = disks;
-        let opened = opened.map_err(|(volume, source)| DiskNotReady { volume, source })?;
+        let opened =
+            opened.map_err(|(volume, source)| DiskNotReady { volume, source }.named(&vmi))?;
         // QEMU's mount namespace is made from libvirtd's as QEMU starts: a pin made there
         // now is in QEMU's. Pins of volumes this start leaves out go first.
         let pinned: BTreeSet<String> = opened
@@ -195,6 +212,67 @@ impl Launcher {
 pub(super) struct DiskNotReady {
     pub(super) volume: String,
     pub(super) source: HostError,
+}
+
+impl DiskNotReady {
+    /// The error of a start: a hostDisk's named by its field in `vmi` (the host's own file,
+    /// refused or missing), any other by its volume.
+    pub(super) fn named(self, vmi: &VirtualMachineInstance) -> LauncherError {
+        let host_disk = vmi
+            .spec
+            .volumes
+            .iter()
+            .position(|v| v.name == self.volume && v.host_disk.is_some());
+        match host_disk {
+            Some(i) => LauncherError::HostFile {
+                field: format!("spec.volumes[{i}].hostDisk.path"),
+                source: self.source,
+            },
+            None => self.into(),
+        }
+    }
+}
+
+/// A disk to attach to a running domain: libvirt 9.0 cannot pass a descriptor on hot-plug
+/// ("Could not dup FD" from QEMU), so a hostDisk that would go by `fd_group` at a start is
+/// given to QEMU's user through the descriptor the launcher checked, as a hot-plugged claim is.
+pub(super) fn for_hot_plug(mut disk: DiskDef) -> DiskDef {
+    if disk.host_file {
+        disk.given_to_qemu |= disk.fd_group.take().is_some();
+    }
+    disk
+}
+
+/// The kernel and initrd of `kb` (host paths from the spec) copied into the launcher's own
+/// `boot` dir in `private_dir`, given to QEMU's user (`owner`), and `kb` pointed at the copies:
+/// libvirt has no descriptor for `<kernel>`/`<initrd>`, and QEMU opening the host's file would
+/// need it to be QEMU's. Each opened as the host's own file (`host::host_files`), at every start.
+pub(super) fn copy_boot_files(
+    kb: &mut crate::domain::KernelBootDef,
+    private_dir: &std::path::Path,
+    owner: host::NodeOwner,
+) -> Result<(), LauncherError> {
+    use host::host_files::{boot_dir, copy_boot_file, open_host_file, Kind};
+    const FIELD: &str = "spec.domain.firmware.kernelBoot.container";
+    let named = |field: &str| {
+        let field = format!("{FIELD}.{field}");
+        move |source| LauncherError::HostFile { field, source }
+    };
+    let dir = boot_dir(private_dir).map_err(named("kernelPath"))?;
+    let dir_path = private_dir.join(host::host_files::BOOT_DIR);
+    let kernel = open_host_file(&kb.kernel, Kind::Boot).map_err(named("kernelPath"))?;
+    let initrd = match &kb.initrd {
+        Some(path) => Some(open_host_file(path, Kind::Boot).map_err(named("initrdPath"))?),
+        None => None,
+    };
+    kb.kernel =
+        copy_boot_file(&kernel, &dir, &dir_path, "kernel", owner).map_err(named("kernelPath"))?;
+    if let Some(initrd) = initrd {
+        let copy = copy_boot_file(&initrd, &dir, &dir_path, "initrd", owner)
+            .map_err(named("initrdPath"))?;
+        kb.initrd = Some(copy);
+    }
+    Ok(())
 }
 
 impl From<DiskNotReady> for LauncherError {

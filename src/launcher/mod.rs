@@ -116,6 +116,14 @@ pub enum LauncherError {
         #[source]
         source: HostError,
     },
+    /// A host file the spec names (`hostDisk.path`, `kernelPath`, `initrdPath`), refused or
+    /// missing when the domain was (re)started: `field` is its path in the spec.
+    #[error("{field}")]
+    HostFile {
+        field: String,
+        #[source]
+        source: HostError,
+    },
     #[error(transparent)]
     Refused(#[from] Refusal),
     #[error("the hypervisor is unreachable")]

@@ -473,7 +473,7 @@ impl Launcher {
     fn attach_live(&self, disk: &DiskDef, persist: bool) -> bool {
         self.set_volume(disk, VolumePhase::Attaching, "", String::new());
         let owner = self.options.hotplug.node_owner;
-        let mut prepared = disk.clone();
+        let mut prepared = super::disks::for_hot_plug(disk.clone());
         let opened = match crate::host::open_for_qemu(std::slice::from_mut(&mut prepared), owner) {
             Ok(opened) => opened,
             Err((_, e)) => {

@@ -120,6 +120,13 @@ fn a_guest_moves_through_three_launchers_with_its_disks_port_and_hotplug() {
     let shared = common::disk_dir("vml-e2e-migration-");
     let host_disk = shared.path().join("host.img");
     common::sparse_file(&host_disk, 16);
+    // A migration target's QEMU opens a hostDisk by its path as its own user (no descriptor
+    // travels, and nothing relabels the host's file): the operator gives it access.
+    std::fs::set_permissions(
+        &host_disk,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
     let mut one = Launched::start_owned(|dir| pod_dir(dir, None, &[])).run(
         &spec(name, &host_disk, &[]),
         &["--publish", &format!("{published}:80")],

@@ -16,6 +16,7 @@ mod connect;
 mod debian;
 mod disk_hotplug;
 mod disk_links;
+mod host_files;
 mod hpack_bomb;
 mod kubevirt;
 mod kubevirt_migration;
