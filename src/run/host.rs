@@ -170,6 +170,12 @@ impl QemuReach {
                 // A killed launcher's entry: its id may go to another VM now.
                 let _ = crate::host::acl::revoke(&dir, |id| id == old);
             }
+            // A dir anyone may search already (`/var/run` in a pod) needs no entry.
+            if std::fs::metadata(&dir).is_ok_and(|m| {
+                std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o001 != 0
+            }) {
+                continue;
+            }
             match crate::host::acl::grant_search(&dir, uid) {
                 Ok(()) => granted.push(dir),
                 Err(e) => say(format_args!(
