@@ -1,6 +1,8 @@
 //! The launcher's link to libvirt: the connector (which starts a private daemon again when it
 //! died) and the current connection, gone while libvirt is unreachable. The lock is taken
-//! after the task slot when both are held, and only for a clone, a swap or a take.
+//! after the task slot when both are held, and only for a clone, a swap or a take. A planned
+//! restart of the private libvirtd (`daemon_restart.rs`) holds `planned` while it replaces the
+//! connection: a loss heard meanwhile is judged after it, against the new connection.
 
 use std::sync::{Arc, RwLock};
 
@@ -11,6 +13,7 @@ use crate::libvirt::{Connector, Hypervisor};
 pub(super) struct Link {
     connector: Arc<Connector>,
     current: RwLock<Option<Arc<Hypervisor>>>,
+    planned: tokio::sync::Mutex<()>,
 }
 
 impl Link {
@@ -18,6 +21,7 @@ impl Link {
         Link {
             connector,
             current: RwLock::new(Some(Arc::new(hv))),
+            planned: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -42,7 +46,22 @@ impl Link {
 
     /// A new connection replaces whatever there was.
     pub(super) fn connected(&self, hv: Hypervisor) {
-        *self.current.write().expect("link lock") = Some(Arc::new(hv));
+        drop(self.replace(hv));
+    }
+
+    /// A new connection replaces the current one, returned for the caller to drop off the
+    /// async threads: never a moment without a connection.
+    pub(super) fn replace(&self, hv: Hypervisor) -> Option<Arc<Hypervisor>> {
+        self.current
+            .write()
+            .expect("link lock")
+            .replace(Arc::new(hv))
+    }
+
+    /// Held for a planned replacement of the connection; waited for by whoever heard of a
+    /// loss before judging it.
+    pub(super) async fn planned(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.planned.lock().await
     }
 }
 

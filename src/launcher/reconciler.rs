@@ -250,7 +250,9 @@ impl Launcher {
             }
             _ if self.signals.is_closing() => false,
             HypervisorEvent::ConnectionClosed { reason } => {
-                // A close of a connection already replaced (after a daemon restart) is old news.
+                // A close of a connection already replaced (after a daemon restart) is old news;
+                // one that a planned restart causes is judged once that restart is over.
+                let _planned = self.link.planned().await;
                 let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
                 if !current_alive {
                     tracing::error!(reason, "the libvirt connection closed");
@@ -259,6 +261,7 @@ impl Launcher {
                 true
             }
             HypervisorEvent::DaemonExited { daemon } => {
+                let _planned = self.link.planned().await;
                 tracing::error!(daemon, "a private daemon exited");
                 self.hub.event(EventKind::Hypervisor {
                     event: "DaemonExited".into(),

@@ -306,6 +306,30 @@ impl PrivateDaemon {
         }
     }
 
+    /// A migration target's libvirtd, started again without its TLS listener once the migration
+    /// is over: libvirt 9.0 cannot close a listener of a running daemon (its admin API sets
+    /// client limits, which stop every socket accepting, the unix one too, and leave the port in
+    /// LISTEN). QEMU runs on and the new daemon takes it back, as after a crash; the exit of the
+    /// old one is not reported (it is planned). False if there was no listener.
+    pub fn close_tls_listener(&mut self) -> Result<bool, DaemonError> {
+        let Some(tls) = self
+            .options
+            .migration_tls
+            .as_mut()
+            .filter(|t| t.listen.is_some())
+        else {
+            return Ok(false);
+        };
+        tls.listen = None;
+        let notify = self.on_exit.lock().expect("notifier lock").take();
+        if let Some(process) = self.libvirtd.take() {
+            process.stop();
+        }
+        let started = self.ensure_running();
+        *self.on_exit.lock().expect("notifier lock") = notify;
+        started.map(|()| true)
+    }
+
     /// Where libvirtd writes each domain's QEMU log (`/var/log/libvirt/qemu` in its namespace).
     pub fn qemu_log_dir(dir: &Path) -> PathBuf {
         dir.join("log/qemu")
@@ -528,9 +552,12 @@ impl PrivateDaemon {
                 // An error means a PID-1 reaper got there first: it exited all the same.
                 let status = child.wait();
                 tracing::debug!(daemon = name, ?status, "exited");
+                // Read before the exit is marked: whoever silenced the notifier, stopped the
+                // daemon and saw it gone (`close_tls_listener`) may then restore it, and this
+                // exit is not reported.
+                let notify = on_exit.lock().expect("notifier lock").clone();
                 *flag.0.lock().expect("exit flag") = true;
                 flag.1.notify_all();
-                let notify = on_exit.lock().expect("notifier lock").clone();
                 if let Some(notify) = notify {
                     notify(name);
                 }

@@ -4,6 +4,7 @@
 //! Every call here blocks: async callers run them under `block_in_place` (the launcher's `call`)
 //! or with `spawn_blocking`, never on an async worker as it is.
 
+pub mod admin;
 pub mod capcache;
 pub mod daemon;
 mod daemon_conf;
@@ -713,6 +714,29 @@ impl Connector {
     /// The private daemon's pid, if the launcher runs one.
     pub fn daemon_pid(&self) -> Option<i32> {
         self.daemon.lock().expect("daemon lock").as_ref()?.pid()
+    }
+
+    /// Blocking. The clients of the private libvirtd's TLS listener (a migration target's).
+    pub fn tls_clients(&self) -> Result<admin::TlsClients, admin::AdminError> {
+        let dir = match &self.backend {
+            Backend::Private { dir, .. } => dir,
+            Backend::Uri(_) => return Ok(admin::TlsClients::default()),
+        };
+        admin::tls_clients(&admin::admin_uri(&dir.join("sock")))
+    }
+
+    /// Blocking. Starts the private libvirtd again without its TLS listener (see
+    /// [`daemon::PrivateDaemon::close_tls_listener`]); false if it had none. The caller's
+    /// connection is closed by it: the caller opens another.
+    pub fn close_tls_listener(&self) -> Result<bool, ConnectError> {
+        let mut slot = self.daemon.lock().expect("daemon lock");
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(ConnectError::Stopped);
+        }
+        match slot.as_mut() {
+            Some(daemon) => Ok(daemon.close_tls_listener()?),
+            None => Ok(false),
+        }
     }
 
     /// Stops the private daemon, if any (at exit).

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -142,8 +142,18 @@ impl Target<'_> {
             "prepared for the incoming migration of domain {}",
             launcher.domain_name()
         ));
+        let closing = self.opts.listen.is_some().then(|| {
+            tokio::spawn(close_tls_listener(
+                front.clone(),
+                launcher.clone(),
+                self.connector.clone(),
+            ))
+        });
         let ended = follow(&launcher, started, signals).await;
         launcher.shut_down().await;
+        if let Some(closing) = closing {
+            closing.abort();
+        }
         api.stop(self.socket).await;
         ended
     }
@@ -248,4 +258,65 @@ async fn migration_over(front: Arc<api::Front>) {
     let _ = status
         .wait_for(|s| s.migration.as_ref().is_some_and(|m| m.state.is_over()))
         .await;
+}
+
+/// The longest a target waits, once the migration is over, for the source's libvirtd to leave
+/// its TLS listener before it closes it. libvirt's peer-to-peer protocol ends with the source's
+/// Finish call to this libvirtd, then its Confirm at home, then its disconnect: a libvirtd
+/// killed under a Finish whose answer has not reached the source makes the source take the
+/// migration for failed and resume its guest, which runs here already. So a client that stays
+/// keeps the listener open; only a holder of a launcher's certificate can be one.
+const SOURCE_LEAVES: Duration = Duration::from_secs(60);
+
+/// With `--listen`: once the incoming migration is over, either way, and no client that went
+/// through the TLS handshake is left on libvirtd's TLS port (the source's libvirtd has gone),
+/// libvirtd is started again without that listener (security review N-4). Clients still in
+/// their handshake, anyone who reached the port, do not hold it open.
+async fn close_tls_listener(
+    front: Arc<api::Front>,
+    launcher: Arc<Launcher>,
+    connector: Arc<Connector>,
+) {
+    migration_over(front).await;
+    let give_up = Instant::now() + SOURCE_LEAVES;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let c = connector.clone();
+        let clients = tokio::task::spawn_blocking(move || c.tls_clients()).await;
+        match clients {
+            Ok(Ok(clients)) if clients.authenticated == 0 => {
+                tracing::info!(
+                    ?clients,
+                    "no client with a certificate left on libvirtd's TLS listener"
+                );
+                break;
+            }
+            Ok(Ok(clients)) => {
+                tracing::debug!(?clients, "libvirtd's TLS listener still has clients")
+            }
+            // Unknown is not gone: asked again until the deadline.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot list libvirtd's clients")
+            }
+            Err(e) => tracing::warn!(error = %e, "listing libvirtd's clients panicked"),
+        }
+        if Instant::now() >= give_up {
+            say(format_args!(
+                "libvirt tls: stays open, a client with a launcher's certificate is still connected {SOURCE_LEAVES:?} after the incoming migration ended"
+            ));
+            return;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+    match launcher.close_tls_listener().await {
+        Ok(true) => say(format_args!(
+            "libvirt tls: closed, the incoming migration ended"
+        )),
+        Ok(false) => {}
+        Err(e) => say(format_args!(
+            "libvirt tls: cannot close: {}",
+            crate::error_chain(&e)
+        )),
+    }
 }

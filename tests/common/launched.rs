@@ -262,6 +262,11 @@ impl Launched {
         );
     }
 
+    /// The lines the launcher printed that a wait (or its exit) read so far.
+    pub fn printed(&self) -> &[String] {
+        &self.stdout_seen
+    }
+
     /// Waits for a line on the launcher's standard output that contains `needle`.
     pub fn wait_stdout(&mut self, needle: &str, within: Duration) -> String {
         let deadline = Instant::now() + within;
