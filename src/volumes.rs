@@ -21,7 +21,8 @@ pub struct HostPaths {
     /// Where the consoles are found: `virt-serial0` and `virt-vnc`, the names KubeVirt's
     /// converter gives them (in a pod `/var/run/kubevirt-private/<vmi uid>`, where
     /// virt-handler's console server looks for them). Root's: libvirt makes the serial socket
-    /// and hands QEMU its descriptor; `virt-vnc` here is a link into `qemu_dir`.
+    /// and hands QEMU its descriptor; `virt-vnc` here is a link into `qemu_dir`. As KubeVirt's
+    /// launcher it is `qemu_dir` itself (virt-handler follows no link to `virt-vnc`).
     pub console_dir: PathBuf,
     /// QEMU's own dir, the only one it may write: what QEMU creates itself (the VNC socket, a
     /// migration target's sockets). Nothing root works in by path lives here.

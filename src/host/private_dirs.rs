@@ -23,13 +23,15 @@ use crate::volumes::{HostPaths, PRIVATE_SUBDIRS};
 /// says, for QEMU running as `qemu`.
 pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
     let root_dirs = std::iter::once(paths.private_dir.clone())
-        .chain(PRIVATE_SUBDIRS.iter().map(|d| paths.private_dir.join(d)))
-        .chain(std::iter::once(paths.console_dir.clone()));
+        .chain(PRIVATE_SUBDIRS.iter().map(|d| paths.private_dir.join(d)));
     for dir in root_dirs {
         root_dir_qemu_searches(&dir, qemu.gid)?;
     }
+    qemu_own_dir(&paths.qemu_dir, qemu)?;
+    // As KubeVirt's launcher, the consoles are in QEMU's own dir: virt-handler's console server
+    // takes `virt-vnc` only as the socket itself, never through a link (`safepath`).
     if paths.qemu_dir != paths.console_dir {
-        qemu_own_dir(&paths.qemu_dir, qemu)?;
+        root_dir_qemu_searches(&paths.console_dir, qemu.gid)?;
         link_vnc(paths)?;
     }
     Ok(())

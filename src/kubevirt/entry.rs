@@ -75,8 +75,10 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     let console_dir = flags.kubevirt_private_dir.join(&flags.uid);
     let paths = HostPaths {
         console_log: console_dir.join("virt-serial0-log"),
+        // virt-handler's console server reaches `virt-vnc` there only as the socket QEMU made
+        // (no link), so the console dir is QEMU's own (`host::private_dirs`).
+        qemu_dir: console_dir.clone(),
         console_dir,
-        qemu_dir: flags.kubevirt_private_dir.join("vmlauncher-qemu"),
         container_disk_dir: flags.container_disk_dir.clone(),
         private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
         firmware_dir: flags.ovmf_path.clone(),
