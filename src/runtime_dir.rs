@@ -69,25 +69,12 @@ impl RuntimeDir {
             }
         }
         let lock_path = path.join("lock");
-        let file = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(&lock_path)
-            .map_err(io_err)?;
-        let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => lock,
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
-                let holder = fs::read_to_string(&lock_path).unwrap_or_default();
-                return Err(RuntimeDirError::Busy {
-                    path: path.into(),
-                    holder: holder.trim().to_string(),
-                });
-            }
-            Err((_, errno)) => return Err(io_err(errno.into())),
+        let Some(mut lock) = try_lock(&lock_path).map_err(io_err)? else {
+            let holder = fs::read_to_string(&lock_path).unwrap_or_default();
+            return Err(RuntimeDirError::Busy {
+                path: path.into(),
+                holder: holder.trim().to_string(),
+            });
         };
         // Who holds it, for the message a second launcher prints.
         lock.set_len(0).map_err(io_err)?;
@@ -100,6 +87,25 @@ impl RuntimeDir {
     }
     pub fn libvirt_dir(&self) -> PathBuf {
         self.0.join("libvirt")
+    }
+}
+
+/// An exclusive `flock` on the file `path` (made 0600 if missing, never through a link), held
+/// while the returned value lives and released by the kernel when the process dies; `None`
+/// when another process holds it.
+pub(crate) fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, errno)) => Err(errno.into()),
     }
 }
 

@@ -20,7 +20,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 
 use super::qemu_user::QemuUser;
 
@@ -197,19 +197,7 @@ fn open_lock_dir(dir: &Path) -> io::Result<()> {
 
 /// The lock of `id`, or `None` when another launcher holds it.
 fn try_lock(dir: &Path, id: u32) -> io::Result<Option<Flock<fs::File>>> {
-    let file = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(dir.join(id.to_string()))?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-        Err((_, errno)) => Err(errno.into()),
-    }
+    crate::runtime_dir::try_lock(&dir.join(id.to_string()))
 }
 
 /// The uids processes run as now (the owner of `/proc/PID` is its effective uid).

@@ -40,21 +40,21 @@ fn owner_mode(path: &Path) -> (u32, u32, u32) {
     (m.uid(), m.gid(), m.mode() & 0o7777)
 }
 
-fn verb(vm: &Launched, args: &[&str]) -> String {
-    let out = Process::new(common::bin())
-        .args(args)
-        .arg("--socket")
-        .arg(vm.socket())
-        .args(["--output", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// The VM's state after the client's `verb` (which must succeed).
+fn state_after(vm: &Launched, verb: &str) -> String {
+    let out = common::cli_ok(&vm.socket(), &[verb, "--output", "json"]);
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     reply["status"]["vmState"].as_str().unwrap().to_string()
+}
+
+/// `getfacl`'s entries of `dir`, ids as numbers.
+fn acl_of(dir: &Path) -> String {
+    let out = Process::new("getfacl")
+        .args(["--omit-header", "--numeric"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[test]
@@ -62,7 +62,7 @@ fn an_escaped_qemu_changes_nothing_root_works_in_and_a_root_file_keeps_its_owner
     let name = "walls-private";
     let mut vm = Launched::start(&spec_with_secrets(name), &["--run-strategy", "manual"]);
     vm.wait_stdout("api unix:", GUEST_DEADLINE);
-    assert_eq!(verb(&vm, &["start"]), "Active");
+    assert_eq!(state_after(&vm, "start"), "Active");
     let mut console = vm.console();
     common::wait_booted(&mut console);
     let uid = qemu_id_of(vm.dir());
@@ -104,8 +104,8 @@ fn an_escaped_qemu_changes_nothing_root_works_in_and_a_root_file_keeps_its_owner
 
     // A stop and a start (what a power-off under `Always` does): libvirt, as root, works in the
     // private dir again; the guest boots; the sentinel is as it was.
-    assert_eq!(verb(&vm, &["stop"]), "Stopped");
-    assert_eq!(verb(&vm, &["start"]), "Active");
+    assert_eq!(state_after(&vm, "stop"), "Stopped");
+    assert_eq!(state_after(&vm, "start"), "Active");
     common::wait_booted(&mut console);
     assert_eq!(owner_mode(&sentinel), before);
     assert_eq!(
@@ -196,12 +196,7 @@ fn no_other_user_reads_a_claim_in_a_0700_runtime_dir_which_keeps_its_mode() {
     assert!(!reads(nobody, &image), "another user read the claim");
     // Only QEMU's id passes through: the ACL's one named entry; the owning group's and others'
     // bits are still none.
-    let acl = Process::new("getfacl")
-        .args(["--omit-header", "--numeric"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let acl = String::from_utf8(acl.stdout).unwrap();
+    let acl = acl_of(&dir);
     let qemu = qemu_id_of(&dir);
     for entry in [
         "user::rwx".to_string(),
@@ -214,11 +209,6 @@ fn no_other_user_reads_a_claim_in_a_0700_runtime_dir_which_keeps_its_mode() {
     vm.signal(nix::sys::signal::Signal::SIGTERM);
     assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
     assert_eq!(owner_mode(&dir).2, 0o700, "the operator's mode again");
-    let acl = Process::new("getfacl")
-        .args(["--omit-header", "--numeric"])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let acl = String::from_utf8(acl.stdout).unwrap();
+    let acl = acl_of(&dir);
     assert!(!acl.contains(&format!("user:{qemu}")), "{acl}");
 }
