@@ -72,6 +72,13 @@ pub fn named_users(dir: &Path) -> io::Result<Vec<u32>> {
         .collect())
 }
 
+/// Whether `file` has an access ACL beyond its mode.
+pub fn has_acl(file: &fs::File) -> bool {
+    // SAFETY: a size query (no buffer) of a NUL-terminated name.
+    let n = unsafe { libc::fgetxattr(file.as_raw_fd(), XATTR.as_ptr(), std::ptr::null_mut(), 0) };
+    n > 0
+}
+
 fn open_dir(dir: &Path) -> io::Result<fs::File> {
     fs::OpenOptions::new()
         .read(true)

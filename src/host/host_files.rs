@@ -32,6 +32,46 @@ use super::{devnode::NodeOwner, HostError};
 pub const MAX_BOOT_FILE: u64 = 512 << 20;
 /// As the kernel's own limit on links followed in one lookup.
 const MAX_LINKS: usize = 40;
+/// Whether QEMU's user (`qemu`) may open the hostDisk `file` (at `path`) as it will, by its
+/// path and as itself: where no descriptor reaches QEMU (a Sync's attach, which libvirt 9.0
+/// cannot give one; a migration target; `--connect`), the launcher changes no host file's
+/// owner, so the file's own mode must let QEMU in. A file with an ACL is left to the kernel's
+/// judgement when QEMU opens it.
+pub fn qemu_may_open(
+    file: &fs::File,
+    path: &Path,
+    qemu: NodeOwner,
+    writable: bool,
+) -> Result<(), HostError> {
+    use std::os::unix::fs::MetadataExt;
+    if qemu.uid == 0 || super::acl::has_acl(file) {
+        return Ok(());
+    }
+    let meta = file.metadata().map_err(|source| HostError::Inspect {
+        path: path.into(),
+        source,
+    })?;
+    let shift = if meta.uid() == qemu.uid {
+        6
+    } else if meta.gid() == qemu.gid {
+        3
+    } else {
+        0
+    };
+    let wanted = if writable { 0o6 } else { 0o4 };
+    if (meta.mode() >> shift) & wanted == wanted {
+        return Ok(());
+    }
+    Err(HostError::QemuMayNotOpen {
+        path: path.into(),
+        mode: meta.mode() & 0o7777,
+        owner: meta.uid(),
+        group: meta.gid(),
+        qemu: qemu.uid,
+        access: if writable { "read and write" } else { "read" },
+    })
+}
+
 /// The launcher's copies of kernels and initrds, in its private dir.
 pub const BOOT_DIR: &str = "boot";
 

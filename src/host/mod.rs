@@ -87,6 +87,15 @@ pub enum HostError {
     Pin(#[from] pin::PinError),
     #[error("{path} belongs to uid {owner}, not to the launcher: someone else made it, and root does not work in what another user controls")]
     NotOurs { path: PathBuf, owner: u32 },
+    #[error("{path} is {mode:04o} {owner}:{group}: QEMU's user {qemu} may not {access} it, and no descriptor reaches QEMU here (an attach to a running VM, a migration target, --connect); the launcher changes no host file's owner: give that user access (a group or an ACL), or name the disk before the VM starts")]
+    QemuMayNotOpen {
+        path: PathBuf,
+        mode: u32,
+        owner: u32,
+        group: u32,
+        qemu: u32,
+        access: &'static str,
+    },
     #[error("cannot inspect {path}")]
     Inspect {
         path: PathBuf,
@@ -117,6 +126,7 @@ impl HostError {
             HostError::TooLarge { .. } => "TooLarge",
             HostError::Create { .. } => "CreateFailed",
             HostError::Inspect { .. } => "SourceUnreadable",
+            HostError::QemuMayNotOpen { .. } => "QemuMayNotOpen",
             HostError::UnsafeImage { .. }
             | HostError::Link { .. }
             | HostError::UntrustedLink { .. }
@@ -270,8 +280,11 @@ pub fn open_for_qemu(
             .map_err(failed)?;
             match &disk.fd_group {
                 Some(group) => fds.push((group.clone(), file)),
-                // A hostDisk QEMU opens by its path (no descriptor here): checked, left as is.
-                None if !disk.given_to_qemu => {}
+                // A hostDisk QEMU opens by its path (no descriptor here): checked, its owner
+                // and mode left as they are, which must let QEMU in.
+                None if !disk.given_to_qemu => {
+                    host_files::qemu_may_open(&file, path, owner, !disk.readonly).map_err(failed)?
+                }
                 None => {
                     give_to(&file, path, owner).map_err(failed)?;
                     if disk.pin.is_some() {

@@ -234,11 +234,12 @@ impl DiskNotReady {
 }
 
 /// A disk to attach to a running domain: libvirt 9.0 cannot pass a descriptor on hot-plug
-/// ("Could not dup FD" from QEMU), so a hostDisk that would go by `fd_group` at a start is
-/// given to QEMU's user through the descriptor the launcher checked, as a hot-plugged claim is.
+/// ("Could not dup FD" from QEMU), so a hostDisk that would go by `fd_group` at a start goes by
+/// its path, checked, its owner the host's: its mode must let QEMU in
+/// (`host_files::qemu_may_open`).
 pub(super) fn for_hot_plug(mut disk: DiskDef) -> DiskDef {
     if disk.host_file {
-        disk.given_to_qemu |= disk.fd_group.take().is_some();
+        disk.fd_group = None;
     }
     disk
 }

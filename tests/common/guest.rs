@@ -153,8 +153,11 @@ pub fn disk_dir(prefix: &str) -> tempfile::TempDir {
 
 /// A sparse file of `mib` MiB at `path`: a raw disk image.
 pub fn sparse_file(path: impl AsRef<Path>, mib: u64) {
-    std::fs::File::create(path)
-        .unwrap()
-        .set_len(mib << 20)
+    let file = std::fs::File::create(path).unwrap();
+    file.set_len(mib << 20).unwrap();
+    // Whoever a VM's QEMU runs as may open it by its path (a Sync's attach: the launcher
+    // changes no host file's owner), as an operator who hot-plugs it grants.
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o666))
         .unwrap();
 }

@@ -204,3 +204,83 @@ fn a_host_disk_in_a_directory_others_may_write_is_refused_naming_the_field() {
     );
     assert_eq!(owner_mode(&disk), before);
 }
+
+/// A hostDisk a Sync attaches to the running VM reaches QEMU by its path (libvirt 9.0 passes
+/// no descriptor on hot-plug): a user's image that grants QEMU access is attached and keeps its
+/// owner and mode, while and after; one whose mode keeps QEMU out is refused, naming QEMU's
+/// user and the mode, and stays as it was. No owner is changed to make either work.
+#[test]
+fn a_host_disk_attached_by_a_sync_keeps_its_owner_and_one_qemu_may_not_open_is_refused() {
+    let top = tempfile::tempdir().unwrap();
+    set_mode(top.path(), 0o755);
+    let granted = users_disk(top.path());
+    set_mode(&granted, 0o666);
+    let closed = top.path().join("closed.img");
+    common::sparse_file(&closed, 4);
+    set_mode(&closed, 0o600);
+    let name = "host-hotplug";
+    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
+    let mut console = vm.boot();
+    let with_disks = guest_spec(
+        name,
+        "",
+        &[
+            ("granted", "Granted-1", &granted),
+            ("closed", "Closed-1", &closed),
+        ],
+    );
+    let file = top.path().join("sync.yaml");
+    std::fs::write(&file, &with_disks).unwrap();
+    let out = std::process::Command::new(common::bin())
+        .args([
+            "sync",
+            file.to_str().unwrap(),
+            "--output",
+            "json",
+            "--socket",
+        ])
+        .arg(vm.socket())
+        .output()
+        .unwrap();
+    // A volume that failed makes the Sync's exit non-zero; its reply says which and why.
+    assert!(!out.status.success());
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let volume = |name: &str| {
+        reply["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(volume("granted")["phase"], "Ready", "{reply}");
+    console.line("the guest sees the granted disk", GUEST_DEADLINE, |l| {
+        l.contains("VMLTEST-SERIALS") && l.contains("serial=Granted-1")
+    });
+    let closed_status = volume("closed");
+    assert_eq!(closed_status["phase"], "Failed", "{closed_status}");
+    assert_eq!(closed_status["reason"], "QemuMayNotOpen", "{closed_status}");
+    let qemu = common::qemu_id_of(vm.dir());
+    let message = closed_status["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "0600 0:0: QEMU's user {qemu} may not read and write it"
+        )),
+        "{message}"
+    );
+    assert_eq!(
+        owner_mode(&granted),
+        (NOBODY, NOBODY, 0o666),
+        "while attached"
+    );
+    assert_eq!(owner_mode(&closed), (0, 0, 0o600));
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+    assert_eq!(
+        owner_mode(&granted),
+        (NOBODY, NOBODY, 0o666),
+        "after the VM"
+    );
+    assert_eq!(owner_mode(&closed), (0, 0, 0o600));
+}
