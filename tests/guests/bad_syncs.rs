@@ -35,10 +35,7 @@ async fn every_bad_spec_sent_to_sync_is_refused_and_changes_nothing() {
     let mut vm = Launched::start(&guest_spec(name, NO_AGENT, &[]), &[]);
     let mut console = vm.boot();
     let image = vm.scratch().join("kept.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(8 << 20)
-        .unwrap();
+    common::sparse_file(&image, 8);
     let good = guest_spec(name, NO_AGENT, &[("kept", "Kept-Serial", &image)]);
     let mut client = api::connect(&vm.socket()).await.expect("gRPC socket");
     client
