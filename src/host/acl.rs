@@ -74,9 +74,29 @@ pub fn named_users(dir: &Path) -> io::Result<Vec<u32>> {
 
 /// Whether `file` has an access ACL beyond its mode.
 pub fn has_acl(file: &fs::File) -> bool {
-    // SAFETY: a size query (no buffer) of a NUL-terminated name.
-    let n = unsafe { libc::fgetxattr(file.as_raw_fd(), XATTR.as_ptr(), std::ptr::null_mut(), 0) };
-    n > 0
+    get_xattr(file, &mut []).is_ok_and(|n| n > 0)
+}
+
+/// `fgetxattr` of the ACL into `buf` (empty: its size only).
+fn get_xattr(file: &fs::File, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the name is NUL-terminated and the buffer is as long as said (a null pointer
+    // with length 0 asks for the size).
+    let n = unsafe {
+        libc::fgetxattr(
+            file.as_raw_fd(),
+            XATTR.as_ptr(),
+            if buf.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                buf.as_mut_ptr().cast()
+            },
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 fn open_dir(dir: &Path) -> io::Result<fs::File> {
@@ -89,18 +109,9 @@ fn open_dir(dir: &Path) -> io::Result<fs::File> {
 /// The dir's ACL, or the one its mode stands for when it has none.
 fn read(file: &fs::File) -> io::Result<Vec<Entry>> {
     let mut buf = vec![0u8; 4 + 8 * MAX_ENTRIES];
-    // SAFETY: the name is NUL-terminated and the buffer is as long as said.
-    let n = unsafe {
-        libc::fgetxattr(
-            file.as_raw_fd(),
-            XATTR.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENODATA) {
+    let n = match get_xattr(file, &mut buf) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {
             let mode = file.metadata()?.mode();
             let bits = |shift: u32| ((mode >> shift) & 0o7) as u16;
             return Ok(vec![
@@ -109,9 +120,9 @@ fn read(file: &fs::File) -> io::Result<Vec<Entry>> {
                 base(OTHER, bits(0)),
             ]);
         }
-        return Err(e);
-    }
-    decode(&buf[..n as usize])
+        Err(e) => return Err(e),
+    };
+    decode(&buf[..n])
 }
 
 fn base(tag: u16, perm: u16) -> Entry {

@@ -51,15 +51,8 @@ pub fn qemu_may_open(
         path: path.into(),
         source,
     })?;
-    let shift = if meta.uid() == qemu.uid {
-        6
-    } else if meta.gid() == qemu.gid {
-        3
-    } else {
-        0
-    };
     let wanted = if writable { 0o6 } else { 0o4 };
-    if (meta.mode() >> shift) & wanted == wanted {
+    if super::qemu_user::mode_permits(&meta, qemu.uid, &[qemu.gid], wanted) {
         return Ok(());
     }
     Err(HostError::QemuMayNotOpen {

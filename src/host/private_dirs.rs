@@ -27,7 +27,7 @@ pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
     for dir in root_dirs {
         root_dir_qemu_searches(&dir, qemu.gid)?;
     }
-    qemu_own_dir(&paths.qemu_dir, qemu)?;
+    qemu_own_dir(&paths.qemu_dir, qemu, 0o700)?;
     // As KubeVirt's launcher, the consoles are in QEMU's own dir: virt-handler's console server
     // takes `virt-vnc` only as the socket itself, never through a link (`safepath`).
     if paths.qemu_dir != paths.console_dir {
@@ -44,7 +44,13 @@ pub fn prepare_local(runtime_dir: &Path, qemu: NodeOwner) -> Result<(), HostErro
 
 /// `dir` made (or found) root's, `root:<gid> 0710`.
 fn root_dir_qemu_searches(dir: &Path, gid: u32) -> Result<(), HostError> {
-    let file = open_made(dir, 0o710)?;
+    roots_dir(dir, Some(gid), 0o710)
+}
+
+/// `dir` made (or found) with `mode`, refused unless it is root's (the launcher's user's);
+/// `gid`: its group then.
+fn roots_dir(dir: &Path, gid: Option<u32>, mode: u32) -> Result<(), HostError> {
+    let file = open_made(dir, mode)?;
     let meta = file.metadata().map_err(|e| inspect(dir, e))?;
     let euid = nix::unistd::geteuid().as_raw();
     if meta.uid() != euid {
@@ -53,22 +59,31 @@ fn root_dir_qemu_searches(dir: &Path, gid: u32) -> Result<(), HostError> {
             owner: meta.uid(),
         });
     }
-    nix::unistd::fchown(&file, None, Some(nix::unistd::Gid::from_raw(gid)))
-        .map_err(|e| inspect(dir, e.into()))?;
-    nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o710))
-        .map_err(|e| inspect(dir, e.into()))
+    set_owner_mode(&file, dir, None, gid, mode)
 }
 
-/// QEMU's own dir, `<uid>:<gid> 0700`.
-fn qemu_own_dir(dir: &Path, qemu: NodeOwner) -> Result<(), HostError> {
-    let file = open_made(dir, 0o700)?;
+/// QEMU's own dir, `<uid>:<gid>` with `mode` (0700; 0711 where another QEMU reaches a socket
+/// in it by name).
+fn qemu_own_dir(dir: &Path, qemu: NodeOwner, mode: u32) -> Result<(), HostError> {
+    let file = open_made(dir, mode)?;
+    set_owner_mode(&file, dir, Some(qemu.uid), Some(qemu.gid), mode)
+}
+
+/// `fchown` and `fchmod` of the opened `dir`; `None` leaves its owner or group.
+fn set_owner_mode(
+    file: &fs::File,
+    dir: &Path,
+    uid: Option<u32>,
+    gid: Option<u32>,
+    mode: u32,
+) -> Result<(), HostError> {
     nix::unistd::fchown(
-        &file,
-        Some(nix::unistd::Uid::from_raw(qemu.uid)),
-        Some(nix::unistd::Gid::from_raw(qemu.gid)),
+        file,
+        uid.map(nix::unistd::Uid::from_raw),
+        gid.map(nix::unistd::Gid::from_raw),
     )
     .map_err(|e| inspect(dir, e.into()))?;
-    nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o700))
+    nix::sys::stat::fchmod(file, nix::sys::stat::Mode::from_bits_truncate(mode))
         .map_err(|e| inspect(dir, e.into()))
 }
 
@@ -108,26 +123,14 @@ impl MigrationSockets {
     pub fn make(qemu: NodeOwner) -> Result<MigrationSockets, HostError> {
         let parent = Path::new(MIGRATION_SOCKETS);
         for dir in [parent.parent().unwrap_or(parent), parent] {
-            let file = open_made(dir, 0o711)?;
-            let meta = file.metadata().map_err(|e| inspect(dir, e))?;
-            if meta.uid() != nix::unistd::geteuid().as_raw() {
-                return Err(HostError::NotOurs {
-                    path: dir.into(),
-                    owner: meta.uid(),
-                });
-            }
-            nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o711))
-                .map_err(|e| inspect(dir, e.into()))?;
+            roots_dir(dir, None, 0o711)?;
         }
         let dir = parent.join(std::process::id().to_string());
         // A launcher killed before it removed its own, whose pid this one has now.
         if fs::symlink_metadata(&dir).is_ok() {
             fs::remove_dir_all(&dir).map_err(|e| inspect(&dir, e))?;
         }
-        qemu_own_dir(&dir, qemu)?;
-        let file = open_made(&dir, 0o711)?;
-        nix::sys::stat::fchmod(&file, nix::sys::stat::Mode::from_bits_truncate(0o711))
-            .map_err(|e| inspect(&dir, e.into()))?;
+        qemu_own_dir(&dir, qemu, 0o711)?;
         Ok(MigrationSockets(dir))
     }
 

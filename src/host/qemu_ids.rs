@@ -136,13 +136,14 @@ pub fn allocate(
     open_lock_dir(lock_dir).map_err(lock_dir_err)?;
     let previous = read_record(runtime_dir);
     let recorded = previous.filter(|id| range.contains(*id));
-    let running = process_uids();
     if let Some(id) = recorded {
         // Its QEMU may still run (a launcher restarted beside its VM): the id stays the VM's.
         if let Some(lock) = try_lock(lock_dir, id).map_err(lock_dir_err)? {
             return Ok(take(id, lock, runtime_dir, previous));
         }
     }
+    // Read once, and only when a search is needed: a few hundred directories of /proc.
+    let running = process_uids();
     for id in range.starting_at(seed_of(runtime_dir)) {
         if running.contains(&id) {
             continue;

@@ -74,6 +74,19 @@ impl QemuUser {
     }
 }
 
+/// Whether `meta`'s mode gives the user `uid` with `groups` all of `wanted`, by the class the
+/// kernel picks: owner, else group, else others ([`QemuUser::permits`]).
+pub fn mode_permits(meta: &fs::Metadata, uid: u32, groups: &[u32], wanted: u32) -> bool {
+    let shift = if meta.uid() == uid {
+        6
+    } else if groups.contains(&meta.gid()) {
+        3
+    } else {
+        0
+    };
+    (meta.mode() >> shift) & wanted == wanted
+}
+
 /// A directory on a path that QEMU's user cannot pass through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
@@ -108,14 +121,7 @@ impl QemuUser {
     /// search or execute), by the class the kernel picks: owner, else group (`groups`, from
     /// [`Self::groups`]), else others.
     pub fn permits(&self, meta: &fs::Metadata, groups: &[u32], wanted: u32) -> bool {
-        let shift = if meta.uid() == self.uid {
-            6
-        } else if groups.contains(&meta.gid()) {
-            3
-        } else {
-            0
-        };
-        (meta.mode() >> shift) & wanted == wanted
+        mode_permits(meta, self.uid, groups, wanted)
     }
 
     /// Its primary and supplementary groups (libvirt gives QEMU both).
