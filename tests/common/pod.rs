@@ -72,6 +72,9 @@ impl PlayedPod {
 
     fn down(&self) {
         let _ = podman(&["kube", "down", self.manifest().to_str().unwrap()]);
+        let _volumes = VOLUMES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut rm = vec!["volume", "rm", "-f"];
         rm.extend(self.volumes.iter().map(|(_, podman)| podman.as_str()));
         let _ = podman(&rm);
@@ -223,6 +226,11 @@ impl Renamed {
     }
 }
 
+/// Held while this process lists or removes podman volumes: `podman volume ls` fails ("no such
+/// volume") when a volume it listed is removed before it reads it, and the tests of one binary
+/// take their pods down side by side.
+static VOLUMES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Takes down the pods `<pod_base>-<pid>-<n>` and volumes `<volume_base>-<pid>-<n>` whose test
 /// process is gone: what a run that was killed before its drops ran left behind.
 fn remove_leftovers(pod_base: &str, volumes: &[(String, String)]) {
@@ -238,6 +246,9 @@ fn remove_leftovers(pod_base: &str, volumes: &[(String, String)]) {
             let _ = podman(&["pod", "rm", "-f", pod]);
         }
     }
+    let _volumes = VOLUMES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     for volume in podman_ok(&["volume", "ls", "--format", "{{.Name}}"]).lines() {
         if volumes.iter().any(|(base, _)| stale(volume, base)) {
             let _ = podman(&["volume", "rm", "-f", volume]);
