@@ -566,7 +566,8 @@ fn disks(
         };
         let (claim_readonly, shared, host_file) = match source {
             VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false, false),
-            VolumeSource::HostDisk(h) => (false, h.shared == Some(true), !resolved.block),
+            // A file or a block device: the host's either way, never relabelled.
+            VolumeSource::HostDisk(h) => (false, h.shared == Some(true), true),
             _ => (false, false, false),
         };
         // A claim's image file lies where a tenant or the node daemon writes: handed to QEMU by
@@ -621,8 +622,10 @@ fn disks(
             boot_order: disk.boot_order,
             readonly: disk.readonly() || claim_readonly,
             shareable: disk.shareable == Some(true) || shared,
-            // A hostDisk too, the host's own file, by descriptor where it can (`host_file`).
-            fd_group: ((tenant_file && !hotpluggable) || (host_file && opts.claims_by_fd))
+            // A hostDisk file too, the host's own, by descriptor where it can (`host_file`);
+            // libvirt 9.0 passes no descriptor for a block device, which QEMU opens by its path.
+            fd_group: ((tenant_file && !hotpluggable)
+                || (host_file && !resolved.block && opts.claims_by_fd))
                 .then(|| format!("vml-{}", disk.name)),
             given_to_qemu,
             host_file,

@@ -389,9 +389,10 @@ pub struct DiskDef {
     /// by `fdgroup` ("Could not dup FD" from QEMU on `blockdev-add`): QEMU opens these by path,
     /// as its unprivileged user.
     pub given_to_qemu: bool,
-    /// The host's own file (a spec's `hostDisk`, not a block device): walked and opened by the
-    /// launcher at every start (`host::host_files`) and passed by `fd_group` where it can be;
-    /// libvirt never relabels it (`relabel='no'`): its owner and mode stay the host's.
+    /// The host's own file (a spec's `hostDisk`, a file or a block device): walked and opened by
+    /// the launcher at every start (`host::host_files`) and passed by `fd_group` where it can be
+    /// (a file at a start); libvirt never relabels it (`relabel='no'`): its owner and mode stay
+    /// the host's, and where QEMU opens it by path they must let QEMU in.
     pub host_file: bool,
     /// Where QEMU opens a tenant's image when it does not get it by descriptor (`fd_group`:
     /// a hot-plug, or a migration target, whose descriptors cannot travel): the launcher's pin

@@ -85,7 +85,8 @@ pub fn open_host_file(path: &Path, kind: Kind) -> Result<fs::File, HostError> {
         Kind::Disk { create, .. } => create,
         Kind::Boot => None,
     };
-    let (dir, name) = walk_to_parent(path, create.is_some())?;
+    let make_dirs = create.map(|_| Mode::from_bits_truncate(0o755));
+    let (dir, name) = walk_to_parent(path, make_dirs)?;
     let failed = |e: Errno| match e {
         Errno::ENOENT => HostError::Missing { path: path.into() },
         Errno::ELOOP => HostError::Link { path: path.into() },
@@ -187,8 +188,11 @@ fn only_root_writes(dir: &OwnedFd) -> bool {
 
 /// The directory `path`'s last component is in, opened, and that component (after following
 /// links root put there). `make_dirs`: directories on the way that are not there are made
-/// (0755, root's), as `DiskOrCreate` does.
-fn walk_to_parent(path: &Path, make_dirs: bool) -> Result<(OwnedFd, OsString), HostError> {
+/// root's with that mode (`DiskOrCreate` makes them 0755; the launcher's own, 0711).
+pub(super) fn walk_to_parent(
+    path: &Path,
+    make_dirs: Option<Mode>,
+) -> Result<(OwnedFd, OsString), HostError> {
     let failed = |e: Errno| HostError::Inspect {
         path: path.into(),
         source: e.into(),
@@ -248,8 +252,8 @@ fn walk_to_parent(path: &Path, make_dirs: bool) -> Result<(OwnedFd, OsString), H
             let dir = stack.pop().expect("the root stays");
             return Ok((dir, name));
         }
-        if st.is_none() && make_dirs {
-            match mkdirat(dir, name.as_os_str(), Mode::from_bits_truncate(0o755)) {
+        if let (None, Some(mode)) = (&st, make_dirs) {
+            match mkdirat(dir, name.as_os_str(), mode) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => {
                     return Err(HostError::Create {

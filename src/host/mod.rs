@@ -33,6 +33,7 @@ mod qcow2;
 pub mod qemu_ids;
 pub mod qemu_user;
 pub(crate) mod records;
+pub mod root_dir;
 pub mod watch;
 
 pub use devnode::{DevNumber, NodeOwner};
@@ -40,12 +41,14 @@ pub use devnode::{DevNumber, NodeOwner};
 use std::collections::BTreeSet;
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::volumes::{Backing, Preparation, ResolvedVolume};
 use cidata::build_cidata;
+use nix::sys::stat::SFlag;
 use qcow2::create_qcow2;
+use root_dir::RootDir;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -362,24 +365,24 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
             host_files::open_host_file(path, kind).map(drop)
         }
         Preparation::EmptyQcow2 { capacity } => {
-            if path.exists() {
+            let (dir, name) = RootDir::of_file(path)?;
+            match dir.kind_of(name)? {
                 // Kept across restarts of the launcher: an empty disk lives as long as the VMI.
-                return prepare_host_disk(path, None);
+                Some(SFlag::S_IFREG) => Ok(()),
+                Some(_) => Err(HostError::NotADisk { path: path.into() }),
+                None => create_qcow2(&dir, name, *capacity, None).map(drop),
             }
-            make_parent(path)?;
-            create_qcow2(path, *capacity, None)
         }
         Preparation::Overlay { backing, trust } => {
             let (format, size) = backing_info(backing, *trust)?;
-            make_parent(path)?;
+            let (dir, name) = RootDir::of_file(path)?;
             // Ephemeral by design: every start begins from the image, as KubeVirt's do.
-            crate::durable::remove_if_present(path).map_err(|source| HostError::Create {
-                path: path.into(),
-                source,
-            })?;
-            create_qcow2(path, size, Some((backing, format)))
+            create_qcow2(&dir, name, size, Some((backing, format))).map(drop)
         }
-        Preparation::CloudInit { files } => build_cidata(path, files),
+        Preparation::CloudInit { files } => {
+            let (dir, name) = RootDir::of_file(path)?;
+            build_cidata(&dir, name, files).map(drop)
+        }
     }
 }
 
@@ -399,22 +402,6 @@ pub fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<
         })
         .map(|c| c.volume.clone())
         .collect()
-}
-
-/// Makes `path`'s directory (root's, searched by QEMU, listed and written by no one else) if
-/// it is missing.
-pub(super) fn make_parent(path: &Path) -> Result<(), HostError> {
-    match path.parent() {
-        Some(parent) => fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o711)
-            .create(parent)
-            .map_err(|source| HostError::Create {
-                path: parent.into(),
-                source,
-            }),
-        None => Ok(()),
-    }
 }
 
 /// The format and virtual size of an overlay's backing image, as `trust` allows knowing them: a

@@ -1,8 +1,8 @@
-//! The directories the launcher keeps for one VM, and who may write each. Root (the launcher,
-//! and libvirt as root) works in the private dir by path: it writes the images it makes there,
-//! and libvirt chowns what a domain names. A directory QEMU's user could write would let an
-//! escaped guest swap one of those paths for a link to any host file, which root would then
-//! write or give to QEMU. So:
+//! The directories the launcher keeps for one VM, and who may write each. Root works in the
+//! private dir: the launcher makes its images there (through an opened directory,
+//! `root_dir::RootDir`), and libvirt, as root, opens by path what a domain names. A directory
+//! QEMU's user could write would let an escaped guest swap one of those paths for a link to any
+//! host file, which root would then write or give to QEMU. So:
 //! - the private dir, its subdirectories and the console dir are root's, `0710` with QEMU's
 //!   group (search, never write), checked every time they are prepared: opened once, not
 //!   through a link, and refused when not root's own (a dir QEMU put in place of one);
@@ -31,8 +31,8 @@ pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
     // As KubeVirt's launcher, the consoles are in QEMU's own dir: virt-handler's console server
     // takes `virt-vnc` only as the socket itself, never through a link (`safepath`).
     if paths.qemu_dir != paths.console_dir {
-        root_dir_qemu_searches(&paths.console_dir, qemu.gid)?;
-        link_vnc(paths)?;
+        let console = root_dir_qemu_searches(&paths.console_dir, qemu.gid)?;
+        link_vnc(&console, paths)?;
     }
     Ok(())
 }
@@ -42,14 +42,14 @@ pub fn prepare_local(runtime_dir: &Path, qemu: NodeOwner) -> Result<(), HostErro
     prepare(&HostPaths::local(runtime_dir), qemu)
 }
 
-/// `dir` made (or found) root's, `root:<gid> 0710`.
-fn root_dir_qemu_searches(dir: &Path, gid: u32) -> Result<(), HostError> {
+/// `dir` made (or found) root's, `root:<gid> 0710`, and opened.
+fn root_dir_qemu_searches(dir: &Path, gid: u32) -> Result<fs::File, HostError> {
     roots_dir(dir, Some(gid), 0o710)
 }
 
 /// `dir` made (or found) with `mode`, refused unless it is root's (the launcher's user's);
-/// `gid`: its group then.
-fn roots_dir(dir: &Path, gid: Option<u32>, mode: u32) -> Result<(), HostError> {
+/// `gid`: its group then. Returns it opened.
+fn roots_dir(dir: &Path, gid: Option<u32>, mode: u32) -> Result<fs::File, HostError> {
     let file = open_made(dir, mode)?;
     let meta = file.metadata().map_err(|e| inspect(dir, e))?;
     let euid = nix::unistd::geteuid().as_raw();
@@ -59,7 +59,8 @@ fn roots_dir(dir: &Path, gid: Option<u32>, mode: u32) -> Result<(), HostError> {
             owner: meta.uid(),
         });
     }
-    set_owner_mode(&file, dir, None, gid, mode)
+    set_owner_mode(&file, dir, None, gid, mode)?;
+    Ok(file)
 }
 
 /// QEMU's own dir, `<uid>:<gid>` with `mode` (0700; 0711 where another QEMU reaches a socket
@@ -149,17 +150,23 @@ impl Drop for MigrationSockets {
 
 /// `console_dir/virt-vnc`, a link into QEMU's dir, relative: virt-handler reaches it through
 /// `/proc/<pid>/root`, where an absolute link would resolve in its own root. Whatever was
-/// there (an older layout's socket, a link) is replaced: the console dir is root's.
-fn link_vnc(paths: &HostPaths) -> Result<(), HostError> {
+/// there (an older layout's socket, a link) is replaced: the console dir (`console`, opened)
+/// is root's.
+fn link_vnc(console: &fs::File, paths: &HostPaths) -> Result<(), HostError> {
+    use nix::unistd::{symlinkat, unlinkat, UnlinkatFlags};
     let link = paths.vnc_link();
+    let name = link.file_name().unwrap_or_default();
     let target = relative(&paths.console_dir, &paths.vnc_socket());
-    if fs::read_link(&link).is_ok_and(|t| t == target) {
+    if nix::fcntl::readlinkat(console, name).is_ok_and(|t| Path::new(&t) == target) {
         return Ok(());
     }
-    crate::durable::remove_if_present(&link).map_err(|e| inspect(&link, e))?;
-    std::os::unix::fs::symlink(&target, &link).map_err(|source| HostError::Create {
+    match unlinkat(console, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(inspect(&link, e.into())),
+    }
+    symlinkat(target.as_path(), console, name).map_err(|e| HostError::Create {
         path: link.clone(),
-        source,
+        source: e.into(),
     })
 }
 

@@ -2,10 +2,13 @@
 //! natively so that the launcher needs no `qemu-img`. What a foreign image's header may be is
 //! `image_check`'s; where each image goes is `volumes`'.
 
-use std::io;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{self, Write};
 use std::path::Path;
 
 use super::image_check::QCOW2_MAGIC;
+use super::root_dir::RootDir;
 use super::HostError;
 
 const CLUSTER_BITS: u32 = 16;
@@ -15,13 +18,16 @@ pub(super) const CLUSTER: u64 = 1 << CLUSTER_BITS;
 /// given. Written natively, so that the launcher needs no `qemu-img`: the layout is the one
 /// `qemu-img create` makes — header (with the backing format extension and backing name),
 /// refcount table, one refcount block, and the L1 table, each in a cluster of its own.
+/// Written as `name` in `dir`, `0600` (QEMU's user is given it later, by descriptor).
 pub(super) fn create_qcow2(
-    path: &Path,
+    dir: &RootDir,
+    name: &OsStr,
     size: u64,
     backing: Option<(&Path, &str)>,
-) -> Result<(), HostError> {
+) -> Result<fs::File, HostError> {
+    let path = dir.path().join(name);
     let create = |source| HostError::Create {
-        path: path.into(),
+        path: path.clone(),
         source,
     };
     let l2_coverage = CLUSTER * (CLUSTER / 8);
@@ -75,10 +81,10 @@ pub(super) fn create_qcow2(
         header.extend_from_slice(name.as_bytes());
     }
     if header.len() as u64 > CLUSTER {
-        return Err(HostError::Create {
-            path: path.into(),
-            source: io::Error::new(io::ErrorKind::InvalidInput, "backing file name too long"),
-        });
+        return Err(create(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "backing file name too long",
+        )));
     }
 
     let mut image = vec![0u8; (clusters * CLUSTER) as usize];
@@ -89,9 +95,8 @@ pub(super) fn create_qcow2(
         let at = refcount_block as usize + cluster * 2;
         image[at..at + 2].copy_from_slice(&1u16.to_be_bytes());
     }
-    // Written aside under a fresh random name (O_EXCL: never through a symlink someone planted)
-    // and renamed: a half-written image is never used.
-    crate::durable::write_atomically(path, &image).map_err(create)
+    // Written aside and renamed: a half-written image is never used.
+    dir.replace_with(name, 0o600, |file| file.write_all(&image).map_err(create))
 }
 
 #[cfg(test)]
@@ -110,8 +115,9 @@ pub(super) mod tests {
     ) -> (tempfile::TempDir, PathBuf, PathBuf) {
         let (dir, base) = crate::testing::temp_path("base.img");
         fs::File::create(&base).unwrap().set_len(size).unwrap();
+        let opened = RootDir::open(dir.path()).unwrap();
+        create_qcow2(&opened, OsStr::new(overlay), size, Some((&base, "raw"))).unwrap();
         let overlay = dir.path().join(overlay);
-        create_qcow2(&overlay, size, Some((&base, "raw"))).unwrap();
         (dir, base, overlay)
     }
 

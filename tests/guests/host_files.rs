@@ -284,3 +284,56 @@ fn a_host_disk_attached_by_a_sync_keeps_its_owner_and_one_qemu_may_not_open_is_r
     );
     assert_eq!(owner_mode(&closed), (0, 0, 0o600));
 }
+
+/// A hostDisk that is a block device (a node for a loop device in a user's directory: `/dev`
+/// itself is no hostDisk's) keeps its owner and mode: libvirt 9.0 passes no descriptor for a
+/// block device, so QEMU opens it by its path as its own user, and libvirt never relabels it
+/// (security review N-5: the node was QEMU's for the VM's life and `root:root` after). A node
+/// whose mode keeps QEMU's user out is refused at the start, naming the field and the user;
+/// one that lets it in reaches the guest, and keeps its owner and mode while and after.
+#[test]
+fn a_block_device_host_disk_keeps_its_owner_and_mode_and_one_qemu_may_not_open_is_refused() {
+    let name = "hostdisk-block";
+    let scratch = common::disk_dir("vml-e2e-hostblock-");
+    let lo = common::Loop::new(scratch.path(), "hostdisk", 16, false);
+    let disk_group = nix::unistd::Group::from_name("disk")
+        .unwrap()
+        .expect("a disk group")
+        .gid
+        .as_raw();
+    let node = scratch.path().join("data.blk");
+    nix::sys::stat::mknod(
+        &node,
+        nix::sys::stat::SFlag::S_IFBLK,
+        nix::sys::stat::Mode::from_bits_truncate(0o660),
+        nix::sys::stat::makedev(lo.major.into(), lo.minor.into()),
+    )
+    .unwrap();
+    std::os::unix::fs::chown(&node, Some(NOBODY), Some(disk_group)).unwrap();
+    set_mode(&node, 0o660);
+    let spec = guest_spec(name, "", &[("data", "Data-1", &node)]);
+
+    let mut closed = Launched::start(&spec, &[]);
+    let code = closed.wait_exit(GUEST_DEADLINE).code();
+    let stderr = closed.stderr_text();
+    assert_eq!(code, Some(4), "{stderr}");
+    assert!(stderr.contains("spec.volumes[0].hostDisk.path"), "{stderr}");
+    assert!(stderr.contains("QEMU's user"), "{stderr}");
+    assert_eq!(owner_mode(&node), (NOBODY, disk_group, 0o660));
+    drop(closed);
+
+    set_mode(&node, 0o666);
+    let expected = (NOBODY, disk_group, 0o666);
+    let mut vm = Launched::start(&spec, &[]);
+    let mut console = vm.boot();
+    sees_the_disk(&mut console);
+    assert_eq!(owner_mode(&node), expected, "while the VM runs");
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        vm.wait_exit(GUEST_DEADLINE).code(),
+        Some(0),
+        "{}",
+        vm.stderr_text()
+    );
+    assert_eq!(owner_mode(&node), expected, "after the VM");
+}
