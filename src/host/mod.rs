@@ -34,6 +34,7 @@ pub mod qemu_ids;
 pub mod qemu_user;
 pub(crate) mod records;
 pub mod root_dir;
+pub mod tpm_state;
 pub mod watch;
 
 pub use devnode::{DevNumber, NodeOwner};

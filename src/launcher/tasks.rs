@@ -253,6 +253,7 @@ impl Launcher {
             fds,
             not_ready,
         } = self.ready_definition(true).await?;
+        self.clear_tpm_state(&def)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
         self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
@@ -280,6 +281,28 @@ impl Launcher {
                     source.to_string(),
                 ),
             }
+        }
+        Ok(())
+    }
+
+    /// Before libvirt, as root, chowns what is in the TPM's state dir (`host::tpm_state`):
+    /// what swtpm's user (QEMU's) put there that is no state file goes.
+    fn clear_tpm_state(&self, def: &crate::domain::DomainDef) -> Result<(), LauncherError> {
+        let (Some(_), Some(uuid), Some(dir)) = (
+            &def.tpm,
+            def.uuid.as_deref(),
+            self.link.connector().swtpm_dir(),
+        ) else {
+            return Ok(());
+        };
+        let removed = crate::host::tpm_state::remove_planted(&dir, uuid).map_err(|source| {
+            LauncherError::HostFile {
+                field: "spec.domain.devices.tpm".into(),
+                source,
+            }
+        })?;
+        if !removed.is_empty() {
+            tracing::warn!(?removed, "removed what was no TPM state from the TPM's state dir: libvirt would have chowned where each leads");
         }
         Ok(())
     }

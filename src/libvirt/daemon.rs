@@ -335,6 +335,11 @@ impl PrivateDaemon {
         dir.join("log/qemu")
     }
 
+    /// Where libvirtd keeps swtpm's state (`/var/lib/libvirt/swtpm` in its namespace).
+    pub fn swtpm_dir(dir: &Path) -> PathBuf {
+        dir.join("lib/swtpm")
+    }
+
     fn log_path(&self, name: &str) -> PathBuf {
         self.dir.join(format!("{name}.log"))
     }

@@ -711,6 +711,15 @@ impl Connector {
         matches!(&self.backend, Backend::Private { options, .. } if !options.domain_namespace)
     }
 
+    /// Where the private daemon keeps swtpm's state (its `/var/lib/libvirt/swtpm`); `None`
+    /// for a `--connect`ed libvirt, whose state is that daemon's own.
+    pub fn swtpm_dir(&self) -> Option<std::path::PathBuf> {
+        match &self.backend {
+            Backend::Private { dir, .. } => Some(daemon::PrivateDaemon::swtpm_dir(dir)),
+            Backend::Uri(_) => None,
+        }
+    }
+
     /// The private daemon's pid, if the launcher runs one.
     pub fn daemon_pid(&self) -> Option<i32> {
         self.daemon.lock().expect("daemon lock").as_ref()?.pid()

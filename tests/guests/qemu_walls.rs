@@ -212,3 +212,78 @@ fn no_other_user_reads_a_claim_in_a_0700_runtime_dir_which_keeps_its_mode() {
     let acl = acl_of(&dir);
     assert!(!acl.contains(&format!("user:{qemu}")), "{acl}");
 }
+
+/// swtpm runs as the VM's QEMU id and its state dir is that id's; libvirt, as root, chowns
+/// every "regular file" there at each start, following links (`virFileChownFiles`). A link to
+/// a root-only file that an escaped QEMU puts there (from QEMU's own mount namespace, where the
+/// dir is `/var/lib/libvirt/swtpm/<uuid>/tpm2`) is gone before the next start, whose guest
+/// still finds its TPM; the file keeps its owner, mode and content.
+#[test]
+fn a_link_an_escaped_qemu_puts_in_the_tpm_state_never_gives_it_the_file() {
+    const UUID: &str = "2f1d0a8e-6c1b-4e55-9a34-5b0f6f7c1a0c";
+    let name = "walls-tpm";
+    let text = guest_vmi(
+        name,
+        "",
+        "    devices:\n      autoattachGraphicsDevice: false\n      tpm: {persistent: true}\n",
+        "",
+    )
+    .replace(
+        "    firmware:\n",
+        &format!("    firmware:\n      uuid: {UUID}\n"),
+    );
+    let mut vm = Launched::start(&text, &["--run-strategy", "manual"]);
+    vm.wait_stdout("api unix:", GUEST_DEADLINE);
+    assert_eq!(state_after(&vm, "start"), "Active");
+    let mut console = vm.console();
+    let tpm = |console: &mut vmlauncher::console::ConsoleLog| {
+        common::ConsoleWait::line(console, "the guest's TPM report", GUEST_DEADLINE, |l| {
+            l == "VMLTEST-TPM tpm0"
+        })
+    };
+    tpm(&mut console);
+    assert_eq!(state_after(&vm, "stop"), "Stopped");
+
+    let sentinel_dir = tempfile::tempdir().unwrap();
+    let sentinel = sentinel_dir.path().join("root-only");
+    std::fs::write(&sentinel, "ROOT-ONLY-SENTINEL\n").unwrap();
+    std::fs::set_permissions(&sentinel, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(sentinel_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let uid = qemu_id_of(vm.dir());
+    let libvirtd = std::fs::read_to_string(vm.dir().join("libvirt/libvirtd.pid")).unwrap();
+    let planted = format!("/var/lib/libvirt/swtpm/{UUID}/tpm2/planted");
+    let out = Process::new("nsenter")
+        .args(["-t", libvirtd.trim(), "-m", "--"])
+        .args(qemu_command_line(uid))
+        .args(["ln", "-s"])
+        .arg(&sentinel)
+        .arg(&planted)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "QEMU's id could not put the link in its TPM state: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state = vm.dir().join(format!("libvirt/lib/swtpm/{UUID}/tpm2"));
+    assert!(std::fs::symlink_metadata(state.join("planted")).is_ok());
+
+    assert_eq!(state_after(&vm, "start"), "Active");
+    tpm(&mut console);
+    assert_eq!(owner_mode(&sentinel), (0, 0, 0o600));
+    assert_eq!(
+        std::fs::read_to_string(&sentinel).unwrap(),
+        "ROOT-ONLY-SENTINEL\n"
+    );
+    assert!(std::fs::symlink_metadata(state.join("planted")).is_err());
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
+}
+
+/// [`qemu_command`]'s program and arguments, for another program to run (`nsenter`).
+fn qemu_command_line(uid: u32) -> Vec<std::ffi::OsString> {
+    let c = qemu_command(uid);
+    std::iter::once(c.get_program().to_owned())
+        .chain(c.get_args().map(ToOwned::to_owned))
+        .collect()
+}
