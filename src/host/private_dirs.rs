@@ -8,7 +8,10 @@
 //!   through a link, and refused when not root's own (a dir QEMU put in place of one);
 //! - QEMU's own dir (`HostPaths::qemu_dir`, `0700` its user's) holds only what QEMU creates
 //!   itself: the VNC socket and a migration target's sockets. Root never writes into it by
-//!   path; the console dir's `virt-vnc` is a link (root's) into it.
+//!   path; the console dir's `virt-vnc` is a link (root's) into it;
+//! - as KubeVirt's launcher, where QEMU binds `virt-vnc` in the console dir itself, that dir is
+//!   root's and sticky (`root:<gid> 1770`): QEMU's entries and root's live side by side, and
+//!   neither QEMU nor anyone but root may remove, rename or replace root's.
 
 use std::fs;
 use std::io;
@@ -27,14 +30,55 @@ pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
     for dir in root_dirs {
         root_dir_qemu_searches(&dir, qemu.gid)?;
     }
-    qemu_own_dir(&paths.qemu_dir, qemu, 0o700)?;
-    // As KubeVirt's launcher, the consoles are in QEMU's own dir: virt-handler's console server
-    // takes `virt-vnc` only as the socket itself, never through a link (`safepath`).
     if paths.qemu_dir != paths.console_dir {
+        qemu_own_dir(&paths.qemu_dir, qemu, 0o700)?;
         let console = root_dir_qemu_searches(&paths.console_dir, qemu.gid)?;
         link_vnc(&console, paths)?;
+    } else {
+        // As KubeVirt's launcher: virt-handler's console server takes `virt-vnc` only as the
+        // socket itself, never through a link (`safepath`), so QEMU binds it in the console
+        // dir, where libvirt (root) binds the serial socket and opens its log by path. The dir
+        // is root's and sticky: QEMU adds its socket, and cannot remove, rename or replace
+        // what root put there; the log is made root's here before libvirt opens it.
+        let console = roots_dir(&paths.console_dir, Some(qemu.gid), STICKY_SHARED)?;
+        if paths.console_log.parent() == Some(paths.console_dir.as_path()) {
+            roots_log(&console, paths, qemu.gid)?;
+        }
     }
     Ok(())
+}
+
+/// A dir root and QEMU's group both add to, where each may remove only its own entries.
+const STICKY_SHARED: u32 = 0o1770;
+
+/// The serial console's log in the (sticky) console dir: a regular file of root's,
+/// `root:<gid> 0640` (KubeVirt's `guest-console-log` container reads it as QEMU's group).
+/// Whatever else is at its name (what QEMU put there before root made it: a link to a file
+/// libvirt would then append to) is removed first, never followed.
+fn roots_log(console: &fs::File, paths: &HostPaths, gid: u32) -> Result<(), HostError> {
+    use nix::fcntl::{openat, AtFlags, OFlag};
+    use nix::sys::stat::{fstatat, Mode, SFlag};
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    let log = &paths.console_log;
+    let name = log.file_name().unwrap_or_default();
+    let failed = |e: nix::errno::Errno| inspect(log, e.into());
+    let euid = nix::unistd::geteuid().as_raw();
+    match fstatat(console, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st)
+            if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
+                && st.st_uid == euid => {}
+        Ok(_) => unlinkat(console, name, UnlinkatFlags::NoRemoveDir).map_err(failed)?,
+        Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => return Err(failed(e)),
+    }
+    let file = openat(
+        console,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o640),
+    )
+    .map_err(failed)?;
+    set_owner_mode(&fs::File::from(file), log, None, Some(gid), 0o640)
 }
 
 /// [`prepare`] for a host run's runtime dir (`HostPaths::local`).
@@ -248,6 +292,76 @@ mod tests {
         fs::set_permissions(&paths.private_dir, fs::Permissions::from_mode(0o770)).unwrap();
         prepare(&paths, qemu).unwrap();
         assert_eq!(stat(&paths.private_dir), (0, 3_999_302, 0o710));
+    }
+
+    /// Runs `script` with `sh -c` as `uid`, its group `gid` only (`setpriv`): QEMU's user.
+    fn sh_as(uid: u32, gid: u32, script: &str) -> bool {
+        std::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={gid}"),
+                "--clear-groups",
+                "sh",
+                "-c",
+                script,
+            ])
+            .status()
+            .expect("setpriv")
+            .success()
+    }
+
+    #[test]
+    fn kubevirts_console_dir_is_roots_and_sticky_and_its_log_roots_whatever_qemu_put_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let console_dir = tmp.path().join("kubevirt-private/uid-1");
+        let paths = HostPaths {
+            private_dir: tmp.path().join("ephemeral/vmlauncher"),
+            console_log: console_dir.join("virt-serial0-log"),
+            qemu_dir: console_dir.clone(),
+            console_dir: console_dir.clone(),
+            ..HostPaths::local(tmp.path())
+        };
+        let qemu = NodeOwner {
+            uid: 3_999_301,
+            gid: 3_999_302,
+        };
+        let target = tmp.path().join("root-only");
+        fs::write(&target, "keep").unwrap();
+        fs::create_dir_all(&console_dir).unwrap();
+        // What QEMU would have put at the log's name before root made it.
+        std::os::unix::fs::symlink(&target, &paths.console_log).unwrap();
+        prepare(&paths, qemu).unwrap();
+        assert_eq!(stat(&console_dir), (0, 3_999_302, 0o1770));
+        assert_eq!(stat(&paths.console_log), (0, 3_999_302, 0o640));
+        assert_eq!(stat(&target), (0, 0, 0o644));
+        assert_eq!(fs::read_to_string(&target).unwrap(), "keep");
+
+        // QEMU adds its own entries (the VNC socket), and cannot touch root's.
+        let (d, l, t) = (
+            console_dir.display(),
+            paths.console_log.display(),
+            target.display(),
+        );
+        assert!(sh_as(3_999_301, 3_999_302, &format!("touch {d}/virt-vnc")));
+        for attack in [
+            format!("rm -f {l}"),
+            format!("mv {l} {d}/moved"),
+            format!("ln -sf {t} {l}"),
+            format!("echo x >> {l}"),
+        ] {
+            assert!(
+                !sh_as(3_999_301, 3_999_302, &attack),
+                "QEMU could: {attack}"
+            );
+        }
+        // A second start keeps what is root's and the guest's output in it.
+        fs::write(&paths.console_log, "boot line\n").unwrap();
+        prepare(&paths, qemu).unwrap();
+        assert_eq!(
+            fs::read_to_string(&paths.console_log).unwrap(),
+            "boot line\n"
+        );
     }
 
     #[test]
