@@ -109,7 +109,7 @@ fn roots_dir(dir: &Path, gid: Option<u32>, mode: u32) -> Result<fs::File, HostEr
 
 /// QEMU's own dir, `<uid>:<gid>` with `mode` (0700; 0711 where another QEMU reaches a socket
 /// in it by name).
-fn qemu_own_dir(dir: &Path, qemu: NodeOwner, mode: u32) -> Result<(), HostError> {
+pub(crate) fn qemu_own_dir(dir: &Path, qemu: NodeOwner, mode: u32) -> Result<(), HostError> {
     let file = open_made(dir, mode)?;
     set_owner_mode(&file, dir, Some(qemu.uid), Some(qemu.gid), mode)
 }
@@ -215,7 +215,7 @@ fn link_vnc(console: &fs::File, paths: &HostPaths) -> Result<(), HostError> {
 }
 
 /// `to` as a path relative to the directory `from` (both absolute).
-fn relative(from: &Path, to: &Path) -> PathBuf {
+pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {
     let from: Vec<Component> = from.components().collect();
     let to: Vec<Component> = to.components().collect();
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();

@@ -10,7 +10,9 @@
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
+
+use crate::host::NodeOwner;
 
 use crate::launcher::IncomingPlan;
 
@@ -21,12 +23,8 @@ const BLOCK_MIGRATION_PORT: u16 = 49153;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
-    #[error("cannot prepare {path} for the incoming migration's sockets")]
-    Dir {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("cannot prepare the dir of the incoming migration's sockets")]
+    Dir(#[from] crate::host::HostError),
     #[error("cannot show this launcher's libvirt at {link}")]
     Link {
         link: PathBuf,
@@ -83,16 +81,8 @@ pub fn kubevirt_plan(
 /// there (KubeVirt gives the dir to its QEMU user the same way).
 pub fn prepare_proxy_dir(share: &Path, uid: u32, gid: u32) -> Result<PathBuf, SocketError> {
     let dir = proxy_dir(share);
-    let err = |source| SocketError::Dir {
-        path: dir.clone(),
-        source,
-    };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(&dir)
-        .map_err(err)?;
-    std::os::unix::fs::chown(&dir, Some(uid), Some(gid)).map_err(err)?;
+    // Opened as itself and given by its descriptor: never a link's target.
+    crate::host::private_dirs::qemu_own_dir(&dir, NodeOwner { uid, gid }, 0o755)?;
     Ok(dir)
 }
 
@@ -120,7 +110,7 @@ pub fn show_libvirt(link: &Path, socket: &Path) -> Result<(), SocketError> {
         .map_err(err)?;
     let from = link_dir.canonicalize().map_err(err)?;
     let to = socket_dir.canonicalize().map_err(err)?.join(socket_name);
-    let wanted = relative(&from, &to);
+    let wanted = crate::host::private_dirs::relative(&from, &to);
     match fs::symlink_metadata(link) {
         Ok(m) if m.file_type().is_symlink() => {
             if fs::read_link(link).map_err(err)? == wanted {
@@ -147,21 +137,6 @@ pub fn show_libvirt(link: &Path, socket: &Path) -> Result<(), SocketError> {
         tracing::warn!(link = %link.display(), "the libvirt socket link leads to no socket yet");
     }
     Ok(())
-}
-
-/// `to` as seen from the directory `from`, both absolute and resolved.
-fn relative(from: &Path, to: &Path) -> PathBuf {
-    let from: Vec<Component> = from.components().collect();
-    let to: Vec<Component> = to.components().collect();
-    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
-    let mut path = PathBuf::new();
-    for _ in common..from.len() {
-        path.push("..");
-    }
-    for part in &to[common..] {
-        path.push(part);
-    }
-    path
 }
 
 #[cfg(test)]
