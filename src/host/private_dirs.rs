@@ -256,6 +256,13 @@ mod tests {
         );
     }
 
+    #[test]
+    fn relative_paths_climb_to_the_common_dir() {
+        let r = |a: &str, b: &str| relative(Path::new(a), Path::new(b));
+        assert_eq!(r("/a/b", "/a/b/c"), Path::new("c"));
+        assert_eq!(r("/a/b", "/x"), Path::new("../../x"));
+    }
+
     fn paths_in(rt: &Path) -> HostPaths {
         HostPaths::local(rt)
     }
