@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::spec::{VirtualMachineInstance, Volume, VolumeSource};
+use crate::spec::{CloudInitNoCloud, VirtualMachineInstance, Volume, VolumeSource};
 
 /// The directories volume sources resolve under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -287,53 +287,61 @@ pub fn resolve_source(
                 trust: Backing::Claim { block },
             },
         ),
-        VolumeSource::CloudInitNoCloud(ci) => {
-            let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
-                match (plain, b64) {
-                    (Some(text), _) => Some(text.clone().into_bytes()),
-                    (None, Some(b64)) => crate::spec::decode_base64(b64).ok(),
-                    (None, None) => None,
-                }
-            };
-            let namespace = vmi
-                .metadata
-                .namespace
-                .as_deref()
-                .unwrap_or(crate::spec::DEFAULT_NAMESPACE);
-            let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
-            // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
-            let meta = format!(
-                "instance-id: {}.{namespace}\nlocal-hostname: {hostname}\n",
-                vmi.metadata.name
-            );
-            let mut files = vec![
-                ("meta-data".to_string(), meta.into_bytes()),
-                (
-                    "user-data".to_string(),
-                    decode(&ci.user_data, &ci.user_data_base64).unwrap_or_default(),
-                ),
-            ];
-            if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
-                files.push(("network-config".to_string(), network));
-            }
-            // KubeVirt allows one cloud-init volume per VMI, so its ISO's name is fixed there.
-            let path = match &paths.cloud_init_dir {
-                Some(dir) => dir
-                    .join(namespace)
-                    .join(&vmi.metadata.name)
-                    .join("noCloud.iso"),
-                None => paths
-                    .private_dir
-                    .join("cloud-init")
-                    .join(format!("{name}.iso")),
-            };
-            ResolvedVolume {
-                path,
-                block: false,
-                format: ImageFormat::Raw,
-                preparation: Preparation::CloudInit { files },
-            }
+        VolumeSource::CloudInitNoCloud(ci) => cloud_init(vmi, ci, paths, name),
+    }
+}
+
+/// A cloud-init NoCloud volume: the ISO the launcher makes, and the files in it.
+fn cloud_init(
+    vmi: &VirtualMachineInstance,
+    ci: &CloudInitNoCloud,
+    paths: &HostPaths,
+    name: &str,
+) -> ResolvedVolume {
+    let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
+        match (plain, b64) {
+            (Some(text), _) => Some(text.clone().into_bytes()),
+            (None, Some(b64)) => crate::spec::decode_base64(b64).ok(),
+            (None, None) => None,
         }
+    };
+    let namespace = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(crate::spec::DEFAULT_NAMESPACE);
+    let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
+    // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
+    let meta = format!(
+        "instance-id: {}.{namespace}\nlocal-hostname: {hostname}\n",
+        vmi.metadata.name
+    );
+    let mut files = vec![
+        ("meta-data".to_string(), meta.into_bytes()),
+        (
+            "user-data".to_string(),
+            decode(&ci.user_data, &ci.user_data_base64).unwrap_or_default(),
+        ),
+    ];
+    if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
+        files.push(("network-config".to_string(), network));
+    }
+    // KubeVirt allows one cloud-init volume per VMI, so its ISO's name is fixed there.
+    let path = match &paths.cloud_init_dir {
+        Some(dir) => dir
+            .join(namespace)
+            .join(&vmi.metadata.name)
+            .join("noCloud.iso"),
+        None => paths
+            .private_dir
+            .join("cloud-init")
+            .join(format!("{name}.iso")),
+    };
+    ResolvedVolume {
+        path,
+        block: false,
+        format: ImageFormat::Raw,
+        preparation: Preparation::CloudInit { files },
     }
 }
 
