@@ -93,8 +93,8 @@ pub enum MainError {
     #[error("the launcher's spec does not parse: {0}")]
     LaunchersSpec(serde_yaml_ng::Error),
     /// `addvolume` / `removevolume` cannot make the edit on the launcher's spec.
-    #[error("{0}")]
-    Edit(String),
+    #[error(transparent)]
+    Edit(super::spec_edit::SpecEditError),
     #[error("cannot write the edited spec: {0}")]
     EditedSpec(serde_yaml_ng::Error),
 
@@ -449,7 +449,9 @@ mod tests {
                 ExitCode::HypervisorUnavailable,
             ),
             (
-                MainError::Edit("no such volume".into()),
+                MainError::Edit(crate::cli::spec_edit::SpecEditError::NoVolume {
+                    name: "v".into(),
+                }),
                 ExitCode::RequestFailed,
             ),
             (
