@@ -20,9 +20,9 @@ use crate::spec::{
 use crate::volumes::{self, HostPaths};
 
 /// The machine type when the spec names none.
-pub const DEFAULT_MACHINE: &str = "q35";
+pub(crate) const DEFAULT_MACHINE: &str = "q35";
 /// The interface KubeVirt adds when a spec names neither interfaces nor networks.
-pub const DEFAULT_INTERFACE: &str = "default";
+pub(crate) const DEFAULT_INTERFACE: &str = "default";
 
 /// How interfaces reach a network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -322,7 +322,7 @@ fn memory(vmi: &Validated, guest_at_boot: Option<u64>) -> (u64, Option<VirtioMem
 /// enabled when it has room for more (`maxSockets`), and the CPU model.
 /// The vCPUs `vmi` asks enabled when it has room for CPU hotplug (`maxSockets`); `None`
 /// without room (its topology is all there is).
-pub fn vcpus_enabled(vmi: &VirtualMachineInstance) -> Option<u32> {
+pub(crate) fn vcpus_enabled(vmi: &VirtualMachineInstance) -> Option<u32> {
     cpu(vmi).1
 }
 

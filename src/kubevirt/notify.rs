@@ -100,7 +100,7 @@ impl Notifier {
     }
 
     /// Posts a Kubernetes event (`core/v1.Event` JSON).
-    pub fn k8s_event(&self, event: Value) {
+    pub(crate) fn k8s_event(&self, event: Value) {
         let mut mailbox = self.inner.mailbox.lock().expect("mailbox lock");
         if mailbox.k8s.len() == MAX_K8S_EVENTS {
             mailbox.k8s.pop_front();
@@ -282,7 +282,7 @@ async fn sender(inner: Arc<Inner>) {
 
 /// A Kubernetes `core/v1.Event` about the VMI, as KubeVirt's launcher sends it: the handler fills
 /// in the rest and records it.
-pub fn k8s_event(
+pub(crate) fn k8s_event(
     vmi: &super::domain_json::DomainMeta,
     kind: &str,
     reason: &str,

@@ -21,7 +21,7 @@ use crate::lifecycle::{Command, DomainState, Observation, VmState};
 use tokio::sync::watch;
 
 /// How often the source reads the migration's progress (and the CLI prints it).
-pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigrationRole {
@@ -63,7 +63,7 @@ impl MigrationState {
         }
     }
 
-    pub fn is_over(self) -> bool {
+    pub(crate) fn is_over(self) -> bool {
         matches!(
             self,
             MigrationState::Completed | MigrationState::Failed | MigrationState::Cancelled
@@ -99,12 +99,12 @@ impl MigrationStatus {
     }
 
     /// A target whose guest has not arrived yet.
-    pub fn is_incoming(&self) -> bool {
+    pub(crate) fn is_incoming(&self) -> bool {
         self.role == MigrationRole::Target && !self.state.is_over()
     }
 
     /// A source whose guest has not left yet.
-    pub fn is_outgoing(&self) -> bool {
+    pub(crate) fn is_outgoing(&self) -> bool {
         self.role == MigrationRole::Source && !self.state.is_over()
     }
 
@@ -218,7 +218,7 @@ impl Launcher {
     }
 
     /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
-    pub fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
+    pub(crate) fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
         self.pins().map(|p| p.list()).unwrap_or_default()
     }
 

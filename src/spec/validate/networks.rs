@@ -9,7 +9,7 @@ use crate::spec::model::{Interface, Network, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 use crate::spec::unsupported::{self, UnsupportedFields};
 
-pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
+const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
 
 pub(super) fn validate_networks(
     vmi: &VirtualMachineInstance,
@@ -163,7 +163,7 @@ fn validate_binding(
     }
 }
 
-pub const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
+const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
 
 /// `ports` of one interface: masquerade only, each a real port and protocol, none twice.
 fn validate_ports(iface: &Interface, path: &str, e: &mut Problems) {
