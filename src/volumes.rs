@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::spec::{VirtualMachineInstance, Volume, VolumeSource};
+use crate::spec::{CloudInitNoCloud, VirtualMachineInstance, Volume, VolumeSource};
 
 /// The directories volume sources resolve under.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,13 +41,13 @@ pub struct HostPaths {
     pub cloud_init_dir: Option<PathBuf>,
 }
 
-pub const OVMF_DIR: &str = "/usr/share/OVMF";
+pub(crate) const OVMF_DIR: &str = "/usr/share/OVMF";
 
 /// The VNC socket's name, KubeVirt's.
-pub const VNC_SOCKET: &str = "virt-vnc";
+const VNC_SOCKET: &str = "virt-vnc";
 
 /// The private dir's subdirectories for the images the launcher makes, and EFI variables.
-pub const PRIVATE_SUBDIRS: [&str; 5] = [
+pub(crate) const PRIVATE_SUBDIRS: [&str; 5] = [
     "cloud-init",
     "container-disks",
     "empty-disks",
@@ -95,7 +95,7 @@ impl HostPaths {
 
     /// Where the VNC socket is found beside the serial console (a link to
     /// [`Self::vnc_socket`]).
-    pub fn vnc_link(&self) -> PathBuf {
+    pub(crate) fn vnc_link(&self) -> PathBuf {
         self.console_dir.join(VNC_SOCKET)
     }
 
@@ -179,7 +179,7 @@ impl ResolvedVolume {
 }
 
 /// The host path of a filesystem or block claim of volume `name`.
-pub fn claim_path(paths: &HostPaths, name: &str, block: bool) -> PathBuf {
+fn claim_path(paths: &HostPaths, name: &str, block: bool) -> PathBuf {
     if block {
         paths.dev_root.join(name)
     } else {
@@ -209,7 +209,7 @@ pub fn resolve(
 }
 
 /// Resolves a volume whose source is known: what `convert` does for a validated spec.
-pub fn resolve_source(
+pub(crate) fn resolve_source(
     vmi: &VirtualMachineInstance,
     volume: &Volume,
     source: VolumeSource<'_>,
@@ -287,53 +287,61 @@ pub fn resolve_source(
                 trust: Backing::Claim { block },
             },
         ),
-        VolumeSource::CloudInitNoCloud(ci) => {
-            let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
-                match (plain, b64) {
-                    (Some(text), _) => Some(text.clone().into_bytes()),
-                    (None, Some(b64)) => crate::spec::decode_base64(b64).ok(),
-                    (None, None) => None,
-                }
-            };
-            let namespace = vmi
-                .metadata
-                .namespace
-                .as_deref()
-                .unwrap_or(crate::spec::DEFAULT_NAMESPACE);
-            let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
-            // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
-            let meta = format!(
-                "instance-id: {}.{namespace}\nlocal-hostname: {hostname}\n",
-                vmi.metadata.name
-            );
-            let mut files = vec![
-                ("meta-data".to_string(), meta.into_bytes()),
-                (
-                    "user-data".to_string(),
-                    decode(&ci.user_data, &ci.user_data_base64).unwrap_or_default(),
-                ),
-            ];
-            if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
-                files.push(("network-config".to_string(), network));
-            }
-            // KubeVirt allows one cloud-init volume per VMI, so its ISO's name is fixed there.
-            let path = match &paths.cloud_init_dir {
-                Some(dir) => dir
-                    .join(namespace)
-                    .join(&vmi.metadata.name)
-                    .join("noCloud.iso"),
-                None => paths
-                    .private_dir
-                    .join("cloud-init")
-                    .join(format!("{name}.iso")),
-            };
-            ResolvedVolume {
-                path,
-                block: false,
-                format: ImageFormat::Raw,
-                preparation: Preparation::CloudInit { files },
-            }
+        VolumeSource::CloudInitNoCloud(ci) => cloud_init(vmi, ci, paths, name),
+    }
+}
+
+/// A cloud-init NoCloud volume: the ISO the launcher makes, and the files in it.
+fn cloud_init(
+    vmi: &VirtualMachineInstance,
+    ci: &CloudInitNoCloud,
+    paths: &HostPaths,
+    name: &str,
+) -> ResolvedVolume {
+    let decode = |plain: &Option<String>, b64: &Option<String>| -> Option<Vec<u8>> {
+        match (plain, b64) {
+            (Some(text), _) => Some(text.clone().into_bytes()),
+            (None, Some(b64)) => crate::spec::decode_base64(b64).ok(),
+            (None, None) => None,
         }
+    };
+    let namespace = vmi
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or(crate::spec::DEFAULT_NAMESPACE);
+    let hostname = vmi.spec.hostname.as_deref().unwrap_or(&vmi.metadata.name);
+    // KubeVirt's instance id: stable for the instance, so cloud-init runs once per VMI.
+    let meta = format!(
+        "instance-id: {}.{namespace}\nlocal-hostname: {hostname}\n",
+        vmi.metadata.name
+    );
+    let mut files = vec![
+        ("meta-data".to_string(), meta.into_bytes()),
+        (
+            "user-data".to_string(),
+            decode(&ci.user_data, &ci.user_data_base64).unwrap_or_default(),
+        ),
+    ];
+    if let Some(network) = decode(&ci.network_data, &ci.network_data_base64) {
+        files.push(("network-config".to_string(), network));
+    }
+    // KubeVirt allows one cloud-init volume per VMI, so its ISO's name is fixed there.
+    let path = match &paths.cloud_init_dir {
+        Some(dir) => dir
+            .join(namespace)
+            .join(&vmi.metadata.name)
+            .join("noCloud.iso"),
+        None => paths
+            .private_dir
+            .join("cloud-init")
+            .join(format!("{name}.iso")),
+    };
+    ResolvedVolume {
+        path,
+        block: false,
+        format: ImageFormat::Raw,
+        preparation: Preparation::CloudInit { files },
     }
 }
 
@@ -352,7 +360,7 @@ impl ResolvedVolume {
     /// An image the launcher makes in its private dir (an empty disk, an overlay, a
     /// cloud-init ISO): given to QEMU as a hot-plugged file is, through the descriptor the
     /// launcher opened (`DiskDef::given_to_qemu`), never by libvirt's chown of a path.
-    pub fn made_by_launcher(&self) -> bool {
+    pub(crate) fn made_by_launcher(&self) -> bool {
         !self.block
             && matches!(
                 self.preparation,
@@ -364,7 +372,7 @@ impl ResolvedVolume {
 }
 
 /// A claim marked `hotpluggable: true`: it lives in the hotplug dir.
-pub fn is_hotpluggable(volume: &Volume) -> bool {
+pub(crate) fn is_hotpluggable(volume: &Volume) -> bool {
     match volume.source() {
         Some(VolumeSource::PersistentVolumeClaim(pvc)) => pvc.hotpluggable == Some(true),
         Some(VolumeSource::DataVolume(dv)) => dv.hotpluggable == Some(true),
@@ -384,7 +392,10 @@ pub struct BlockCandidate {
 
 /// Volumes whose claim could be a block device, with the node path to check: what a caller
 /// looks at on the host to fill `ConvertOptions::block_volumes`.
-pub fn block_candidates(vmi: &VirtualMachineInstance, paths: &HostPaths) -> Vec<BlockCandidate> {
+pub(crate) fn block_candidates(
+    vmi: &VirtualMachineInstance,
+    paths: &HostPaths,
+) -> Vec<BlockCandidate> {
     vmi.spec
         .volumes
         .iter()

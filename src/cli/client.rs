@@ -13,7 +13,7 @@ use super::output::{
     print_interfaces, print_migration, print_resources, print_volumes, status_json, volume_json,
     volume_phase,
 };
-use super::spec_edit::SpecValue;
+use super::spec_edit::{SpecEditError, SpecValue};
 use super::{outln, write_stdout, Outcome};
 
 type Client = proto::launcher_client::LauncherClient<tonic::transport::Channel>;
@@ -135,7 +135,7 @@ pub(crate) async fn events(socket: &Path, output: Output) -> Outcome {
 pub(crate) async fn edit_volumes(
     socket: &Path,
     output: Output,
-    edit: impl FnOnce(&mut SpecValue, &mut proto::SyncRequest) -> Result<(), String>,
+    edit: impl FnOnce(&mut SpecValue, &mut proto::SyncRequest) -> Result<(), SpecEditError>,
 ) -> Outcome {
     let mut client = connect(socket).await?;
     let current = answer(client.get_spec(proto::GetSpecRequest {}).await)?;

@@ -93,8 +93,8 @@ pub enum MainError {
     #[error("the launcher's spec does not parse: {0}")]
     LaunchersSpec(serde_yaml_ng::Error),
     /// `addvolume` / `removevolume` cannot make the edit on the launcher's spec.
-    #[error("{0}")]
-    Edit(String),
+    #[error(transparent)]
+    Edit(super::spec_edit::SpecEditError),
     #[error("cannot write the edited spec: {0}")]
     EditedSpec(serde_yaml_ng::Error),
 
@@ -146,7 +146,7 @@ impl From<&MainError> for ExitCode {
 
 impl ExitCode {
     /// How a launcher whose VM reached a final phase exits.
-    pub fn from_final_phase(phase: Phase, reason: Option<PhaseReason>) -> ExitCode {
+    fn from_final_phase(phase: Phase, reason: Option<PhaseReason>) -> ExitCode {
         match (phase, reason) {
             (Phase::Succeeded, _) => ExitCode::Succeeded,
             // Stopped before it ever ran (run strategy Manual or Halted): nothing failed.
@@ -160,7 +160,7 @@ impl ExitCode {
     }
 
     /// How a launcher exits when it could not bring its VM up.
-    pub fn from_launcher_error(e: &LauncherError) -> ExitCode {
+    fn from_launcher_error(e: &LauncherError) -> ExitCode {
         match e {
             LauncherError::InvalidSpec(_) => ExitCode::BadSpec,
             // As the API's `Unavailable`: the same test decides both.
@@ -239,12 +239,12 @@ impl ExitCode {
     }
 
     /// How a launcher exits when its runtime dir cannot be its own.
-    pub fn from_runtime_dir_error(e: &vmlauncher::runtime_dir::RuntimeDirError) -> ExitCode {
+    fn from_runtime_dir_error(e: &vmlauncher::runtime_dir::RuntimeDirError) -> ExitCode {
         Self::refused_or_failed(e.is_refusal())
     }
 
     /// How a launcher exits when it cannot listen on its API socket.
-    pub fn from_bind_error(e: &vmlauncher::api::ApiError) -> ExitCode {
+    fn from_bind_error(e: &vmlauncher::api::ApiError) -> ExitCode {
         Self::refused_or_failed(e.is_refusal())
     }
 
@@ -260,7 +260,7 @@ impl ExitCode {
 
     /// How a client verb exits when the launcher refused its call (the launcher chose the gRPC
     /// code from its own typed error, in `api`).
-    pub fn from_rpc_code(code: tonic::Code) -> ExitCode {
+    fn from_rpc_code(code: tonic::Code) -> ExitCode {
         match code {
             tonic::Code::InvalidArgument => ExitCode::BadSpec,
             tonic::Code::Unavailable => ExitCode::HypervisorUnavailable,
@@ -449,7 +449,9 @@ mod tests {
                 ExitCode::HypervisorUnavailable,
             ),
             (
-                MainError::Edit("no such volume".into()),
+                MainError::Edit(crate::cli::spec_edit::SpecEditError::NoVolume {
+                    name: "v".into(),
+                }),
                 ExitCode::RequestFailed,
             ),
             (

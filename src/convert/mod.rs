@@ -20,9 +20,9 @@ use crate::spec::{
 use crate::volumes::{self, HostPaths};
 
 /// The machine type when the spec names none.
-pub const DEFAULT_MACHINE: &str = "q35";
+pub(crate) const DEFAULT_MACHINE: &str = "q35";
 /// The interface KubeVirt adds when a spec names neither interfaces nor networks.
-pub const DEFAULT_INTERFACE: &str = "default";
+pub(crate) const DEFAULT_INTERFACE: &str = "default";
 
 /// How interfaces reach a network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -322,7 +322,7 @@ fn memory(vmi: &Validated, guest_at_boot: Option<u64>) -> (u64, Option<VirtioMem
 /// enabled when it has room for more (`maxSockets`), and the CPU model.
 /// The vCPUs `vmi` asks enabled when it has room for CPU hotplug (`maxSockets`); `None`
 /// without room (its topology is all there is).
-pub fn vcpus_enabled(vmi: &VirtualMachineInstance) -> Option<u32> {
+pub(crate) fn vcpus_enabled(vmi: &VirtualMachineInstance) -> Option<u32> {
     cpu(vmi).1
 }
 
@@ -498,30 +498,10 @@ fn disks(
     opts: &ConvertOptions,
     vcpus: u32,
 ) -> Result<(Vec<DiskDef>, u32), SpecErrors> {
-    let domain = &vmi.spec.domain;
-    let devices = &domain.devices;
-    // IOThreads: a shared pool for virtio disks (one with `shared`, one per disk up to 2 × vCPUs
-    // with `auto`), then one of its own for each disk that asks for it.
-    let pooled = devices
-        .disks
-        .iter()
-        .filter(|d| d.bus() == "virtio" && d.dedicated_io_thread != Some(true))
-        .count() as u32;
-    let pool = match domain.io_threads_policy.as_deref() {
-        Some("shared") => 1,
-        Some("auto") => pooled.min(2 * vcpus).max(1),
-        _ => 0,
-    };
-    let mut next_pooled = 0u32;
-    let mut next_dedicated = pool;
-
-    // Targets follow disk order: vdX for virtio, sdX shared by scsi and sata (one namespace in
-    // libvirt), and scsi units count scsi disks only.
-    let mut sd_index = 0u32;
-    let mut scsi_unit = 0u32;
-    let mut virtio_index = 0u32;
+    let mut iothreads = IoThreads::new(&vmi.spec.domain, vcpus);
+    let mut targets = DiskTargets::default();
     let mut problems = Vec::new();
-    let mut disks = Vec::with_capacity(devices.disks.len());
+    let mut disks = Vec::with_capacity(vmi.spec.domain.devices.disks.len());
     for (i, disk, volume, source) in vmi.disks() {
         let resolved =
             volumes::resolve_source(vmi, volume, source, &opts.paths, &opts.block_volumes);
@@ -530,40 +510,8 @@ fn disks(
             problems.push(problem);
             continue;
         }
-        let (bus, target, address) = match disk.bus() {
-            "scsi" => {
-                let unit = scsi_unit;
-                scsi_unit += 1;
-                sd_index += 1;
-                (
-                    Bus::Scsi,
-                    target_name("sd", sd_index - 1),
-                    Some(DriveAddress {
-                        controller: 0,
-                        unit,
-                    }),
-                )
-            }
-            "sata" => {
-                sd_index += 1;
-                (Bus::Sata, target_name("sd", sd_index - 1), None)
-            }
-            _ => {
-                virtio_index += 1;
-                (Bus::Virtio, target_name("vd", virtio_index - 1), None)
-            }
-        };
-        let iothread = if bus != Bus::Virtio {
-            None
-        } else if disk.dedicated_io_thread == Some(true) {
-            next_dedicated += 1;
-            Some(next_dedicated)
-        } else if pool > 0 {
-            next_pooled += 1;
-            Some((next_pooled - 1) % pool + 1)
-        } else {
-            None
-        };
+        let (bus, target, address) = targets.next(disk.bus());
+        let iothread = iothreads.next(bus, disk.dedicated_io_thread == Some(true));
         let (claim_readonly, shared, host_file) = match source {
             VolumeSource::PersistentVolumeClaim(p) => (p.read_only == Some(true), false, false),
             // A file or a block device: the host's either way, never relabelled.
@@ -577,25 +525,7 @@ fn disks(
             && !resolved.block;
         let hotpluggable = crate::volumes::is_hotpluggable(volume);
         let given_to_qemu = (tenant_file && hotpluggable) || resolved.made_by_launcher();
-        let backing = resolved.backing().map(|(path, block, trust)| BackingDef {
-            source: if block {
-                DiskSource::Block(path.into())
-            } else {
-                DiskSource::File(path.into())
-            },
-            format: match trust {
-                crate::volumes::Backing::Claim { .. } => Some("raw"),
-                crate::volumes::Backing::ContainerDisk => None,
-            },
-            fd_group: (opts.claims_by_fd && !block && !hotpluggable)
-                .then(|| format!("vml-{}-backing", disk.name)),
-            // Where a migration target, which takes no descriptors, gives it (`DiskDef::pin`).
-            pin: opts
-                .pin_dir
-                .as_deref()
-                .filter(|_| !block && !hotpluggable)
-                .map(|dir| crate::host::pin::Pins::in_dir(dir).backing_path(&disk.name)),
-        });
+        let backing = backing_def(&resolved, &disk.name, hotpluggable, opts);
         disks.push(DiskDef {
             volume: disk.name.clone(),
             device: match kind {
@@ -643,7 +573,122 @@ fn disks(
     if !problems.is_empty() {
         return Err(SpecErrors(problems));
     }
-    Ok((disks, next_dedicated))
+    Ok((disks, iothreads.count()))
+}
+
+/// IOThreads: a shared pool for virtio disks (one with `shared`, one per disk up to 2 × vCPUs
+/// with `auto`), then one of its own for each disk that asks for it.
+struct IoThreads {
+    pool: u32,
+    next_pooled: u32,
+    next_dedicated: u32,
+}
+
+impl IoThreads {
+    fn new(domain: &DomainSpec, vcpus: u32) -> IoThreads {
+        let pooled = domain
+            .devices
+            .disks
+            .iter()
+            .filter(|d| d.bus() == "virtio" && d.dedicated_io_thread != Some(true))
+            .count() as u32;
+        let pool = match domain.io_threads_policy.as_deref() {
+            Some("shared") => 1,
+            Some("auto") => pooled.min(2 * vcpus).max(1),
+            _ => 0,
+        };
+        IoThreads {
+            pool,
+            next_pooled: 0,
+            next_dedicated: pool,
+        }
+    }
+
+    /// The next disk's iothread, in disk order.
+    fn next(&mut self, bus: Bus, dedicated: bool) -> Option<u32> {
+        if bus != Bus::Virtio {
+            None
+        } else if dedicated {
+            self.next_dedicated += 1;
+            Some(self.next_dedicated)
+        } else if self.pool > 0 {
+            self.next_pooled += 1;
+            Some((self.next_pooled - 1) % self.pool + 1)
+        } else {
+            None
+        }
+    }
+
+    /// How many iothreads the disks so far use.
+    fn count(&self) -> u32 {
+        self.next_dedicated
+    }
+}
+
+/// Targets follow disk order: vdX for virtio, sdX shared by scsi and sata (one namespace in
+/// libvirt), and scsi units count scsi disks only.
+#[derive(Default)]
+struct DiskTargets {
+    sd_index: u32,
+    scsi_unit: u32,
+    virtio_index: u32,
+}
+
+impl DiskTargets {
+    /// The next disk's bus, target name and (scsi) address, by the bus its spec names.
+    fn next(&mut self, bus: &str) -> (Bus, String, Option<DriveAddress>) {
+        match bus {
+            "scsi" => {
+                let unit = self.scsi_unit;
+                self.scsi_unit += 1;
+                self.sd_index += 1;
+                (
+                    Bus::Scsi,
+                    target_name("sd", self.sd_index - 1),
+                    Some(DriveAddress {
+                        controller: 0,
+                        unit,
+                    }),
+                )
+            }
+            "sata" => {
+                self.sd_index += 1;
+                (Bus::Sata, target_name("sd", self.sd_index - 1), None)
+            }
+            _ => {
+                self.virtio_index += 1;
+                (Bus::Virtio, target_name("vd", self.virtio_index - 1), None)
+            }
+        }
+    }
+}
+
+/// The backing image under a disk's overlay, when its volume has one.
+fn backing_def(
+    resolved: &volumes::ResolvedVolume,
+    disk: &str,
+    hotpluggable: bool,
+    opts: &ConvertOptions,
+) -> Option<BackingDef> {
+    resolved.backing().map(|(path, block, trust)| BackingDef {
+        source: if block {
+            DiskSource::Block(path.into())
+        } else {
+            DiskSource::File(path.into())
+        },
+        format: match trust {
+            crate::volumes::Backing::Claim { .. } => Some("raw"),
+            crate::volumes::Backing::ContainerDisk => None,
+        },
+        fd_group: (opts.claims_by_fd && !block && !hotpluggable)
+            .then(|| format!("vml-{disk}-backing")),
+        // Where a migration target, which takes no descriptors, gives it (`DiskDef::pin`).
+        pin: opts
+            .pin_dir
+            .as_deref()
+            .filter(|_| !block && !hotpluggable)
+            .map(|dir| crate::host::pin::Pins::in_dir(dir).backing_path(disk)),
+    })
 }
 
 /// `dedicatedCpuPlacement`: vCPU `i` on the `i`-th CPU of the launcher's own set, and with

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_stream::StreamExt;
 
@@ -57,12 +57,7 @@ pub enum VirtLauncherError {
 
 /// Runs the launcher until its VM is over, or until SIGTERM has stopped it.
 pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLauncherError> {
-    for (flag, value) in &flags.not_built {
-        tracing::warn!(flag = %format!("--{flag}"), %value, "accepted; this feature is not built into vmlauncher, the flag does nothing");
-        crate::run::say(format_args!(
-            "--{flag}={value}: accepted, not built (does nothing)"
-        ));
-    }
+    warn_not_built(&flags);
     let mut term = signal(SignalKind::terminate()).map_err(|_| SetupError::Signals)?;
     let mut int = signal(SignalKind::interrupt()).map_err(|_| SetupError::Signals)?;
     // KubeVirt's QEMU user (107 in its images and in vmlauncher's): it owns what virt-handler
@@ -70,36 +65,11 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     let qemu_user = run::qemu_user(None).map_err(SetupError::QemuUser)?;
     let qemu_uid = qemu_user.uid;
     let (rt, _lock) = RuntimeDir::claim(&flags.runtime_dir).map_err(SetupError::RuntimeDir)?;
-    // Where KubeVirt's launcher puts the consoles (virt-handler's console server and the
-    // `guest-console-log` container look there); the dir itself is made with the private dir.
-    let console_dir = flags.kubevirt_private_dir.join(&flags.uid);
-    let paths = HostPaths {
-        console_log: console_dir.join("virt-serial0-log"),
-        // virt-handler's console server reaches `virt-vnc` there only as the socket QEMU made
-        // (no link), so the console dir is QEMU's own (`host::private_dirs`).
-        qemu_dir: console_dir.clone(),
-        console_dir,
-        container_disk_dir: flags.container_disk_dir.clone(),
-        private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
-        firmware_dir: flags.ovmf_path.clone(),
-        hotplug_dir: flags.hotplug_disk_dir.clone(),
-        cloud_init_dir: Some(flags.ephemeral_disk_dir.join("cloud-init-data")),
-        ..HostPaths::pod()
-    };
+    let paths = pod_paths(&flags);
     let host_paths = run::host_path_policy(&rt, &paths, flags.qemu_cache_dir.as_deref(), &[])
         .reached_by(&qemu_user);
-    // As KubeVirt's masquerade binding, whose guest cannot address the pod's loopback at all:
-    // closed before libvirtd and QEMU start in this cgroup.
-    let in_container = crate::init::is_container_entrypoint();
-    let mount_at = in_container.then(|| rt.0.join("cgroup2"));
-    let _loopback = crate::host::loopback::close_here(qemu_uid, mount_at.as_deref())
-        .inspect_err(|e| {
-            crate::run::say(format_args!(
-                "the guest can reach the pod's loopback: {}",
-                crate::error_chain(e)
-            ))
-        })
-        .ok();
+    // Before libvirtd and QEMU start in this cgroup.
+    let _loopback = close_pod_loopback(&rt, qemu_uid);
     let prepared = run::prepare(HostRequest {
         rt: &rt,
         connect: None,
@@ -154,6 +124,73 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
         sockets.join(READY_SOCKET).display()
     ));
 
+    let ended = until_over_or_signalled(&front, &notifier, &mut term, &mut int).await;
+    shut_down(&front, &prepared.connector).await;
+    if !notifier.flush(Duration::from_secs(5)).await {
+        tracing::warn!("virt-handler was not told everything before the launcher exits");
+    }
+    let _ = stop_server.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
+    let _ = fs::remove_file(sockets.join(READY_SOCKET));
+    ended.map(as_kubevirts_launcher_ends)
+}
+
+/// Flags KubeVirt passes for features not built in: accepted, and said to do nothing.
+fn warn_not_built(flags: &VirtLauncherFlags) {
+    for (flag, value) in &flags.not_built {
+        tracing::warn!(flag = %format!("--{flag}"), %value, "accepted; this feature is not built into vmlauncher, the flag does nothing");
+        crate::run::say(format_args!(
+            "--{flag}={value}: accepted, not built (does nothing)"
+        ));
+    }
+}
+
+/// The launcher's places in KubeVirt's pod.
+fn pod_paths(flags: &VirtLauncherFlags) -> HostPaths {
+    // Where KubeVirt's launcher puts the consoles (virt-handler's console server and the
+    // `guest-console-log` container look there); the dir itself is made with the private dir.
+    let console_dir = flags.kubevirt_private_dir.join(&flags.uid);
+    HostPaths {
+        console_log: console_dir.join("virt-serial0-log"),
+        // virt-handler's console server reaches `virt-vnc` there only as the socket QEMU made
+        // (no link), so the console dir is QEMU's own (`host::private_dirs`).
+        qemu_dir: console_dir.clone(),
+        console_dir,
+        container_disk_dir: flags.container_disk_dir.clone(),
+        private_dir: flags.ephemeral_disk_dir.join("vmlauncher"),
+        firmware_dir: flags.ovmf_path.clone(),
+        hotplug_dir: flags.hotplug_disk_dir.clone(),
+        cloud_init_dir: Some(flags.ephemeral_disk_dir.join("cloud-init-data")),
+        ..HostPaths::pod()
+    }
+}
+
+/// As KubeVirt's masquerade binding, whose guest cannot address the pod's loopback at all. When
+/// it cannot be closed, said, and the launcher goes on.
+fn close_pod_loopback(
+    rt: &RuntimeDir,
+    qemu_uid: u32,
+) -> Option<crate::host::loopback::LoopbackClosed> {
+    let in_container = crate::init::is_container_entrypoint();
+    let mount_at = in_container.then(|| rt.0.join("cgroup2"));
+    crate::host::loopback::close_here(qemu_uid, mount_at.as_deref())
+        .inspect_err(|e| {
+            crate::run::say(format_args!(
+                "the guest can reach the pod's loopback: {}",
+                crate::error_chain(e)
+            ))
+        })
+        .ok()
+}
+
+/// Until the VM is over (and virt-handler has deleted it, or a while), or a SIGTERM or SIGINT
+/// has stopped it gracefully.
+async fn until_over_or_signalled(
+    front: &Front,
+    notifier: &Notifier,
+    term: &mut Signal,
+    int: &mut Signal,
+) -> Result<Ended, VirtLauncherError> {
     let started = Instant::now();
     let qemu_timeout = front.flags.qemu_timeout;
     let signalled = async {
@@ -163,22 +200,26 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
         }
     };
     tokio::pin!(signalled);
-    let ended = tokio::select! {
+    tokio::select! {
         which = &mut signalled => {
-            graceful_stop(&front, &notifier, which).await;
+            graceful_stop(front, notifier, which).await;
             Ok(Ended::Done)
         }
-        ended = vm_over(&front, started, qemu_timeout) => {
+        ended = vm_over(front, started, qemu_timeout) => {
             // The VM is over: virt-handler deletes the domain once it has seen it off; a
             // SIGTERM meanwhile ends the wait.
             tokio::select! {
-                _ = deleted(&front) => {}
+                _ = deleted(front) => {}
                 _ = tokio::time::sleep(FINAL_DELETE_WAIT) => {}
                 _ = &mut signalled => {}
             }
             ended
         }
-    };
+    }
+}
+
+/// Marks the domain gone, then stops the launcher (or, with no VM ever created, libvirtd).
+async fn shut_down(front: &Front, connector: &Arc<crate::libvirt::Connector>) {
     // Marked gone before libvirtd goes: a Delete from virt-handler from here on finds nothing
     // to delete and succeeds, as KubeVirt's launcher answers for a domain it cannot find.
     if !front.meta().deleted {
@@ -190,16 +231,9 @@ pub async fn virt_launcher(flags: VirtLauncherFlags) -> Result<Ended, VirtLaunch
     if let Some(launcher) = front.launcher() {
         launcher.shut_down().await;
     } else {
-        let c = prepared.connector.clone();
+        let c = connector.clone();
         let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
     }
-    if !notifier.flush(Duration::from_secs(5)).await {
-        tracing::warn!("virt-handler was not told everything before the launcher exits");
-    }
-    let _ = stop_server.send(());
-    let _ = tokio::time::timeout(Duration::from_secs(5), server).await;
-    let _ = fs::remove_file(sockets.join(READY_SOCKET));
-    ended.map(as_kubevirts_launcher_ends)
 }
 
 /// KubeVirt's launcher exits 0 however its VM ended (powered off, destroyed after the grace

@@ -100,7 +100,7 @@ impl Notifier {
     }
 
     /// Posts a Kubernetes event (`core/v1.Event` JSON).
-    pub fn k8s_event(&self, event: Value) {
+    pub(crate) fn k8s_event(&self, event: Value) {
         let mut mailbox = self.inner.mailbox.lock().expect("mailbox lock");
         if mailbox.k8s.len() == MAX_K8S_EVENTS {
             mailbox.k8s.pop_front();
@@ -133,20 +133,36 @@ struct Connection {
     client: NotifyClient<tonic::transport::Channel>,
 }
 
-async fn connect(socket: &std::path::Path) -> Result<Connection, String> {
+/// Why virt-handler could not be told, this time (the sender tries again).
+#[derive(Debug, thiserror::Error)]
+enum NotifyError {
+    /// The notify socket cannot be reached.
+    #[error(transparent)]
+    Connect(crate::api::ApiError),
+    #[error("NotifyInfo.Info: {}", .0.message())]
+    Info(tonic::Status),
+    #[error("the notify server speaks versions {versions:?}, not 1")]
+    Version { versions: Vec<u32> },
+    #[error("no answer within 5 s")]
+    NoAnswer,
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Call(tonic::Status),
+    #[error("refused: {message}")]
+    Refused { message: String },
+}
+
+async fn connect(socket: &std::path::Path) -> Result<Connection, NotifyError> {
     let channel = crate::api::channel(socket)
         .await
-        .map_err(|e| crate::error_chain(&e))?;
+        .map_err(NotifyError::Connect)?;
     let versions = NotifyInfoClient::new(channel.clone())
         .info(NotifyInfoRequest {})
         .await
-        .map_err(|s| format!("NotifyInfo.Info: {}", s.message()))?
+        .map_err(NotifyError::Info)?
         .into_inner()
         .supported_notify_versions;
     if !versions.contains(&1) {
-        return Err(format!(
-            "the notify server speaks versions {versions:?}, not 1"
-        ));
+        return Err(NotifyError::Version { versions });
     }
     Ok(Connection {
         client: NotifyClient::new(channel),
@@ -158,7 +174,7 @@ enum Item {
     K8s(Value),
 }
 
-async fn send(connection: &mut Connection, item: &Item) -> Result<(), String> {
+async fn send(connection: &mut Connection, item: &Item) -> Result<(), NotifyError> {
     let response = match item {
         Item::Domain(event, domain) => {
             let request = DomainEventRequest {
@@ -176,11 +192,13 @@ async fn send(connection: &mut Connection, item: &Item) -> Result<(), String> {
         }
     };
     let response = response
-        .map_err(|_| "no answer within 5 s".to_string())?
-        .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+        .map_err(|_| NotifyError::NoAnswer)?
+        .map_err(NotifyError::Call)?
         .into_inner();
     if !response.success && !response.message.is_empty() {
-        return Err(format!("refused: {}", response.message));
+        return Err(NotifyError::Refused {
+            message: response.message,
+        });
     }
     Ok(())
 }
@@ -251,7 +269,8 @@ async fn sender(inner: Arc<Inner>) {
                     tracing::warn!(
                         socket = %inner.socket.display(),
                         failing_for = ?since.elapsed(),
-                        "cannot notify virt-handler, trying again: {why}"
+                        "cannot notify virt-handler, trying again: {}",
+                        crate::error_chain(&why)
                     );
                     warned_at = Some(Instant::now());
                 }
@@ -263,7 +282,7 @@ async fn sender(inner: Arc<Inner>) {
 
 /// A Kubernetes `core/v1.Event` about the VMI, as KubeVirt's launcher sends it: the handler fills
 /// in the rest and records it.
-pub fn k8s_event(
+pub(crate) fn k8s_event(
     vmi: &super::domain_json::DomainMeta,
     kind: &str,
     reason: &str,

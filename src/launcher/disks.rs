@@ -36,14 +36,7 @@ impl Launcher {
         // the spec was taken: links may have changed since.
         self.options.host_paths.check(&vmi)?;
         if let Some(kb) = def.kernel_boot.as_mut() {
-            let (mut kb_, private_dir) = (kb.clone(), opts.paths.private_dir.clone());
-            let owner = self.options.hotplug.node_owner;
-            tokio::task::spawn_blocking(move || {
-                copy_boot_files(&mut kb_, &private_dir, owner).map(|()| kb_)
-            })
-            .await
-            .map_err(LauncherError::Join)?
-            .map(|copied| *kb = copied)?;
+            self.copy_kernel_boot(kb, &opts).await?;
         }
         // A hot-plugged volume never keeps the VM from (re)starting: one that waits
         // or failed, or whose source is not ready now, is left out of the definition and keeps
@@ -72,37 +65,10 @@ impl Launcher {
             .map_err(LauncherError::Join)?
             .map_err(|e| e.named(&vmi))?;
         def.disks = boot;
-        let mut not_ready = Vec::new();
-        for disk in hot {
-            if waiting.contains(&disk.volume) {
-                continue;
-            }
-            let opts = opts.clone();
-            let (vmi_, disk_) = (vmi.clone(), disk.clone());
-            match tokio::task::spawn_blocking(move || {
-                prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts, qemu)
-            })
-            .await
-            .map_err(LauncherError::Join)?
-            {
-                Ok(()) => def.disks.push(disk),
-                Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
-            }
-        }
+        let (ready, mut not_ready) = prepare_hot_disks(&vmi, hot, &waiting, &opts, qemu).await?;
+        def.disks.extend(ready);
         if !fd_groups {
-            for disk in &mut def.disks {
-                // A claim, then, is given to QEMU's user and pinned (its `pin`, from convert), as
-                // a hot-plugged file is. The domain arrives with a QEMU libvirt starts for the
-                // migration, whose mount namespace is copied from libvirtd's then: pinned there
-                // now, the checked inode is what it opens (the source names the pins in the
-                // domain it sends, from the plan).
-                // A hostDisk is opened by its path, as its owner's mode lets QEMU: its owner
-                // stays the host's (`DiskDef::host_file`).
-                disk.given_to_qemu |= disk.fd_group.take().is_some() && !disk.host_file;
-                if let Some(backing) = disk.backing.as_mut() {
-                    backing.fd_group = None;
-                }
-            }
+            without_descriptors(&mut def.disks);
         }
         let (mut disks, owner) = (
             std::mem::take(&mut def.disks),
@@ -142,6 +108,23 @@ impl Launcher {
             fds: opened.fds,
             not_ready,
         })
+    }
+
+    /// The kernel and initrd copied where QEMU may read them (`copy_boot_files`), `kb` pointed
+    /// at the copies.
+    async fn copy_kernel_boot(
+        &self,
+        kb: &mut crate::domain::KernelBootDef,
+        opts: &ConvertOptions,
+    ) -> Result<(), LauncherError> {
+        let (mut kb_, private_dir) = (kb.clone(), opts.paths.private_dir.clone());
+        let owner = self.options.hotplug.node_owner;
+        tokio::task::spawn_blocking(move || {
+            copy_boot_files(&mut kb_, &private_dir, owner).map(|()| kb_)
+        })
+        .await
+        .map_err(LauncherError::Join)?
+        .map(|copied| *kb = copied)
     }
 
     /// Where this launcher pins images (`host::pin`); `None` when it gives them by path.
@@ -204,6 +187,52 @@ impl Launcher {
             }
         }
         failed
+    }
+}
+
+/// The host side of each hot-plugged disk made ready, one by one: those ready, and those not
+/// (with why). Disks in `waiting` (Pending or Failed) are left out of both.
+async fn prepare_hot_disks(
+    vmi: &crate::spec::Validated,
+    hot: Vec<DiskDef>,
+    waiting: &BTreeSet<String>,
+    opts: &ConvertOptions,
+    qemu: host::NodeOwner,
+) -> Result<(Vec<DiskDef>, Vec<(DiskDef, HostError)>), LauncherError> {
+    let (mut ready, mut not_ready) = (Vec::new(), Vec::new());
+    for disk in hot {
+        if waiting.contains(&disk.volume) {
+            continue;
+        }
+        let opts = opts.clone();
+        let (vmi_, disk_) = (vmi.clone(), disk.clone());
+        match tokio::task::spawn_blocking(move || {
+            prepare_disks(&vmi_, std::slice::from_ref(&disk_), &opts, qemu)
+        })
+        .await
+        .map_err(LauncherError::Join)?
+        {
+            Ok(()) => ready.push(disk),
+            Err(DiskNotReady { source, .. }) => not_ready.push((disk, source)),
+        }
+    }
+    Ok((ready, not_ready))
+}
+
+/// Disks for a migration target, whose descriptors cannot travel with libvirt's migration.
+fn without_descriptors(disks: &mut [DiskDef]) {
+    for disk in disks {
+        // A claim, then, is given to QEMU's user and pinned (its `pin`, from convert), as
+        // a hot-plugged file is. The domain arrives with a QEMU libvirt starts for the
+        // migration, whose mount namespace is copied from libvirtd's then: pinned there
+        // now, the checked inode is what it opens (the source names the pins in the
+        // domain it sends, from the plan).
+        // A hostDisk is opened by its path, as its owner's mode lets QEMU: its owner
+        // stays the host's (`DiskDef::host_file`).
+        disk.given_to_qemu |= disk.fd_group.take().is_some() && !disk.host_file;
+        if let Some(backing) = disk.backing.as_mut() {
+            backing.fd_group = None;
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! See `docs/DESIGN.md` §4.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::disks::Ready;
@@ -15,10 +16,12 @@ use super::{Launcher, LauncherError};
 use crate::domain::migratable;
 use crate::host::HostError;
 use crate::libvirt::migrate::{JobProgress, MigrateTo};
+use crate::libvirt::{Hypervisor, LibvirtError};
 use crate::lifecycle::{Command, DomainState, Observation, VmState};
+use tokio::sync::watch;
 
 /// How often the source reads the migration's progress (and the CLI prints it).
-pub const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigrationRole {
@@ -60,7 +63,7 @@ impl MigrationState {
         }
     }
 
-    pub fn is_over(self) -> bool {
+    pub(crate) fn is_over(self) -> bool {
         matches!(
             self,
             MigrationState::Completed | MigrationState::Failed | MigrationState::Cancelled
@@ -96,12 +99,12 @@ impl MigrationStatus {
     }
 
     /// A target whose guest has not arrived yet.
-    pub fn is_incoming(&self) -> bool {
+    pub(crate) fn is_incoming(&self) -> bool {
         self.role == MigrationRole::Target && !self.state.is_over()
     }
 
     /// A source whose guest has not left yet.
-    pub fn is_outgoing(&self) -> bool {
+    pub(crate) fn is_outgoing(&self) -> bool {
         self.role == MigrationRole::Source && !self.state.is_over()
     }
 
@@ -215,7 +218,7 @@ impl Launcher {
     }
 
     /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
-    pub fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
+    pub(crate) fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
         self.pins().map(|p| p.list()).unwrap_or_default()
     }
 
@@ -256,6 +259,49 @@ impl Launcher {
                 request.target.clone(),
             ))
         });
+        let to = match self
+            .migration_destination(request.prepare, request.bandwidth_mib)
+            .await
+        {
+            Ok(to) => to,
+            Err(e) => return Err(self.migration_failed(e, false)),
+        };
+        let hv = match self.hypervisor() {
+            Ok(hv) => hv,
+            Err(e) => return Err(self.migration_failed(e, false)),
+        };
+        if cancel.has_changed().unwrap_or(false) || interrupt.has_changed().unwrap_or(false) {
+            let e = LauncherError::MigrationAborted {
+                why: "cancelled",
+                libvirt: "before it started".into(),
+            };
+            return Err(self.migration_failed(e, true));
+        }
+        let marker = self.migration_marker();
+        if let Err(e) = super::host_work(|| marker.write(&request.target)) {
+            return Err(self.migration_failed(TargetError::Marker(e).into(), false));
+        }
+        self.set_migration(|m| m.state = MigrationState::Migrating);
+        let n = self.domain_name.clone();
+        let moving = hv.clone();
+        let job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
+        let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t);
+        let (result, aborted) = self
+            .follow_migration(&hv, job, deadline, &mut cancel, &mut interrupt)
+            .await?;
+        if result.is_err() {
+            marker.remove();
+        }
+        self.migration_outcome(result, aborted)
+    }
+
+    /// Has the target prepare itself, then says where and how the guest goes there: the
+    /// libvirt URIs, the domain's XML with its paths moved to the target's, the disks to copy.
+    async fn migration_destination(
+        &self,
+        prepare: PrepareTarget,
+        bandwidth_mib: Option<u64>,
+    ) -> Result<MigrateTo, LauncherError> {
         let paths = &self.options.convert.paths;
         let offer = IncomingOffer {
             input: self.last_input(),
@@ -263,26 +309,14 @@ impl Launcher {
             source_runtime_dir: self.options.runtime_dir.clone(),
             source_hotplug_dir: paths.hotplug_dir.clone(),
         };
-        let plan = match (request.prepare)(offer).await {
-            Ok(plan) => plan,
-            Err(e) => return Err(self.migration_failed(e.into(), false)),
-        };
+        let plan = prepare(offer).await?;
         let n = self.domain_name.clone();
-        let xml = match self.call(move |hv| hv.migratable_xml(&n)) {
-            Ok(xml) => xml,
-            Err(e) => return Err(self.migration_failed(e, false)),
-        };
-        let copy_disks = match migratable::copied_disks(&xml, &paths.private_dir) {
-            Ok(disks) => disks,
-            Err(e) => return Err(self.migration_failed(e.into(), false)),
-        };
+        let xml = self.call(move |hv| hv.migratable_xml(&n))?;
+        let copy_disks = migratable::copied_disks(&xml, &paths.private_dir)?;
         // Each image the target pinned (claims, hot-plugged files) is named by its pin there;
         // another pinned hot-plugged file becomes the target's volume path
         // (`<hotplug>/<volume>.img`, the pin's own file name), given to QEMU by path.
-        let pinned_there = match pinned_sources(&xml, &plan.pins) {
-            Ok(pinned) => pinned,
-            Err(e) => return Err(self.migration_failed(e.into(), false)),
-        };
+        let pinned_there = pinned_sources(&xml, &plan.pins)?;
         let pins = self.pins();
         let mut moves: Vec<(&std::path::Path, &std::path::Path)> = vec![
             (&self.options.runtime_dir, &plan.runtime_dir),
@@ -306,11 +340,9 @@ impl Launcher {
                 plan.libvirt_uri,
                 uri_path(&installed.libvirt_dir)
             ),
-            (true, None) => {
-                return Err(self.migration_failed(TargetError::NoCredentials.into(), false));
-            }
+            (true, None) => return Err(TargetError::NoCredentials.into()),
         };
-        let to = MigrateTo {
+        Ok(MigrateTo {
             libvirt_uri,
             tls,
             migration_uri: plan.migration_uri,
@@ -318,28 +350,21 @@ impl Launcher {
             listen_address: plan.listen_address,
             dest_xml,
             copy_disks,
-            bandwidth_mib: request.bandwidth_mib,
-        };
-        let hv = match self.hypervisor() {
-            Ok(hv) => hv,
-            Err(e) => return Err(self.migration_failed(e, false)),
-        };
-        if cancel.has_changed().unwrap_or(false) || interrupt.has_changed().unwrap_or(false) {
-            let e = LauncherError::MigrationAborted {
-                why: "cancelled",
-                libvirt: "before it started".into(),
-            };
-            return Err(self.migration_failed(e, true));
-        }
-        let marker = self.migration_marker();
-        if let Err(e) = super::host_work(|| marker.write(&request.target)) {
-            return Err(self.migration_failed(TargetError::Marker(e).into(), false));
-        }
-        self.set_migration(|m| m.state = MigrationState::Migrating);
-        let n = self.domain_name.clone();
-        let moving = hv.clone();
-        let mut job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
-        let deadline = request.timeout.map(|t| tokio::time::Instant::now() + t);
+            bandwidth_mib,
+        })
+    }
+
+    /// Waits for libvirt's migration `job`, noting its progress each tick; a cancel, an
+    /// interrupt or the deadline aborts it. Returns the job's result and, when aborted, the
+    /// state the abort leaves the migration in.
+    async fn follow_migration(
+        &self,
+        hv: &Arc<Hypervisor>,
+        mut job: tokio::task::JoinHandle<Result<(), LibvirtError>>,
+        deadline: Option<tokio::time::Instant>,
+        cancel: &mut watch::Receiver<u64>,
+        interrupt: &mut watch::Receiver<u64>,
+    ) -> Result<(Result<(), LibvirtError>, Option<MigrationState>), LauncherError> {
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
         let mut aborted: Option<MigrationState> = None;
         let result = loop {
@@ -360,21 +385,28 @@ impl Launcher {
                 }
                 _ = cancel.changed(), if aborted.is_none() => {
                     aborted = Some(MigrationState::Cancelled);
-                    self.abort_migration(&hv).await;
+                    self.abort_migration(hv).await;
                 }
                 _ = interrupt.changed(), if aborted.is_none() => {
                     aborted = Some(MigrationState::Cancelled);
-                    self.abort_migration(&hv).await;
+                    self.abort_migration(hv).await;
                 }
                 () = timed_out, if aborted.is_none() => {
                     aborted = Some(MigrationState::Failed);
-                    self.abort_migration(&hv).await;
+                    self.abort_migration(hv).await;
                 }
             }
         };
-        if result.is_err() {
-            marker.remove();
-        }
+        Ok((result, aborted))
+    }
+
+    /// The migration's end as the status and the caller see it, from libvirt's result and
+    /// whether (and why) it was aborted.
+    fn migration_outcome(
+        &self,
+        result: Result<(), LibvirtError>,
+        aborted: Option<MigrationState>,
+    ) -> Result<MigrationStatus, LauncherError> {
         match (result, aborted) {
             (Ok(()), _) => {
                 self.update(|s| {

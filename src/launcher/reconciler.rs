@@ -250,48 +250,58 @@ impl Launcher {
             }
             _ if self.signals.is_closing() => false,
             HypervisorEvent::ConnectionClosed { reason } => {
-                // A close of a connection already replaced (after a daemon restart) is old news;
-                // one that a planned restart causes is judged once that restart is over.
-                let _planned = self.link.planned().await;
-                let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
-                if !current_alive {
-                    tracing::error!(reason, "the libvirt connection closed");
-                    self.reconnect().await;
-                }
+                self.on_connection_closed(reason).await;
                 true
             }
             HypervisorEvent::DaemonExited { daemon } => {
-                let _planned = self.link.planned().await;
-                tracing::error!(daemon, "a private daemon exited");
-                self.hub.event(EventKind::Hypervisor {
-                    event: "DaemonExited".into(),
-                    detail: daemon.into(),
-                });
-                if daemon == "libvirtd" {
-                    // The close of its connection may have been handled first, by a reconnect
-                    // that already started a new daemon: then there is nothing left to do.
-                    if !self.hypervisor().is_ok_and(|hv| hv.is_alive()) {
-                        self.reconnect().await;
-                    }
-                } else {
-                    let c = self.link.connector().clone();
-                    match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
-                        Ok(Ok(())) => {
-                            tracing::info!(daemon, "restarted");
-                            self.hub.event(EventKind::Hypervisor {
-                                event: "DaemonRestarted".into(),
-                                detail: daemon.into(),
-                            });
-                        }
-                        Ok(Err(e)) => {
-                            tracing::error!(daemon, error = %crate::error_chain(&e), "cannot restart")
-                        }
-                        Err(e) => tracing::error!(daemon, error = %e, "restart panicked"),
-                    }
-                }
+                self.on_daemon_exited(daemon).await;
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The libvirt connection closed: reconnected unless it is already replaced.
+    async fn on_connection_closed(&self, reason: i32) {
+        // A close of a connection already replaced (after a daemon restart) is old news;
+        // one that a planned restart causes is judged once that restart is over.
+        let _planned = self.link.planned().await;
+        let current_alive = self.hypervisor().is_ok_and(|hv| hv.is_alive());
+        if !current_alive {
+            tracing::error!(reason, "the libvirt connection closed");
+            self.reconnect().await;
+        }
+    }
+
+    /// A private daemon exited: libvirtd is reconnected to (and so restarted), another restarted.
+    async fn on_daemon_exited(&self, daemon: &'static str) {
+        let _planned = self.link.planned().await;
+        tracing::error!(daemon, "a private daemon exited");
+        self.hub.event(EventKind::Hypervisor {
+            event: "DaemonExited".into(),
+            detail: daemon.into(),
+        });
+        if daemon == "libvirtd" {
+            // The close of its connection may have been handled first, by a reconnect
+            // that already started a new daemon: then there is nothing left to do.
+            if !self.hypervisor().is_ok_and(|hv| hv.is_alive()) {
+                self.reconnect().await;
+            }
+        } else {
+            let c = self.link.connector().clone();
+            match tokio::task::spawn_blocking(move || c.ensure_daemons()).await {
+                Ok(Ok(())) => {
+                    tracing::info!(daemon, "restarted");
+                    self.hub.event(EventKind::Hypervisor {
+                        event: "DaemonRestarted".into(),
+                        detail: daemon.into(),
+                    });
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(daemon, error = %crate::error_chain(&e), "cannot restart")
+                }
+                Err(e) => tracing::error!(daemon, error = %e, "restart panicked"),
+            }
         }
     }
 

@@ -234,76 +234,12 @@ impl Launcher {
             .migration
             .as_ref()
             .is_some_and(super::MigrationStatus::is_incoming);
-        // A source's migration followed after a restart, seen to end before the reconciler
-        // said so: the same end, without a moment of "lost".
-        let following = s
-            .migration
-            .as_ref()
-            .is_some_and(super::MigrationStatus::is_outgoing);
-        let gone = super::migration::left_by_migration(&s.observation);
-        let (phase, phase_reason) = if s.migrated_away || (following && gone) {
-            (Phase::Succeeded, Some(PhaseReason::Migrated))
-        } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
-            (Phase::Failed, Some(PhaseReason::MigrationFailed))
-        } else if incoming {
-            (Phase::Scheduled, None)
-        } else {
-            (
-                lifecycle::phase(&s.observation, s.destroyed_after_grace),
-                lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
-            )
-        };
+        let (phase, phase_reason) = phase_of(s, incoming);
         let power_state = match &s.observation {
             Observation::Domain(p) => Some(p.clone()),
             _ => None,
         };
-        let mut conditions = Vec::new();
-        if let Some(p) = power_state
-            .as_ref()
-            .filter(|p| p.state == lifecycle::DomainState::Paused)
-        {
-            conditions.push(Condition {
-                kind: "Paused",
-                status: true,
-                reason: lifecycle::pause_reason(&p.reason).into(),
-                message: match (&s.io_error, p.reason.as_str()) {
-                    (Some(e), "ioerror") => e.clone(),
-                    _ => format!("libvirt reports paused ({})", p.reason),
-                },
-            });
-        }
-        if let Some(waiting) = s
-            .resources
-            .as_ref()
-            .and_then(|r| restart_required(&s.spec, r))
-        {
-            conditions.push(waiting);
-        }
-        // As virt-handler sets it from the channel's state; a domain that stopped has no agent,
-        // whatever libvirt last said (it sends no agent event when QEMU ends).
-        let running = power_state.as_ref().is_some_and(|p| p.state.is_active());
-        if s.agent_connected && running {
-            conditions.push(Condition {
-                kind: AGENT_CONNECTED,
-                status: true,
-                reason: String::new(),
-                message: String::new(),
-            });
-        }
-        conditions.push(match &s.sync_failure {
-            None => Condition {
-                kind: "Synchronized",
-                status: true,
-                reason: String::new(),
-                message: String::new(),
-            },
-            Some(msg) => Condition {
-                kind: "Synchronized",
-                status: false,
-                reason: "SyncFailed".into(),
-                message: msg.clone(),
-            },
-        });
+        let conditions = conditions(s, power_state.as_ref());
         let progress = Progress {
             vm_state: s.vm_state,
             task: s.task.map(|t| t.command.task()),
@@ -340,6 +276,79 @@ impl Launcher {
             ),
         }
     }
+}
+
+/// The phase and its reason: a migration's end first, a target waiting for its guest, else
+/// what libvirt shows.
+fn phase_of(s: &State, incoming: bool) -> (Phase, Option<PhaseReason>) {
+    // A source's migration followed after a restart, seen to end before the reconciler
+    // said so: the same end, without a moment of "lost".
+    let following = s
+        .migration
+        .as_ref()
+        .is_some_and(super::MigrationStatus::is_outgoing);
+    let gone = super::migration::left_by_migration(&s.observation);
+    if s.migrated_away || (following && gone) {
+        (Phase::Succeeded, Some(PhaseReason::Migrated))
+    } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
+        (Phase::Failed, Some(PhaseReason::MigrationFailed))
+    } else if incoming {
+        (Phase::Scheduled, None)
+    } else {
+        (
+            lifecycle::phase(&s.observation, s.destroyed_after_grace),
+            lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
+        )
+    }
+}
+
+/// KubeVirt's conditions: Paused, waiting for a restart, AgentConnected, Synchronized.
+fn conditions(s: &State, power_state: Option<&PowerState>) -> Vec<Condition> {
+    let mut conditions = Vec::new();
+    if let Some(p) = power_state.filter(|p| p.state == lifecycle::DomainState::Paused) {
+        conditions.push(Condition {
+            kind: "Paused",
+            status: true,
+            reason: lifecycle::pause_reason(&p.reason).into(),
+            message: match (&s.io_error, p.reason.as_str()) {
+                (Some(e), "ioerror") => e.clone(),
+                _ => format!("libvirt reports paused ({})", p.reason),
+            },
+        });
+    }
+    if let Some(waiting) = s
+        .resources
+        .as_ref()
+        .and_then(|r| restart_required(&s.spec, r))
+    {
+        conditions.push(waiting);
+    }
+    // As virt-handler sets it from the channel's state; a domain that stopped has no agent,
+    // whatever libvirt last said (it sends no agent event when QEMU ends).
+    let running = power_state.is_some_and(|p| p.state.is_active());
+    if s.agent_connected && running {
+        conditions.push(Condition {
+            kind: AGENT_CONNECTED,
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        });
+    }
+    conditions.push(match &s.sync_failure {
+        None => Condition {
+            kind: "Synchronized",
+            status: true,
+            reason: String::new(),
+            message: String::new(),
+        },
+        Some(msg) => Condition {
+            kind: "Synchronized",
+            status: false,
+            reason: "SyncFailed".into(),
+            message: msg.clone(),
+        },
+    });
+    conditions
 }
 
 /// The spec's topology (sockets from `resources` when it gives none) with the live count.

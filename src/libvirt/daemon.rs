@@ -476,16 +476,7 @@ impl PrivateDaemon {
             .map_err(prepare)?;
         fs::set_permissions(&log, fs::Permissions::from_mode(0o600)).map_err(prepare)?;
         // Everything the child needs after fork is allocated here, before it.
-        let binds: Vec<(CString, CString)> = COVERED
-            .iter()
-            .map(|(host, sub)| {
-                (
-                    CString::new(self.dir.join(sub).as_os_str().as_bytes())
-                        .expect("no NUL in paths"),
-                    CString::new(*host).expect("no NUL"),
-                )
-            })
-            .collect();
+        let binds = self.covered_binds();
         // libvirt re-probes QEMU when the host's CPUID differs from the cached one, and on some
         // machines CPUID differs between cores (this project's nested-PVM test host reports leaf
         // 0x1f on one core only): libvirtd, and the QEMU probes it spawns, stay on one core so the
@@ -543,11 +534,39 @@ impl PrivateDaemon {
                 Ok(())
             });
         }
-        let mut child = command.spawn().map_err(|source| DaemonError::Spawn {
+        let child = command.spawn().map_err(|source| DaemonError::Spawn {
             daemon: name,
             source,
         })?;
         let pid = child.id() as i32;
+        let exited = self.watch_exit(name, child)?;
+        Ok(DaemonProcess {
+            name,
+            pid,
+            exited: Some(exited),
+        })
+    }
+
+    /// The bind mounts of libvirtd's namespace: each of libvirt's fixed paths covered by ours.
+    fn covered_binds(&self) -> Vec<(CString, CString)> {
+        COVERED
+            .iter()
+            .map(|(host, sub)| {
+                (
+                    CString::new(self.dir.join(sub).as_os_str().as_bytes())
+                        .expect("no NUL in paths"),
+                    CString::new(*host).expect("no NUL"),
+                )
+            })
+            .collect()
+    }
+
+    /// A thread that waits for the daemon `child` to exit, marks it exited and reports it.
+    fn watch_exit(
+        &self,
+        name: &'static str,
+        mut child: std::process::Child,
+    ) -> Result<Arc<(Mutex<bool>, Condvar)>, DaemonError> {
         let exited = Arc::new((Mutex::new(false), Condvar::new()));
         let flag = exited.clone();
         let on_exit = self.on_exit.clone();
@@ -571,11 +590,7 @@ impl PrivateDaemon {
                 daemon: name,
                 source,
             })?;
-        Ok(DaemonProcess {
-            name,
-            pid,
-            exited: Some(exited),
-        })
+        Ok(exited)
     }
 
     /// Ready means libvirtd answers, not that its socket exists.

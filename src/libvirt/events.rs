@@ -238,6 +238,18 @@ impl EventRegistration {
                 ),
             ]
         };
+        reg.register_callbacks(conn, tx, callbacks)?;
+        Ok(reg)
+    }
+
+    /// Hands libvirt each of `callbacks`, with a sender of its own, then the close callback:
+    /// each kept to be deregistered on drop.
+    fn register_callbacks(
+        &mut self,
+        conn: &Connect,
+        tx: Sender,
+        callbacks: [(i32, sys::virConnectDomainEventGenericCallback); 11],
+    ) -> Result<(), EventError> {
         for (event_id, callback) in callbacks {
             let register = |opaque| {
                 // SAFETY: the connection pointer is valid while `conn` lives.
@@ -255,7 +267,7 @@ impl EventRegistration {
             // SAFETY: libvirt keeps `opaque`, with `free_sender`, exactly when the id is not
             // negative.
             let id = unsafe { hand_over(tx.clone(), event_id, register) }?;
-            reg.callback_ids.push(id);
+            self.callback_ids.push(id);
         }
         let register = |opaque| {
             // SAFETY: as above.
@@ -270,8 +282,8 @@ impl EventRegistration {
         };
         // SAFETY: as above, when rc is 0. -1: the close callback has no event id of its own.
         unsafe { hand_over(tx, -1, register) }?;
-        reg.close_callback = true;
-        Ok(reg)
+        self.close_callback = true;
+        Ok(())
     }
 }
 

@@ -332,14 +332,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         },
     };
     let connector = Arc::new(Connector::new(backend, events_tx));
-    // Made at start: a node daemon puts hot-plugged image files there before a Sync.
-    if let Err(e) = fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o750)
-        .create(&paths.hotplug_dir)
-    {
-        tracing::warn!(dir = %paths.hotplug_dir.display(), error = %e, "cannot make the hotplug dir");
-    }
+    make_hotplug_dir(&paths.hotplug_dir);
     // Before the logs are watched: the console log may live in the console dir made here.
     let reach = give_qemu_its_dirs(rt, &paths, &qemu_user, previous_qemu_id);
     // A `--connect`ed libvirt has its own virtlogd to bound the logs.
@@ -363,23 +356,7 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
     let chown_needed = nix::unistd::geteuid().as_raw() != node_owner.uid
         || nix::unistd::getegid().as_raw() != node_owner.gid;
     let effective = crate::host::caps::effective();
-    match &effective {
-        Ok(effective) => {
-            for missing in crate::host::caps::check(effective, &cgroup_roots, chown_needed) {
-                say(format_args!(
-                    "hotplug: {} unavailable: {}",
-                    missing.feature, missing.why
-                ));
-            }
-        }
-        Err(e) => say(format_args!(
-            "hotplug: cannot check capabilities: {}",
-            crate::error_chain(e)
-        )),
-    }
-    if let Some(warning) = crate::host::caps::memlock_warning_here(&cgroup_roots) {
-        say(format_args!("hotplug: {warning}"));
-    }
+    say_unavailable_hotplug(&effective, &cgroup_roots, chown_needed);
     let cgroup_roots = unless_unrestricted(cgroup_roots, connect.is_some());
     let hotplug = HotplugOptions {
         allowed_block_devices: block_allow,
@@ -399,41 +376,8 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         records: rt.0.join("hotplug-records.json"),
         last_sync: rt.0.join("last-sync"),
     };
-    // As a container's PID 1 the launcher owns its mount namespace.
-    let in_container = crate::init::is_container_entrypoint();
-    match crate::host::devnode::allow_device_nodes(&paths.hotplug_dir, in_container) {
-        Ok(true) => {
-            tracing::info!(dir = %paths.hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
-        }
-        Ok(false) => {}
-        Err(e) => say(format_args!(
-            "hotplug: block device nodes unavailable: {}",
-            crate::error_chain(&e)
-        )),
-    }
-    let claims_by_fd = connect.is_none() && crate::libvirt::supports_fd_groups();
-    let convert = ConvertOptions {
-        virt_type: emulation.resolve(),
-        machines: Default::default(),
-        block_volumes: Default::default(),
-        // The private libvirtd is this host's libvirt, 9.0 or later where it was built against
-        // one; a `--connect`ed one may be older than `fdgroup`.
-        claims_by_fd,
-        claims_refused_by: connect.clone(),
-        // Beside the private dir, not in it: a migration copies the writable disks under the
-        // private dir, and a hot-plugged file is shared, never copied.
-        pin_dir: claims_by_fd.then(|| rt.0.join(crate::host::pin::PIN_DIR)),
-        paths,
-        network,
-        publish,
-        // Never fails in practice; if it did, a spec asking for dedicated CPUs is refused by
-        // convert with "0 available", and nothing else needs them.
-        cpus: crate::host::cpus::own_cpus()
-            .inspect_err(|e| tracing::warn!("{e}"))
-            .unwrap_or_default(),
-        // Set per conversion by the launcher, for a domain that runs.
-        guest_at_boot: None,
-    };
+    allow_device_nodes(&paths.hotplug_dir);
+    let convert = convert_options(rt, connect.as_deref(), emulation, paths, network, publish);
     Prepared {
         connector,
         events,
@@ -448,6 +392,93 @@ pub fn prepare(request: HostRequest<'_>) -> Prepared {
         },
         logs,
         reach,
+    }
+}
+
+/// Made at start: a node daemon puts hot-plugged image files there before a Sync.
+fn make_hotplug_dir(dir: &Path) {
+    if let Err(e) = fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot make the hotplug dir");
+    }
+}
+
+/// Says which hotplug features the launcher's capabilities and cgroups take away.
+fn say_unavailable_hotplug(
+    effective: &Result<caps::CapsHashSet, crate::host::caps::CapsError>,
+    cgroup_roots: &CgroupRoots,
+    chown_needed: bool,
+) {
+    match effective {
+        Ok(effective) => {
+            for missing in crate::host::caps::check(effective, cgroup_roots, chown_needed) {
+                say(format_args!(
+                    "hotplug: {} unavailable: {}",
+                    missing.feature, missing.why
+                ));
+            }
+        }
+        Err(e) => say(format_args!(
+            "hotplug: cannot check capabilities: {}",
+            crate::error_chain(e)
+        )),
+    }
+    if let Some(warning) = crate::host::caps::memlock_warning_here(cgroup_roots) {
+        say(format_args!("hotplug: {warning}"));
+    }
+}
+
+/// Device nodes allowed in the hotplug dir (remounted without nodev where needed), or said why
+/// block devices cannot be hot-plugged.
+fn allow_device_nodes(hotplug_dir: &Path) {
+    // As a container's PID 1 the launcher owns its mount namespace.
+    let in_container = crate::init::is_container_entrypoint();
+    match crate::host::devnode::allow_device_nodes(hotplug_dir, in_container) {
+        Ok(true) => {
+            tracing::info!(dir = %hotplug_dir.display(), "the hotplug dir was on a nodev mount; remounted it with device nodes allowed")
+        }
+        Ok(false) => {}
+        Err(e) => say(format_args!(
+            "hotplug: block device nodes unavailable: {}",
+            crate::error_chain(&e)
+        )),
+    }
+}
+
+/// The conversion options every spec of this launcher shares.
+fn convert_options(
+    rt: &RuntimeDir,
+    connect: Option<&str>,
+    emulation: Emulation,
+    paths: HostPaths,
+    network: NetworkMode,
+    publish: Publish,
+) -> ConvertOptions {
+    let claims_by_fd = connect.is_none() && crate::libvirt::supports_fd_groups();
+    ConvertOptions {
+        virt_type: emulation.resolve(),
+        machines: Default::default(),
+        block_volumes: Default::default(),
+        // The private libvirtd is this host's libvirt, 9.0 or later where it was built against
+        // one; a `--connect`ed one may be older than `fdgroup`.
+        claims_by_fd,
+        claims_refused_by: connect.map(str::to_owned),
+        // Beside the private dir, not in it: a migration copies the writable disks under the
+        // private dir, and a hot-plugged file is shared, never copied.
+        pin_dir: claims_by_fd.then(|| rt.0.join(crate::host::pin::PIN_DIR)),
+        paths,
+        network,
+        publish,
+        // Never fails in practice; if it did, a spec asking for dedicated CPUs is refused by
+        // convert with "0 available", and nothing else needs them.
+        cpus: crate::host::cpus::own_cpus()
+            .inspect_err(|e| tracing::warn!("{e}"))
+            .unwrap_or_default(),
+        // Set per conversion by the launcher, for a domain that runs.
+        guest_at_boot: None,
     }
 }
 

@@ -47,19 +47,7 @@ impl Target<'_> {
             .map_err(RunError::Panicked)?
             .map_err(RunError::Daemons)?;
         let (front, mut offers) = api::Front::incoming(&uri);
-        let listener = match api::bind(self.socket) {
-            Ok(l) => l,
-            Err(e) => {
-                self.stop_daemon().await;
-                return Err(RunError::Socket(e));
-            }
-        };
-        let mut api = Served::start(front.clone(), listener, self.qemu_uid);
-        if let Err(e) = self.serve_tcp(&front, &mut api).await {
-            self.stop_daemon().await;
-            api.stop(self.socket).await;
-            return Err(RunError::Socket(e));
-        }
+        let api = self.serve(&front).await?;
         say(format_args!("libvirt {uri}"));
         say(format_args!("waiting for an incoming migration"));
         say(format_args!("api unix:{}", self.socket.display()));
@@ -75,17 +63,8 @@ impl Target<'_> {
                 say(format_args!(
                     "going on with the migration a predecessor took"
                 ));
-                let (spec, options) = match self.check(&offer) {
-                    Ok(checked) => checked,
-                    Err(e) => {
-                        self.stop_daemon().await;
-                        api.stop(self.socket).await;
-                        return Err(RunError::Resumed(e));
-                    }
-                };
-                let events = events.take().expect("the first start");
-                match Launcher::start(self.connector.clone(), spec, options, events).await {
-                    Ok((launcher, _)) => {
+                match self.resume(&offer, &mut events).await {
+                    Ok(launcher) => {
                         front.set(launcher.clone());
                         break launcher;
                     }
@@ -142,6 +121,20 @@ impl Target<'_> {
             "prepared for the incoming migration of domain {}",
             launcher.domain_name()
         ));
+        self.follow_prepared(&front, &launcher, api, started, signals)
+            .await
+    }
+
+    /// Follows the launcher prepared for the guest, as `run` follows its own, until the VM is
+    /// final or the launcher is told to stop; then shuts it and the API down.
+    async fn follow_prepared(
+        &self,
+        front: &Arc<api::Front>,
+        launcher: &Arc<Launcher>,
+        api: Served,
+        started: Instant,
+        signals: &mut StopSignals,
+    ) -> Result<Ended, RunError> {
         let closing = self.opts.listen.is_some().then(|| {
             tokio::spawn(close_tls_listener(
                 front.clone(),
@@ -149,13 +142,44 @@ impl Target<'_> {
                 self.connector.clone(),
             ))
         });
-        let ended = follow(&launcher, started, signals).await;
+        let ended = follow(launcher, started, signals).await;
         launcher.shut_down().await;
         if let Some(closing) = closing {
             closing.abort();
         }
         api.stop(self.socket).await;
         ended
+    }
+
+    /// Serves the API on its unix socket, and with `--listen` on TCP; when it cannot, stops the
+    /// private libvirtd.
+    async fn serve(&self, front: &Arc<api::Front>) -> Result<Served, RunError> {
+        let listener = match api::bind(self.socket) {
+            Ok(l) => l,
+            Err(e) => {
+                self.stop_daemon().await;
+                return Err(RunError::Socket(e));
+            }
+        };
+        let mut api = Served::start(front.clone(), listener, self.qemu_uid);
+        if let Err(e) = self.serve_tcp(front, &mut api).await {
+            self.stop_daemon().await;
+            api.stop(self.socket).await;
+            return Err(RunError::Socket(e));
+        }
+        Ok(api)
+    }
+
+    /// Starts the launcher for the offer a predecessor took, checked as a new one would be.
+    async fn resume(
+        &self,
+        offer: &IncomingOffer,
+        events: &mut Option<mpsc::UnboundedReceiver<HypervisorEvent>>,
+    ) -> Result<Arc<Launcher>, LauncherError> {
+        let (spec, options) = self.check(offer)?;
+        let events = events.take().expect("the first start");
+        let (launcher, _) = Launcher::start(self.connector.clone(), spec, options, events).await?;
+        Ok(launcher)
     }
 
     /// The source's spec, checked as a start would check it, and the same as this launcher's

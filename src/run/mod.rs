@@ -5,6 +5,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
@@ -237,24 +238,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     // once, instead of waiting unanswered through the start.
     let socket = opts.socket.clone().unwrap_or_else(|| rt.socket());
     api::check_socket_path(&socket).map_err(RunError::Socket)?;
-    // Where the spec's host paths lead, before anything is started: never into the launcher's
-    // own places, wherever this command line put them (its saved Sync, records, libvirt's and
-    // the vTPM's state, the capability cache), and only under the host disk roots if named.
-    let mut paths = crate::volumes::HostPaths::local(&rt.0);
-    if let Some(dir) = &opts.hotplug_dir {
-        paths.hotplug_dir = dir.clone();
-    }
-    let host_paths = host_path_policy(
-        &rt,
-        &paths,
-        opts.qemu_cache_dir.as_deref(),
-        &opts.host_disk_roots,
-    )
-    .reached_by(&qemu_user)
-    .on_shared_libvirt(opts.connect.is_some());
-    if let Some(spec) = &opts.spec {
-        host_paths.check(spec).map_err(RunError::HostPaths)?;
-    }
+    let (paths, host_paths) = check_host_paths(&opts, &rt, &qemu_user)?;
 
     // Before libvirtd, whose configuration names them.
     let migration_tls = install_migration_tls(&opts, &rt, &qemu_user)?;
@@ -291,24 +275,7 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
         mirror_console(console_log.clone());
     }
     if opts.incoming {
-        // A source on this host connects there (`MigrationSockets`); in a pod no other pod
-        // reaches a path of this one's, and QEMU's own dir serves.
-        let sockets = if opts.listen.is_none() && !crate::init::is_container_entrypoint() {
-            let owner = base.qemu_owner();
-            let made = tokio::task::spawn_blocking(move || {
-                crate::host::private_dirs::MigrationSockets::make(owner)
-            })
-            .await
-            .map_err(RunError::Panicked)?;
-            Some(made.map_err(|source| {
-                RunError::Incoming(crate::launcher::LauncherError::HostDisk {
-                    volume: String::new(),
-                    source,
-                })
-            })?)
-        } else {
-            None
-        };
+        let sockets = migration_sockets(&opts, &base).await?;
         let target = incoming::Target {
             opts: &opts,
             rt: &rt,
@@ -327,33 +294,9 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     warn_if_cpus_shared(&spec);
     let consoles = consoles(&spec, &paths);
     let options = base.for_spec(&spec, opts.spec_text.clone(), opts.strategy);
-    let events_rx = events;
-    let (launcher, kind) = match Launcher::start(connector.clone(), spec, options, events_rx).await
-    {
-        Ok(started) => started,
-        Err(e) => {
-            let c = connector.clone();
-            let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
-            return Err(RunError::Start(e));
-        }
-    };
+    let (launcher, kind) = start_launcher(&connector, spec, options, events).await?;
     say(format_args!("libvirt {}", connector.uri()));
-    say(format_args!(
-        "domain {} {} (run strategy {})",
-        launcher.domain_name(),
-        match kind {
-            StartKind::Created => "created",
-            StartKind::Adopted { last_sync: false } => "adopted",
-            StartKind::Adopted { last_sync: true } => "adopted with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)",
-            StartKind::NotStarted => "not started: waiting for a Start call",
-            StartKind::Incoming => "prepared for an incoming migration",
-            StartKind::MigratedAway => "migrated away before this launcher started: nothing to run",
-        },
-        opts.strategy.as_str(),
-    ));
-    for line in consoles {
-        say(format_args!("{line}"));
-    }
+    say_started(&launcher, kind, opts.strategy, consoles);
 
     let listener = match api::bind(&socket) {
         Ok(l) => l,
@@ -369,6 +312,99 @@ pub async fn run(opts: RunOptions) -> Result<Ended, RunError> {
     launcher.shut_down().await;
     api.stop(&socket).await;
     ended
+}
+
+/// Where the spec's host paths lead, before anything is started: never into the launcher's own
+/// places, wherever this command line put them (its saved Sync, records, libvirt's and the vTPM's
+/// state, the capability cache), and only under the host disk roots if named.
+fn check_host_paths(
+    opts: &RunOptions,
+    rt: &RuntimeDir,
+    qemu_user: &crate::host::qemu_user::QemuUser,
+) -> Result<
+    (
+        crate::volumes::HostPaths,
+        crate::host::confine::HostPathPolicy,
+    ),
+    RunError,
+> {
+    let mut paths = crate::volumes::HostPaths::local(&rt.0);
+    if let Some(dir) = &opts.hotplug_dir {
+        paths.hotplug_dir = dir.clone();
+    }
+    let host_paths = host_path_policy(
+        rt,
+        &paths,
+        opts.qemu_cache_dir.as_deref(),
+        &opts.host_disk_roots,
+    )
+    .reached_by(qemu_user)
+    .on_shared_libvirt(opts.connect.is_some());
+    if let Some(spec) = &opts.spec {
+        host_paths.check(spec).map_err(RunError::HostPaths)?;
+    }
+    Ok((paths, host_paths))
+}
+
+/// A migration target's sockets: a source on this host connects there (`MigrationSockets`); in
+/// a pod no other pod reaches a path of this one's, and QEMU's own dir serves (`None`).
+async fn migration_sockets(
+    opts: &RunOptions,
+    base: &LaunchBase,
+) -> Result<Option<crate::host::private_dirs::MigrationSockets>, RunError> {
+    if opts.listen.is_some() || crate::init::is_container_entrypoint() {
+        return Ok(None);
+    }
+    let owner = base.qemu_owner();
+    let made = tokio::task::spawn_blocking(move || {
+        crate::host::private_dirs::MigrationSockets::make(owner)
+    })
+    .await
+    .map_err(RunError::Panicked)?;
+    let sockets = made.map_err(|source| {
+        RunError::Incoming(crate::launcher::LauncherError::HostDisk {
+            volume: String::new(),
+            source,
+        })
+    })?;
+    Ok(Some(sockets))
+}
+
+/// Starts the launcher; when it cannot, stops the libvirtd started for it.
+async fn start_launcher(
+    connector: &Arc<crate::libvirt::Connector>,
+    spec: Validated,
+    options: crate::launcher::LaunchOptions,
+    events: tokio::sync::mpsc::UnboundedReceiver<crate::libvirt::events::HypervisorEvent>,
+) -> Result<(Arc<Launcher>, StartKind), RunError> {
+    match Launcher::start(connector.clone(), spec, options, events).await {
+        Ok(started) => Ok(started),
+        Err(e) => {
+            let c = connector.clone();
+            let _ = tokio::task::spawn_blocking(move || c.stop_daemon()).await;
+            Err(RunError::Start(e))
+        }
+    }
+}
+
+/// Says what became of the domain at start, and where its consoles are.
+fn say_started(launcher: &Launcher, kind: StartKind, strategy: RunStrategy, consoles: Vec<String>) {
+    say(format_args!(
+        "domain {} {} (run strategy {})",
+        launcher.domain_name(),
+        match kind {
+            StartKind::Created => "created",
+            StartKind::Adopted { last_sync: false } => "adopted",
+            StartKind::Adopted { last_sync: true } => "adopted with its last accepted Sync, which stands over the spec file (a Sync of the file's spec changes it)",
+            StartKind::NotStarted => "not started: waiting for a Start call",
+            StartKind::Incoming => "prepared for an incoming migration",
+            StartKind::MigratedAway => "migrated away before this launcher started: nothing to run",
+        },
+        strategy.as_str(),
+    ));
+    for line in consoles {
+        say(format_args!("{line}"));
+    }
 }
 
 /// The API, served until `stop`.

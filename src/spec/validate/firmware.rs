@@ -2,7 +2,7 @@
 
 use super::Problems;
 use crate::spec::checks::{check_host_path, is_word, looks_like_uuid};
-use crate::spec::model::DomainSpec;
+use crate::spec::model::{DomainSpec, KernelBoot};
 use crate::spec::problem::Problem;
 use crate::spec::unsupported;
 
@@ -86,38 +86,43 @@ pub(super) fn validate_machine_and_firmware(domain: &DomainSpec, e: &mut Problem
         }
     }
     if let Some(kb) = &firmware.kernel_boot {
-        let base = "spec.domain.firmware.kernelBoot.container";
-        match &kb.container {
-            None => e.add(base, Problem::KernelBootNeedsContainer),
-            Some(c) => {
-                // Go writes an unset image as `""` (the field has no omitempty): the same as none.
-                if let Some(image) = c.image.as_ref().filter(|i| !i.is_empty()) {
+        validate_kernel_boot(kb, e);
+    }
+}
+
+/// `kernelBoot`: host paths of a kernel (and initrd), never an image from a registry.
+fn validate_kernel_boot(kb: &KernelBoot, e: &mut Problems) {
+    let base = "spec.domain.firmware.kernelBoot.container";
+    match &kb.container {
+        None => e.add(base, Problem::KernelBootNeedsContainer),
+        Some(c) => {
+            // Go writes an unset image as `""` (the field has no omitempty): the same as none.
+            if let Some(image) = c.image.as_ref().filter(|i| !i.is_empty()) {
+                e.add(
+                    format!("{base}.image"),
+                    Problem::UnsupportedValue {
+                        value: image.clone(),
+                        why: "kernel images from a registry; leave out image and give host paths in kernelPath and initrdPath",
+                    },
+                );
+            }
+            if c.kernel_path.is_none() {
+                e.add(format!("{base}.kernelPath"), Problem::Required);
+            }
+            for (field, path) in [
+                ("kernelPath", &c.kernel_path),
+                ("initrdPath", &c.initrd_path),
+            ] {
+                let Some(p) = path else { continue };
+                if !p.starts_with('/') {
                     e.add(
-                        format!("{base}.image"),
-                        Problem::UnsupportedValue {
-                            value: image.clone(),
-                            why: "kernel images from a registry; leave out image and give host paths in kernelPath and initrdPath",
-                        },
+                        format!("{base}.{field}"),
+                        Problem::NotAbsolute { path: p.clone() },
                     );
-                }
-                if c.kernel_path.is_none() {
-                    e.add(format!("{base}.kernelPath"), Problem::Required);
-                }
-                for (field, path) in [
-                    ("kernelPath", &c.kernel_path),
-                    ("initrdPath", &c.initrd_path),
-                ] {
-                    let Some(p) = path else { continue };
-                    if !p.starts_with('/') {
-                        e.add(
-                            format!("{base}.{field}"),
-                            Problem::NotAbsolute { path: p.clone() },
-                        );
-                    } else if let Err(why) = check_host_path(p, false) {
-                        // QEMU reads the file into guest memory (libvirt hands it to QEMU's
-                        // user first).
-                        e.add(format!("{base}.{field}"), why);
-                    }
+                } else if let Err(why) = check_host_path(p, false) {
+                    // QEMU reads the file into guest memory (libvirt hands it to QEMU's
+                    // user first).
+                    e.add(format!("{base}.{field}"), why);
                 }
             }
         }

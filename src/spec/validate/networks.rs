@@ -9,7 +9,7 @@ use crate::spec::model::{Interface, Network, VirtualMachineInstance};
 use crate::spec::problem::Problem;
 use crate::spec::unsupported::{self, UnsupportedFields};
 
-pub const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
+const NIC_MODELS: &[&str] = &["virtio", "e1000", "e1000e", "rtl8139", "pcnet", "ne2k_pci"];
 
 pub(super) fn validate_networks(
     vmi: &VirtualMachineInstance,
@@ -34,38 +34,8 @@ pub(super) fn validate_networks(
                 },
             );
         }
-        match (&network.pod, &network.multus) {
-            (Some(pod), None) => {
-                pod_networks += 1;
-                unsupported::check(e, &format!("{path}.pod"), pod);
-            }
-            (None, Some(multus)) => {
-                if multus.network_name.is_empty() {
-                    e.add(format!("{path}.multus.networkName"), Problem::Required);
-                }
-                if multus.default == Some(true) {
-                    e.add(
-                        format!("{path}.multus.default"),
-                        Problem::Unsupported {
-                            why: "Multus as the default network; the pod network is",
-                        },
-                    );
-                }
-            }
-            (Some(_), Some(_)) => e.add(
-                path,
-                Problem::OnlyOneOf {
-                    fields: "pod, multus",
-                },
-            ),
-            (None, None) => e.add(
-                path,
-                Problem::Missing {
-                    what: "a network",
-                    needs: "a source",
-                    supported: "pod",
-                },
-            ),
+        if validate_network_source(network, path, e) {
+            pod_networks += 1;
         }
     }
     if pod_networks > 1 {
@@ -85,37 +55,7 @@ pub(super) fn validate_networks(
                 },
             );
         }
-        let unsupported_bindings = unsupported::Bindings(iface);
-        let bindings = [iface.masquerade.is_some(), iface.bridge.is_some()]
-            .into_iter()
-            .chain(
-                unsupported_bindings
-                    .unsupported_fields()
-                    .into_iter()
-                    .map(|(_, set, _)| set),
-            )
-            .filter(|s| *s)
-            .count();
-        unsupported::check(e, &path, &unsupported_bindings);
-        if bindings == 0 {
-            e.add(
-                path.clone(),
-                Problem::Missing {
-                    what: "an interface",
-                    needs: "a binding",
-                    supported: "masquerade, bridge",
-                },
-            );
-        } else if bindings > 1 {
-            e.add(path.clone(), Problem::OneBinding);
-        }
-        if iface.masquerade.is_some()
-            && networks
-                .get(iface.name.as_str())
-                .is_some_and(|n| n.pod.is_none())
-        {
-            e.add(format!("{path}.masquerade"), Problem::MasqueradeNotPod);
-        }
+        validate_binding(iface, &path, &networks, e);
         if let Some(state) = &iface.state {
             e.one_of(format!("{path}.state"), state, &["up", "down", "absent"]);
         }
@@ -145,7 +85,85 @@ pub(super) fn validate_networks(
     }
 }
 
-pub const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
+/// Where one network comes from: the pod or Multus, exactly one. True for the pod network.
+fn validate_network_source(network: &Network, path: String, e: &mut Problems) -> bool {
+    match (&network.pod, &network.multus) {
+        (Some(pod), None) => {
+            unsupported::check(e, &format!("{path}.pod"), pod);
+            return true;
+        }
+        (None, Some(multus)) => {
+            if multus.network_name.is_empty() {
+                e.add(format!("{path}.multus.networkName"), Problem::Required);
+            }
+            if multus.default == Some(true) {
+                e.add(
+                    format!("{path}.multus.default"),
+                    Problem::Unsupported {
+                        why: "Multus as the default network; the pod network is",
+                    },
+                );
+            }
+        }
+        (Some(_), Some(_)) => e.add(
+            path,
+            Problem::OnlyOneOf {
+                fields: "pod, multus",
+            },
+        ),
+        (None, None) => e.add(
+            path,
+            Problem::Missing {
+                what: "a network",
+                needs: "a source",
+                supported: "pod",
+            },
+        ),
+    }
+    false
+}
+
+/// One interface's binding: exactly one, and masquerade only to the pod network.
+fn validate_binding(
+    iface: &Interface,
+    path: &str,
+    networks: &BTreeMap<&str, &Network>,
+    e: &mut Problems,
+) {
+    let unsupported_bindings = unsupported::Bindings(iface);
+    let bindings = [iface.masquerade.is_some(), iface.bridge.is_some()]
+        .into_iter()
+        .chain(
+            unsupported_bindings
+                .unsupported_fields()
+                .into_iter()
+                .map(|(_, set, _)| set),
+        )
+        .filter(|s| *s)
+        .count();
+    unsupported::check(e, path, &unsupported_bindings);
+    if bindings == 0 {
+        e.add(
+            path,
+            Problem::Missing {
+                what: "an interface",
+                needs: "a binding",
+                supported: "masquerade, bridge",
+            },
+        );
+    } else if bindings > 1 {
+        e.add(path, Problem::OneBinding);
+    }
+    if iface.masquerade.is_some()
+        && networks
+            .get(iface.name.as_str())
+            .is_some_and(|n| n.pod.is_none())
+    {
+        e.add(format!("{path}.masquerade"), Problem::MasqueradeNotPod);
+    }
+}
+
+const PORT_PROTOCOLS: &[&str] = &["TCP", "UDP"];
 
 /// `ports` of one interface: masquerade only, each a real port and protocol, none twice.
 fn validate_ports(iface: &Interface, path: &str, e: &mut Problems) {
