@@ -35,7 +35,12 @@ impl Launcher {
         // Where the spec's host paths lead is looked at again at every start, not only when
         // the spec was taken: links may have changed since.
         self.options.host_paths.check(&vmi)?;
-        if let Some(kb) = def.kernel_boot.as_mut() {
+        let staged = self.staged_boot.lock().expect("staged boot lock").take();
+        if let Some((_, copied)) =
+            staged.filter(|(asked, _)| Some(asked) == def.kernel_boot.as_ref())
+        {
+            def.kernel_boot = Some(copied);
+        } else if let Some(kb) = def.kernel_boot.as_mut() {
             let (mut kb_, private_dir) = (kb.clone(), opts.paths.private_dir.clone());
             let owner = self.options.hotplug.node_owner;
             tokio::task::spawn_blocking(move || {
