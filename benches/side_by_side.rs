@@ -64,6 +64,30 @@ use vmlauncher::console::ConsoleLog;
 use vmlauncher::domain::{live_disks, live_resources, target_name, LiveVirtioMem};
 use vmlauncher::libvirt::events::{ensure_event_loop, EventRegistration, HypervisorEvent};
 
+/// Per VM, with all of a storm's VMs running: every non-QEMU process of each VM summed.
+fn print_storm_memory(per_vm: &[ProcessMemory]) {
+    let mib = |kib: u64| format!("{:.1}", kib as f64 / 1024.0);
+    println!("\n| storm of {STORM_VMS}, all running: non-QEMU processes of each VM | RSS MiB | RssAnon MiB | PSS MiB |");
+    println!("|---|---|---|---|");
+    for p in per_vm {
+        println!(
+            "| launcher pid {} and its libvirtd | {} | {} | {} |",
+            p.pid,
+            mib(p.rss),
+            mib(p.anon),
+            mib(p.pss)
+        );
+    }
+    let n = per_vm.len().max(1) as u64;
+    let mean = |f: fn(&ProcessMemory) -> u64| per_vm.iter().map(f).sum::<u64>() / n;
+    println!(
+        "| mean per VM | {} | {} | {} |",
+        mib(mean(|p| p.rss)),
+        mib(mean(|p| p.anon)),
+        mib(mean(|p| p.pss))
+    );
+}
+
 /// Alternating cycles for each one-disk row. With 30, the medians of either side moved by
 /// ±0.3 ms of a 5 ms attach from run to run (the guest's disk rescan under TCG competes with
 /// QEMU's hotplug), so the attach ratio moved by ±0.07 between runs of the same code.
@@ -83,6 +107,10 @@ struct Counts {
     many_rounds: usize,
     cold_starts: usize,
     warm_starts: usize,
+    /// The storm rows after the start rows.
+    storm: bool,
+    /// Stop after the start (and storm) rows.
+    start_only: bool,
 }
 
 /// The whole run's.
@@ -91,6 +119,18 @@ const FULL: Counts = Counts {
     many_rounds: MANY_ROUNDS,
     cold_starts: COLD_STARTS,
     warm_starts: WARM_STARTS,
+    storm: true,
+    start_only: false,
+};
+
+/// `--only start`: the warm starts beside raw and the storms, nothing else.
+const START_ONLY: Counts = Counts {
+    one_disk_cycles: 0,
+    many_rounds: 0,
+    cold_starts: 0,
+    warm_starts: 7,
+    storm: true,
+    start_only: true,
 };
 
 /// `--plain`'s, for each of several configurations in one run: half the one-disk cycles, three
@@ -100,6 +140,8 @@ const PLAIN_COUNTS: Counts = Counts {
     many_rounds: 3,
     cold_starts: 0,
     warm_starts: 4,
+    storm: false,
+    start_only: false,
 };
 /// Disks attached while memory is read.
 const MEMORY_DISKS: usize = 16;
@@ -587,6 +629,34 @@ fn time_to_running(spec: &str, caps: &Path) -> Duration {
     took
 }
 
+/// `raw_dir` laid out as the launcher's runtime dir is, for a copy of its domain that boots on
+/// its libvirtd: QEMU's own dir (its VNC socket) and the private dir as the launcher's QEMU id's,
+/// and the kernel and initrd copied into `private/boot` as the launcher copies them (untimed:
+/// a raw libvirt user points the domain at files there already). Returns the QEMU id.
+fn lay_out_raw_dir(vm: &Launched, raw_dir: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    let qemu_id: u32 = std::fs::read_to_string(vm.dir().join("qemu-id"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    for dir in ["private", "qemu"] {
+        std::fs::create_dir_all(raw_dir.join(dir)).unwrap();
+        std::os::unix::fs::chown(raw_dir.join(dir), Some(qemu_id), Some(qemu_id)).unwrap();
+    }
+    let boot = raw_dir.join("private/boot");
+    std::fs::create_dir_all(&boot).unwrap();
+    let guest = common::guest_dir();
+    for (from, to) in [("vmlinuz", "kernel"), ("initrd.img", "initrd")] {
+        let copy = boot.join(to);
+        let _ = std::fs::remove_file(&copy);
+        std::fs::copy(guest.join(from), &copy).unwrap();
+        std::os::unix::fs::chown(&copy, Some(qemu_id), Some(qemu_id)).unwrap();
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o400)).unwrap();
+    }
+    qemu_id
+}
+
 fn sparse_files(dir: &Path, prefix: &str, n: usize) -> Vec<PathBuf> {
     (0..n)
         .map(|k| {
@@ -723,6 +793,144 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
     ]
 }
 
+/// Launchers (and raw domains) started at once in a storm.
+const STORM_VMS: usize = 8;
+/// Storms per side, alternating which side goes first.
+const STORM_ROUNDS: usize = 2;
+
+/// One storm's outcome on the launchers' side.
+struct Storm {
+    took: Duration,
+    /// Per VM, every non-QEMU process of it summed, with all of them running.
+    per_vm: Vec<ProcessMemory>,
+}
+
+/// `STORM_VMS` launchers started at the same moment, each its own VM (a name of its own) on the
+/// warm capability cache, until every one has printed phase Running; then the memory of each
+/// VM's non-QEMU processes with all of them running; then each Killed.
+fn launcher_storm(warm_caps: &Path, round: usize) -> Storm {
+    let specs: Vec<String> = (0..STORM_VMS)
+        .map(|k| guest_spec(&format!("storm-{round}-{k}"), "", &[]))
+        .collect();
+    let caps = ["--qemu-cache-dir", warm_caps.to_str().unwrap()];
+    let started = Instant::now();
+    let mut vms: Vec<Launched> = specs.iter().map(|s| Launched::start(s, &caps)).collect();
+    for vm in &mut vms {
+        vm.wait_stdout("phase Running", BOOT_DEADLINE);
+    }
+    let took = started.elapsed();
+    let per_vm = vms
+        .iter()
+        .map(|vm| {
+            let all: Vec<ProcessMemory> = vm_processes(vm.child.id() as i32, vm.dir())
+                .into_iter()
+                .map(memory_of)
+                .collect();
+            ProcessMemory {
+                pid: vm.child.id() as i32,
+                name: "all non-QEMU".into(),
+                rss: all.iter().map(|p| p.rss).sum(),
+                anon: all.iter().map(|p| p.anon).sum(),
+                pss: all.iter().map(|p| p.pss).sum(),
+            }
+        })
+        .collect();
+    for vm in &mut vms {
+        common::cli_ok(&vm.socket(), &["kill"]);
+    }
+    for vm in &mut vms {
+        vm.wait_exit(Duration::from_secs(120));
+    }
+    Storm { took, per_vm }
+}
+
+/// `STORM_VMS` copies of the launcher's domain defined and started at the same moment on its
+/// running libvirtd (`uri`), each from a thread and a connection of its own (opened before),
+/// until every `create` has returned; then destroyed and undefined, untimed.
+fn raw_storm(uri: &str, xmls: &[String]) -> Duration {
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(xmls.len() + 1));
+    let threads: Vec<_> = xmls
+        .iter()
+        .map(|xml| {
+            let (xml, uri, barrier) = (xml.clone(), uri.to_string(), barrier.clone());
+            std::thread::spawn(move || {
+                let conn = virt::connect::Connect::open(Some(&uri)).unwrap();
+                barrier.wait();
+                let domain = conn
+                    .define_domain_xml(&xml)
+                    .unwrap_or_else(|e| panic!("defineXML: {e}"));
+                domain.create().unwrap_or_else(|e| panic!("create: {e}"));
+                domain
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    let domains: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let took = started.elapsed();
+    for domain in domains {
+        domain.destroy().unwrap();
+        domain.undefine().unwrap();
+    }
+    took
+}
+
+/// The storm rows (issue 46): `STORM_VMS` launchers at once beside `STORM_VMS` raw domains at
+/// once on the first VM's libvirtd, `STORM_ROUNDS` each, alternating; each beside one launcher's
+/// warm start (`warm`, its median); and the memory per VM with all the storm's VMs running.
+fn storm_rows(
+    work: &Path,
+    warm_caps: &Path,
+    vm: &Launched,
+    raw: &Raw,
+    warm: Duration,
+) -> (Vec<Row>, Vec<ProcessMemory>) {
+    eprintln!("side_by_side: storms of {STORM_VMS}, {STORM_ROUNDS} per side, alternating");
+    let xmls: Vec<String> = (0..STORM_VMS)
+        .map(|k| {
+            let dir = work.join(format!("raw-storm-{k}"));
+            lay_out_raw_dir(vm, &dir);
+            raw.definition_copy(vm.dir(), &dir, &format!("default_{NAME}-storm-{k}"))
+        })
+        .collect();
+    let uri = vm.libvirt_uri();
+    let (mut launchers, mut raws, mut memory) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..STORM_ROUNDS {
+        if round % 2 == 1 {
+            raws.push(raw_storm(&uri, &xmls));
+        }
+        let storm = launcher_storm(warm_caps, round);
+        launchers.push(storm.took);
+        memory = storm.per_vm;
+        if round % 2 == 0 {
+            raws.push(raw_storm(&uri, &xmls));
+        }
+    }
+    let median = |v: &[Duration]| quantile(v, 0.5);
+    let (l, r) = (median(&launchers), median(&raws));
+    eprintln!(
+        "side_by_side: storm of {STORM_VMS}: launchers {} ({:.2} × one warm start of {}), raw {} (launchers / raw {:.2})",
+        human(l),
+        l.as_secs_f64() / warm.as_secs_f64(),
+        human(warm),
+        human(r),
+        l.as_secs_f64() / r.as_secs_f64()
+    );
+    let rows = vec![
+        Row {
+            what: "storm: 8 `vmlauncher run` at once → all phase Running / 8 × (`defineXML` + `create`) at once on one running libvirtd",
+            launcher: launchers.clone(),
+            raw: Some(raws),
+        },
+        Row {
+            what: "storm: 8 launchers at once → all Running / one launcher's warm start (median, the same run)",
+            launcher: launchers,
+            raw: Some(vec![warm]),
+        },
+    ];
+    (rows, memory)
+}
+
 /// The rows of the VM the rest runs on (start, one disk, 64 disks), and the memory of its
 /// processes with 16 disks attached.
 fn first_vm_rows(
@@ -736,6 +944,7 @@ fn first_vm_rows(
         many_rounds,
         cold_starts,
         warm_starts,
+        ..
     } = counts;
     let base = guest_spec(NAME, "", &[]);
     let mut rows = Vec::new();
@@ -762,15 +971,7 @@ fn first_vm_rows(
         "side_by_side: start → running, {cold_starts} cold and {warm_starts} warm, alternating"
     );
     let raw_dir = work.join("raw-start");
-    std::fs::create_dir_all(raw_dir.join("private")).unwrap();
-    // The copy's QEMU runs as the launcher's own QEMU id (the same libvirtd): its private dir,
-    // where it makes its VNC socket, is that id's, as a launcher's QEMU dir is.
-    let qemu_id: u32 = std::fs::read_to_string(vm.dir().join("qemu-id"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    std::os::unix::fs::chown(raw_dir.join("private"), Some(qemu_id), Some(qemu_id)).unwrap();
+    lay_out_raw_dir(&vm, &raw_dir);
     let raw_xml = raw.definition_copy(vm.dir(), &raw_dir, &format!("default_{NAME}-raw"));
     let (mut cold, mut warm, mut raw_start) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..cold_starts.max(warm_starts) {
@@ -794,11 +995,22 @@ fn first_vm_rows(
             raw: None,
         });
     }
+    let warm_median = quantile(&warm, 0.5);
     rows.push(Row {
         what: "start → running: `vmlauncher run`, warm cache / `defineXML` + `create` on a running libvirtd",
         launcher: warm,
         raw: Some(raw_start),
     });
+    if counts.storm {
+        let (storm, per_vm) = storm_rows(work, warm_caps, &vm, &raw, warm_median);
+        rows.extend(storm);
+        print_storm_memory(&per_vm);
+    }
+    if counts.start_only {
+        common::cli_ok(&vm.socket(), &["kill"]);
+        vm.wait_exit(Duration::from_secs(120));
+        return (rows, Vec::new());
+    }
 
     eprintln!("side_by_side: one disk, {one_disk_cycles} alternating cycles");
     let launcher_image = work.join("launcher-one.img");
@@ -986,15 +1198,17 @@ fn main() {
         .iter()
         .position(|a| a == "--json")
         .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
-    // `--only migration`: the migration rows alone (they take their own guests and daemons).
-    let only_migration = args.iter().position(|a| a == "--only").is_some_and(|i| {
-        assert_eq!(
-            args.get(i + 1).map(String::as_str),
-            Some("migration"),
-            "--only takes `migration`"
+    // `--only migration`: the migration rows alone (they take their own guests and daemons);
+    // `--only start`: the warm starts and the storms alone.
+    let only = args.iter().position(|a| a == "--only").map(|i| {
+        let what = args.get(i + 1).map(String::as_str);
+        assert!(
+            matches!(what, Some("migration" | "start")),
+            "--only takes `migration` or `start`"
         );
-        true
+        what.unwrap_or_default().to_string()
     });
+    let only_migration = only.as_deref() == Some("migration");
     // The launchers log as they would in production (warn), not as tests ask them to (info).
     std::env::set_var("VMLAUNCHER_TEST_LOG", "warn");
     // The gRPC client does a call's I/O on the calling thread, as libvirt's client library does
@@ -1016,6 +1230,16 @@ fn main() {
         .collect();
     if !plain.is_empty() {
         plain_rows(&rt, work.path(), &plain);
+        return;
+    }
+    if only.as_deref() == Some("start") {
+        let (rows, _) = first_vm_rows(&rt, work.path(), &warm_caps, START_ONLY);
+        let load = shell("cut -d' ' -f1-3 /proc/loadavg");
+        println!(
+            "\nstart rows, {}, load average {load} at the end\n",
+            shell("date -u '+%Y-%m-%d %H:%M UTC'")
+        );
+        print_tables(&rows, &[]);
         return;
     }
     let (mut rows, memory) = if only_migration {

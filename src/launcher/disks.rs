@@ -35,7 +35,13 @@ impl Launcher {
         // Where the spec's host paths lead is looked at again at every start, not only when
         // the spec was taken: links may have changed since.
         self.options.host_paths.check(&vmi)?;
-        if let Some(kb) = def.kernel_boot.as_mut() {
+        // The copy made while libvirtd started, if it is of what this start boots.
+        let staged = self.staged_boot.lock().expect("staged boot lock").take();
+        if let Some((_, copied)) =
+            staged.filter(|(asked, _)| Some(asked) == def.kernel_boot.as_ref())
+        {
+            def.kernel_boot = Some(copied);
+        } else if let Some(kb) = def.kernel_boot.as_mut() {
             self.copy_kernel_boot(kb, &opts).await?;
         }
         // A hot-plugged volume never keeps the VM from (re)starting: one that waits

@@ -338,6 +338,12 @@ pub struct Launcher {
     /// attached as soon as it appears.
     pending: watch::Sender<BTreeMap<String, PathBuf>>,
     live: LiveView,
+    /// `start` found no domain of this name just before its first start (which then does not
+    /// ask again); taken by that start.
+    absent_at_start: std::sync::atomic::AtomicBool,
+    /// The kernel and initrd copied for the first start while libvirtd started (`start`):
+    /// the spec's (host) paths and the copies. Taken by that start if the paths are the same.
+    staged_boot: Mutex<Option<(domain::KernelBootDef, domain::KernelBootDef)>>,
 }
 
 impl Launcher {
@@ -355,9 +361,33 @@ impl Launcher {
         let def = convert::convert(&vmi, &options.convert)?;
         let name = def.name.clone();
         let c = connector.clone();
-        let hv = tokio::task::spawn_blocking(move || c.connect())
-            .await
-            .map_err(LauncherError::Join)??;
+        let connecting = tokio::task::spawn_blocking(move || c.connect());
+        // The host side of a first start needs no libvirt: done while libvirtd starts. Opened
+        // and copied as at every start (`disks::copy_boot_files`), only sooner.
+        let staging = def
+            .kernel_boot
+            .clone()
+            .filter(|_| {
+                crate::tricks::enabled(crate::tricks::Trick::ParallelStart)
+                    && options.strategy.starts_at_launch()
+                    && !options.incoming
+            })
+            .map(|kb| {
+                let (private_dir, owner) = (
+                    options.convert.paths.private_dir.clone(),
+                    options.hotplug.node_owner,
+                );
+                tokio::task::spawn_blocking(move || {
+                    let mut copied = kb.clone();
+                    disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
+                })
+            });
+        let hv = connecting.await.map_err(LauncherError::Join)??;
+        // A copy that failed is made again by the start, which says why.
+        let staged_boot = match staging {
+            Some(staging) => staging.await.ok().and_then(Result::ok),
+            None => None,
+        };
         // Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start,
         // so the guest keeps the machine ABI it started with.
         // Only the one alias the spec uses is asked about: the host-wide capabilities would probe
@@ -445,11 +475,20 @@ impl Launcher {
             ),
             pending: watch::channel(BTreeMap::new()).0,
             live: LiveView::new(crate::tricks::enabled(crate::tricks::Trick::LiveStateCache)),
+            absent_at_start: std::sync::atomic::AtomicBool::new(false),
+            staged_boot: Mutex::new(staged_boot),
         });
         launcher.update(|_| {});
         let n = name.clone();
         let exists = launcher.call(move |hv| hv.exists(&n))?;
-        launcher.refresh().await;
+        if exists {
+            launcher.refresh().await;
+        } else {
+            // Nothing to read: the observation stays NotCreated, as a read would leave it.
+            launcher
+                .absent_at_start
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let active =
             matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
         let mut restored = false;
@@ -504,6 +543,16 @@ impl Launcher {
                 StartKind::NotStarted
             }
         };
+        // What `start` learnt holds for its own first start only: a later one (a restart, a
+        // Start call) asks libvirt and opens the host's files again.
+        launcher
+            .absent_at_start
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        launcher
+            .staged_boot
+            .lock()
+            .expect("staged boot lock")
+            .take();
         launcher.block.set_boot(boot_devices);
         let live: BTreeSet<String> = launcher
             .status()

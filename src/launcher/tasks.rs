@@ -242,7 +242,11 @@ impl Launcher {
     /// is replaced, so that a restart boots what the owner last asked for.
     pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
-        if self.call(move |hv| hv.exists(&n))? {
+        // Asked already by `Launcher::start`, just before its first start: not again.
+        let absent = self
+            .absent_at_start
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        if !absent && self.call(move |hv| hv.exists(&n))? {
             let n = self.domain_name.clone();
             self.update(|s| s.undefined_by_us = true);
             // The variables the guest set survive its restart.
@@ -256,7 +260,8 @@ impl Launcher {
         self.clear_tpm_state(&def)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
-        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds))?;
+        let ports = def.interfaces.iter().any(|i| !i.port_forwards.is_empty());
+        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds, ports))?;
         self.update(|s| {
             s.undefined_by_us = false;
             s.finished = false;

@@ -196,10 +196,9 @@ fn copy_files(from: &Path, to: &Path, which: Which) -> Result<usize, CapCacheErr
     Ok(written)
 }
 
-/// Has libvirtd at `uri` load QEMU's capabilities (probing QEMU if its cache has no valid file),
+/// Has libvirtd on `conn` load QEMU's capabilities (probing QEMU if its cache has no valid file),
 /// through the domain capabilities every start asks for anyway.
-pub fn load_capabilities(uri: &str) -> Result<(), virt::error::Error> {
-    let conn = super::connect(uri)?;
+pub fn load_capabilities(conn: &virt::connect::Connect) -> Result<(), virt::error::Error> {
     // One cache file per QEMU binary, whatever the virt type: "qemu" is always available.
     conn.domain_capabilities(None, Some("x86_64"), None, Some("qemu"), 0)
         .map(drop)

@@ -147,6 +147,13 @@ pub struct PrivateDaemon {
     legacy_virtlogd: Option<DaemonProcess>,
     /// Shared with the watching threads, so that `stop` can silence them before it kills.
     on_exit: Arc<Mutex<Option<ExitNotifier>>>,
+    /// The connection that found the daemon this struct started answering, kept for the
+    /// launcher ([`PrivateDaemon::take_connection`]): opening another costs its handshake again
+    /// (five round trips, each 10–25 ms on a loaded machine).
+    answered: Option<virt::connect::Connect>,
+    /// Loads QEMU's capabilities and publishes them (`publish_capabilities`), beside the
+    /// launcher's own first calls; joined before the daemon stops.
+    publishing: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for PrivateDaemon {
@@ -193,6 +200,8 @@ impl PrivateDaemon {
             libvirtd: None,
             legacy_virtlogd: None,
             on_exit: Arc::new(Mutex::new(on_exit)),
+            answered: None,
+            publishing: None,
         };
         daemon.libvirtd = daemon.adopt(LIBVIRTD, |d| answers(&d.uri));
         daemon.legacy_virtlogd = daemon.adopt("virtlogd", |d| {
@@ -229,10 +238,25 @@ impl PrivateDaemon {
             self.seed_capabilities();
             let process = self.spawn_libvirtd()?;
             self.libvirtd = Some(process);
-            self.wait_ready()?;
-            self.publish_capabilities();
+            let conn = self.wait_ready()?;
+            self.publish_capabilities(&conn);
+            self.answered = Some(conn);
         }
         Ok(())
+    }
+
+    /// The connection that found the daemon answering at its last start, if nobody took it:
+    /// the caller's own from now on.
+    pub fn take_connection(&mut self) -> Option<virt::connect::Connect> {
+        self.answered.take()
+    }
+
+    /// Waits until QEMU's capabilities started loading at the last start are loaded and
+    /// published (`warm-cache` exits then).
+    pub fn wait_capabilities(&mut self) {
+        if let Some(publishing) = self.publishing.take() {
+            let _ = publishing.join();
+        }
     }
 
     /// The shared QEMU capability cache, if there is one and the trick is played.
@@ -258,24 +282,42 @@ impl PrivateDaemon {
     }
 
     /// Has the fresh libvirtd load QEMU's capabilities (probing if the seeded cache was missing
-    /// or stale), then publishes what changed for the next launcher.
-    fn publish_capabilities(&self) {
-        let Some(shared) = self.shared_capabilities() else {
+    /// or stale) on `conn`, then publishes what changed for the next launcher. With the
+    /// `parallel-start` trick, on a thread of its own: the load takes libvirtd 0.1–0.2 s, in
+    /// which the launcher registers for events and readies its disks, and asks libvirt for the
+    /// same capabilities (its call waits for this load, never repeats it).
+    fn publish_capabilities(&mut self, conn: &virt::connect::Connect) {
+        self.wait_capabilities();
+        let Some(shared) = self.shared_capabilities().cloned() else {
             return;
         };
-        let started = Instant::now();
-        if let Err(e) = capcache::load_capabilities(&self.uri) {
-            tracing::warn!(error = %e, "cannot load QEMU's capabilities");
+        let (conn, private) = (conn.clone(), self.dir.join(capcache::PRIVATE_SUBDIR));
+        let publish = move || {
+            let started = Instant::now();
+            if let Err(e) = capcache::load_capabilities(&conn) {
+                tracing::warn!(error = %e, "cannot load QEMU's capabilities");
+                return;
+            }
+            let loaded = started.elapsed();
+            match capcache::publish(&private, &shared) {
+                Ok(n) => {
+                    tracing::info!(published = n, ?loaded, shared = %shared.display(), "QEMU's capabilities loaded")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::error_chain(&e), "cannot publish QEMU's capability cache")
+                }
+            }
+        };
+        if !enabled(Trick::ParallelStart) {
+            publish();
             return;
         }
-        let loaded = started.elapsed();
-        match capcache::publish(&self.dir.join(capcache::PRIVATE_SUBDIR), shared) {
-            Ok(n) => {
-                tracing::info!(published = n, ?loaded, shared = %shared.display(), "QEMU's capabilities loaded")
-            }
-            Err(e) => {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot publish QEMU's capability cache")
-            }
+        match std::thread::Builder::new()
+            .name("capabilities".into())
+            .spawn(publish)
+        {
+            Ok(handle) => self.publishing = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "cannot publish QEMU's capability cache"),
         }
     }
 
@@ -298,6 +340,10 @@ impl PrivateDaemon {
     pub fn stop(&mut self) {
         // No more restarts: the exit that follows is ours.
         *self.on_exit.lock().expect("notifier lock") = None;
+        // A publish under way finishes first: a cache half loaded is not published, and its
+        // call would fail on the daemon stopped under it.
+        self.wait_capabilities();
+        self.answered = None;
         for process in [self.libvirtd.take(), self.legacy_virtlogd.take()]
             .into_iter()
             .flatten()
@@ -593,12 +639,32 @@ impl PrivateDaemon {
         Ok(exited)
     }
 
-    /// Ready means libvirtd answers, not that its socket exists.
-    fn wait_ready(&self) -> Result<(), DaemonError> {
+    /// Ready means libvirtd answers, not that its socket exists: libvirtd listens on its socket
+    /// before its drivers are up, and accepts the connections waiting there only once they are.
+    /// So a connection made as soon as the socket appears is answered the moment the daemon is
+    /// ready, without polling: the socket's appearance is waited for on inotify, and that first
+    /// connection is returned (the launcher's own from then on). The daemon's death is checked
+    /// between waits.
+    fn wait_ready(&self) -> Result<virt::connect::Connect, DaemonError> {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let name = LIBVIRTD;
         crate::libvirt::events::ensure_event_loop().ok();
         let process = self.libvirtd.as_ref();
         let deadline = Instant::now() + START_TIMEOUT;
+        let sock_dir = self.dir.join("sock");
+        // Made before the first look: a socket made in between is an event, never missed.
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .and_then(|i| {
+                i.add_watch(
+                    &sock_dir,
+                    AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO,
+                )
+                .map(|_| i)
+            })
+            .inspect_err(
+                |e| tracing::debug!(error = %e, "no inotify: waiting for libvirtd by polling"),
+            )
+            .ok();
         let mut backoff = Duration::from_millis(10);
         loop {
             if !process.is_some_and(DaemonProcess::is_alive) {
@@ -609,18 +675,37 @@ impl PrivateDaemon {
                     log,
                 });
             }
-            if answers(&self.uri) {
-                return Ok(());
+            // Blocks, once the socket is there, until libvirtd serves it.
+            if let Some(conn) = answering(&self.uri) {
+                return Ok(conn);
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= deadline {
                 return Err(DaemonError::Timeout {
                     daemon: name,
                     timeout: START_TIMEOUT,
                     log: self.log_path(name),
                 });
             }
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(Duration::from_millis(200));
+            match &inotify {
+                // Woken by the socket's creation; at the latest after a while, to see whether
+                // the daemon died before it made its socket.
+                Some(inotify) => {
+                    let fd = std::os::fd::AsFd::as_fd(inotify);
+                    let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
+                    let slice = (deadline - now).min(Duration::from_millis(250));
+                    let _ = nix::poll::poll(
+                        &mut fds,
+                        nix::poll::PollTimeout::try_from(slice)
+                            .unwrap_or(nix::poll::PollTimeout::MAX),
+                    );
+                    let _ = inotify.read_events();
+                }
+                None => {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+            }
         }
     }
 }
@@ -684,10 +769,13 @@ fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
 
 /// An API call on `uri` succeeds.
 fn answers(uri: &str) -> bool {
-    match super::connect(uri) {
-        Ok(conn) => conn.lib_version().is_ok(),
-        Err(_) => false,
-    }
+    answering(uri).is_some()
+}
+
+/// A connection to `uri`: its opening is itself calls libvirtd answered (the remote driver's
+/// `CONNECT_OPEN` among them), so no other call is needed to know.
+fn answering(uri: &str) -> Option<virt::connect::Connect> {
+    super::connect(uri).ok()
 }
 
 fn log_tail(log: &Path) -> String {

@@ -17,8 +17,9 @@ use std::sync::{Mutex, PoisonError};
 pub enum Change {
     /// The device of `alias` is gone from `domain`, and nothing else changed.
     DeviceRemoved { domain: String, alias: String },
-    /// A device was added to `domain`: what it is, only a read of the domain tells.
-    DeviceAdded { domain: String },
+    /// The device of `alias` was added to `domain`: what it is, only a read of the domain
+    /// tells, or whoever added it (`launcher::live_view`: the launcher's own attaches).
+    DeviceAdded { domain: String, alias: String },
     /// Anything else (a lifecycle change, a reboot, a block job's end, a lost connection...).
     Other,
 }

@@ -353,8 +353,9 @@ fn change_of(event: &HypervisorEvent) -> Change {
             domain: domain.clone(),
             alias: alias.clone(),
         },
-        HypervisorEvent::DeviceAdded { domain, .. } => Change::DeviceAdded {
+        HypervisorEvent::DeviceAdded { domain, alias } => Change::DeviceAdded {
             domain: domain.clone(),
+            alias: alias.clone(),
         },
         _ => Change::Other,
     }
@@ -590,7 +591,8 @@ mod tests {
         assert_eq!(
             change_of(&added),
             Change::DeviceAdded {
-                domain: "vm".into()
+                domain: "vm".into(),
+                alias: "ua-b".into()
             }
         );
         // libvirt could not name the domain (or the device): it may be this one's.

@@ -173,11 +173,23 @@ pub struct Hypervisor {
 impl Hypervisor {
     /// Opens `uri` and sends every domain event of that connection to `events`.
     pub fn open(uri: &str, events: UnboundedSender<HypervisorEvent>) -> Result<Self, LibvirtError> {
+        Self::open_on(uri, None, events)
+    }
+
+    /// [`Hypervisor::open`] on `conn`, a connection to `uri` open already, if given.
+    pub fn open_on(
+        uri: &str,
+        conn: Option<Connect>,
+        events: UnboundedSender<HypervisorEvent>,
+    ) -> Result<Self, LibvirtError> {
         events::ensure_event_loop()?;
-        let conn = connect(uri).map_err(|source| LibvirtError::Connect {
-            uri: uri.into(),
-            source,
-        })?;
+        let conn = match conn {
+            Some(conn) => conn,
+            None => connect(uri).map_err(|source| LibvirtError::Connect {
+                uri: uri.into(),
+                source,
+            })?,
+        };
         // Notice a dead daemon within seconds rather than at the next call (remote URIs only;
         // local drivers refuse keepalive, which is fine).
         let _ = conn.set_keep_alive(5, 3);
@@ -275,12 +287,15 @@ impl Hypervisor {
     /// for this start.
     /// With `spare_pcie_ports`, the definition is made twice: once for libvirt to place the
     /// devices, then again with that many empty root ports after its own (`DomainDef`).
+    /// `ports`: the definition forwards host ports (`hostfwd_add`, which needs the live XML);
+    /// without, that read is skipped.
     pub fn define_and_start(
         &self,
         name: &str,
         xml: &str,
         spare_pcie_ports: u32,
         fds: &[(String, std::fs::File)],
+        ports: bool,
     ) -> Result<(), LibvirtError> {
         self.forget_domain();
         let mut dom = self
@@ -310,11 +325,15 @@ impl Hypervisor {
             let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("start", name)(e));
         }
-        if let Err(e) = publish_ports(&dom, name, None) {
-            let _ = dom.destroy();
-            let _ = dom.undefine_flags(Nvram::Keep.flags());
-            return Err(e);
+        if ports {
+            if let Err(e) = publish_ports(&dom, name, None) {
+                let _ = dom.destroy();
+                let _ = dom.undefine_flags(Nvram::Keep.flags());
+                return Err(e);
+            }
         }
+        // The handle of the domain just made: the next calls on it need no lookup.
+        *self.last_domain.lock().expect("domain handle lock") = Some((name.into(), dom));
         Ok(())
     }
 
@@ -676,7 +695,15 @@ impl Connector {
     /// then connects; every domain event of the new connection goes to the connector's channel.
     pub fn connect(&self) -> Result<Hypervisor, ConnectError> {
         self.ensure_daemons()?;
-        Ok(Hypervisor::open(&self.uri(), self.events.clone())?)
+        // The connection that saw a daemon just started answer, if there is one: no second
+        // handshake.
+        let answered = (self.daemon.lock().expect("daemon lock").as_mut())
+            .and_then(daemon::PrivateDaemon::take_connection);
+        Ok(Hypervisor::open_on(
+            &self.uri(),
+            answered,
+            self.events.clone(),
+        )?)
     }
 
     /// Blocking. Starts whichever private daemon is not running; nothing for a `--connect` URI.
