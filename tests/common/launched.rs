@@ -332,6 +332,14 @@ impl Launched {
         }
     }
 
+    /// SIGTERM, as a pod's stop sends it: the guest powers off within the grace period and the
+    /// launcher exits 0 (its stderr shown otherwise).
+    pub fn terminate_ok(&mut self) {
+        self.signal(nix::sys::signal::Signal::SIGTERM);
+        let code = self.wait_exit(super::GUEST_DEADLINE).code();
+        assert_eq!(code, Some(0), "{}", self.stderr_text());
+    }
+
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         signal_pid(self.child.id() as i32, signal).unwrap();
     }

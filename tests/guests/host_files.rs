@@ -165,13 +165,7 @@ fn a_users_host_disk_and_the_kernel_keep_their_owner_and_mode_while_and_after_th
     let mut console = vm.boot();
     sees_the_disk(&mut console);
     check("while the VM runs");
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(
-        vm.wait_exit(GUEST_DEADLINE).code(),
-        Some(0),
-        "{}",
-        vm.stderr_text()
-    );
+    vm.terminate_ok();
     check("after the VM");
     // Still readable to its owner.
     let out = as_nobody(&format!("head -c 512 {} > /dev/null", disk.display()));
@@ -328,12 +322,6 @@ fn a_block_device_host_disk_keeps_its_owner_and_mode_and_one_qemu_may_not_open_i
     let mut console = vm.boot();
     sees_the_disk(&mut console);
     assert_eq!(owner_mode(&node), expected, "while the VM runs");
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(
-        vm.wait_exit(GUEST_DEADLINE).code(),
-        Some(0),
-        "{}",
-        vm.stderr_text()
-    );
+    vm.terminate_ok();
     assert_eq!(owner_mode(&node), expected, "after the VM");
 }

@@ -770,12 +770,6 @@ async fn an_efi_vm_killed_is_started_again_and_its_variables_go_at_the_end() {
     assert_ne!(vm.qemu_pid(name), first, "a new QEMU");
     assert!(nvram.exists(), "the variables did not survive the restart");
     common::wait_booted(&mut console);
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(
-        vm.wait_exit(GUEST_DEADLINE).code(),
-        Some(0),
-        "{}",
-        vm.stderr_text()
-    );
+    vm.terminate_ok();
     assert!(!nvram.exists(), "the variables outlived the launcher");
 }
