@@ -584,7 +584,8 @@ fn qemu_host_pids(domain: &str) -> Vec<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
-    let name = "pid-one";
+    // Its QEMU is looked for among the host's processes by name: one no other run uses.
+    let name = &format!("pid-one-{}", common::unique());
     // A new PID namespace (with its own /proc) in which the launcher is PID 1, as in a pod.
     let (owned, mut vm) = started_through(
         &["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"],
