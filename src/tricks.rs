@@ -27,9 +27,7 @@ pub enum Trick {
     LeanLibvirtd,
     /// The live disks and power state kept between libvirt's events instead of read again by
     /// every Sync (`launcher::live_view`, `libvirt::delivered`): a Sync that changes nothing
-    /// (1.77 → 0.89 ms when it came). Since issue 46 the launcher's own attaches and detaches
-    /// are carried over too (their DEVICE_ADDED / DEVICE_REMOVED), so a Sync right after one
-    /// reads nothing either.
+    /// (1.77 → 0.89 ms when it came).
     LiveStateCache,
     /// A start's independent steps run side by side instead of one after the other
     /// (`launcher::Launcher::start`, `libvirt::daemon`): the kernel and initrd copied while

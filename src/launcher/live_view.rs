@@ -4,17 +4,10 @@
 //! from the events since (`carry_disks`, `power_state_carries`) whether the read still holds, and asks libvirt only when it
 //! does not: a no-op Sync then costs no libvirt call.
 //!
-//! The launcher's own attaches and detaches do not make the disks unknown: libvirt tells of
-//! each by an event (DEVICE_ADDED, DEVICE_REMOVED) in the same log, and the launcher knows
-//! what it attached (the disk as it sent it, kept in `attached` until its DEVICE_ADDED is
-//! carried). So a Sync right after a change plans from what the change left, without a read;
-//! a device added by anyone else (an alias the launcher did not attach) still needs one.
-//!
 //! Locks: `disks` and `power_read_at` are leaves, taken alone and never while calling out; the
 //! log of delivered events (which waits for nothing) is read under them. `reading` (async) is
 //! held for one power-state read and its update, so that two reads never interleave.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -40,9 +33,6 @@ pub(super) struct LiveView {
     disks: Mutex<Option<(LiveKey, Vec<LiveDisk>)>>,
     /// Bumped before each attach or detach of the launcher's own.
     own_changes: AtomicU64,
-    /// The disks the launcher attached itself, by alias, as it sent them: what their
-    /// DEVICE_ADDED adds to the kept disks (each carried once). Cleared by a read.
-    attached: Mutex<BTreeMap<String, LiveDisk>>,
     /// The count of delivered events just before the last successful power-state read.
     power_read_at: Mutex<Option<u64>>,
     reading: tokio::sync::Mutex<()>,
@@ -54,7 +44,6 @@ impl LiveView {
             enabled,
             disks: Mutex::new(None),
             own_changes: AtomicU64::new(0),
-            attached: Mutex::new(BTreeMap::new()),
             power_read_at: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
         }
@@ -84,8 +73,7 @@ impl LiveView {
         }
         if at.delivered < now.delivered {
             let changes = log(at.delivered, now.delivered)?;
-            let mut attached = self.attached.lock().expect("own attaches lock");
-            *disks = carry_disks(disks, domain, &changes, &mut attached)?;
+            *disks = carry_disks(disks, domain, &changes)?;
             at.delivered = now.delivered;
         }
         Some(disks.clone())
@@ -95,31 +83,6 @@ impl LiveView {
     pub(super) fn keep_disks(&self, key: LiveKey, disks: Vec<LiveDisk>) {
         if self.enabled {
             *self.disks.lock().expect("live disks lock") = Some((key, disks));
-            // The read has them (or libvirt does not): nothing of them left to carry.
-            self.attached.lock().expect("own attaches lock").clear();
-        }
-    }
-
-    /// [`LiveView::attached`] of the `<disk>` element `xml`, as the launcher sent it.
-    pub(super) fn attached_xml(&self, xml: &str) {
-        let wrapped = format!("<domain><devices>{xml}</devices></domain>");
-        if let Some(mut disk) = crate::domain::live_disks(&wrapped)
-            .ok()
-            .and_then(|d| d.into_iter().next())
-        {
-            disk.xml = xml.to_string();
-            self.attached(disk);
-        }
-    }
-
-    /// The launcher attached `disk` itself (libvirt's call succeeded): its DEVICE_ADDED, when
-    /// the kept disks are carried over it, adds `disk` instead of making them unknown.
-    pub(super) fn attached(&self, disk: LiveDisk) {
-        if let (true, Some(alias)) = (self.enabled, disk.alias.clone()) {
-            self.attached
-                .lock()
-                .expect("own attaches lock")
-                .insert(alias, disk);
         }
     }
 
@@ -160,37 +123,25 @@ impl LiveView {
 }
 
 /// The live disks of `domain` read before `changes`, as they are after them: when every change
-/// is the removal of one of its devices (that disk, if it is one, is gone), the addition of a
-/// disk the launcher attached itself (`attached`, by alias: it is there, as sent; taken from
-/// `attached`), or a device event of another domain. Anything else, an addition by someone
-/// else above all (what was added only a read tells), needs a read: `None`.
-fn carry_disks(
-    read: &[LiveDisk],
-    domain: &str,
-    changes: &[Change],
-    attached: &mut BTreeMap<String, LiveDisk>,
-) -> Option<Vec<LiveDisk>> {
-    let mut disks = read.to_vec();
-    let mut carried = Vec::new();
+/// is the removal of one of its devices (that disk, if it is one, is gone) or a device event of
+/// another domain. Anything else, an addition above all (what was added only a read tells),
+/// needs a read: `None`.
+fn carry_disks(read: &[LiveDisk], domain: &str, changes: &[Change]) -> Option<Vec<LiveDisk>> {
+    let mut gone = Vec::new();
     for change in changes {
         match change {
-            Change::DeviceRemoved { domain: d, alias } if d == domain => {
-                disks.retain(|disk| disk.alias.as_deref() != Some(alias.as_str()));
-            }
-            Change::DeviceAdded { domain: d, alias } if d == domain => {
-                let own = attached.get(alias)?;
-                disks.retain(|disk| disk.alias.as_deref() != Some(alias.as_str()));
-                disks.push(own.clone());
-                carried.push(alias.clone());
-            }
-            Change::DeviceRemoved { .. } | Change::DeviceAdded { .. } => {}
-            Change::Other => return None,
+            Change::DeviceRemoved { domain: d, alias } if d == domain => gone.push(alias.as_str()),
+            Change::DeviceRemoved { domain: d, .. } | Change::DeviceAdded { domain: d }
+                if d != domain => {}
+            _ => return None,
         }
     }
-    for alias in carried {
-        attached.remove(&alias);
-    }
-    Some(disks)
+    Some(
+        read.iter()
+            .filter(|disk| !disk.alias.as_deref().is_some_and(|a| gone.contains(&a)))
+            .cloned()
+            .collect(),
+    )
 }
 
 /// Whether a power state read before `changes` is still the truth after them: devices coming
@@ -264,7 +215,7 @@ mod tests {
             view.disks(view.key(2), "vm", &no_log),
             Some(vec![disk("ua-b")])
         );
-        let added = |_, _| Some(vec![added("vm", "ua-x")]);
+        let added = |_, _| Some(vec![added("vm")]);
         assert_eq!(view.disks(view.key(3), "vm", &added), None);
         // Events the log no longer has: unknown.
         assert_eq!(view.disks(view.key(3), "vm", &no_log), None);
@@ -293,10 +244,9 @@ mod tests {
         assert!(!view.power_state_current_at(1, &no_log));
     }
 
-    fn added(domain: &str, alias: &str) -> Change {
+    fn added(domain: &str) -> Change {
         Change::DeviceAdded {
             domain: domain.into(),
-            alias: alias.into(),
         }
     }
 
@@ -318,46 +268,13 @@ mod tests {
                 &[removed("vm", "net0"), removed("other", "ua-a")],
                 Some(read.to_vec()),
             ),
-            (&[added("other", "ua-a")], Some(read.to_vec())),
-            (&[removed("vm", "ua-a"), added("vm", "ua-c")], None),
+            (&[added("other")], Some(read.to_vec())),
+            (&[removed("vm", "ua-a"), added("vm")], None),
             (&[Change::Other, removed("vm", "ua-a")], None),
         ];
         for (changes, expected) in cases {
-            let mut none = BTreeMap::new();
-            assert_eq!(
-                carry_disks(&read, "vm", changes, &mut none),
-                expected,
-                "{changes:?}"
-            );
+            assert_eq!(carry_disks(&read, "vm", changes), expected, "{changes:?}");
         }
-    }
-
-    #[test]
-    fn the_launchers_own_attach_is_carried_once_and_a_read_forgets_it() {
-        let view = LiveView::new(true);
-        view.keep_disks(view.key(1), vec![disk("ua-a")]);
-        view.attached(disk("ua-b"));
-        let log = |_, _| Some(vec![added("vm", "ua-b")]);
-        assert_eq!(
-            view.disks(view.key(2), "vm", &log),
-            Some(vec![disk("ua-a"), disk("ua-b")])
-        );
-        // Carried once: the same alias added again (by someone else) needs a read.
-        let again = |_, _| Some(vec![added("vm", "ua-b")]);
-        assert_eq!(view.disks(view.key(3), "vm", &again), None);
-        // A disk the launcher attached before a read is the read's: not carried after it.
-        view.attached(disk("ua-c"));
-        view.keep_disks(view.key(4), vec![disk("ua-a"), disk("ua-c")]);
-        let later = |_, _| Some(vec![added("vm", "ua-c")]);
-        assert_eq!(view.disks(view.key(5), "vm", &later), None);
-        // Its own attach, then its own detach: both carried.
-        view.keep_disks(view.key(6), vec![disk("ua-a")]);
-        view.attached(disk("ua-d"));
-        let both = |_, _| Some(vec![added("vm", "ua-d"), removed("vm", "ua-a")]);
-        assert_eq!(
-            view.disks(view.key(8), "vm", &both),
-            Some(vec![disk("ua-d")])
-        );
     }
 
     #[test]
@@ -365,8 +282,8 @@ mod tests {
         assert!(power_state_carries(&[]));
         assert!(power_state_carries(&[
             removed("vm", "ua-a"),
-            added("other", "ua-a")
+            added("other")
         ]));
-        assert!(!power_state_carries(&[added("vm", "ua-a"), Change::Other]));
+        assert!(!power_state_carries(&[added("vm"), Change::Other]));
     }
 }

@@ -499,7 +499,7 @@ impl Launcher {
             return false;
         }
         let xml = prepared.to_xml();
-        // Not forgotten: this attach's DEVICE_ADDED adds the disk to the kept ones (below).
+        self.forget_live_disks();
         let mut attempts = 1;
         let attached = loop {
             match self.call(|hv| hv.attach(&self.domain_name, &xml, persist, &fds)) {
@@ -516,7 +516,6 @@ impl Launcher {
         };
         match attached {
             Ok(()) => {
-                self.live.attached_xml(&xml);
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
                 true
             }
@@ -613,7 +612,7 @@ impl Launcher {
         self.detaches.begin(&volume, generation, was_detaching);
         let removed = self.detaches.expect_removal(&alias);
         let (n, xml, a) = (self.domain_name.clone(), live.xml.clone(), alias.clone());
-        // Not forgotten: the kept disks lose this one with its DEVICE_REMOVED.
+        self.forget_live_disks();
         if let Err(e) = self.call(move |hv| hv.detach(&n, &xml, &a)) {
             self.detaches.stop_waiting(&alias);
             if matches!(&e, LauncherError::Libvirt(l) if l.is_device_missing()) {

@@ -17,9 +17,8 @@ use std::sync::{Mutex, PoisonError};
 pub enum Change {
     /// The device of `alias` is gone from `domain`, and nothing else changed.
     DeviceRemoved { domain: String, alias: String },
-    /// The device of `alias` was added to `domain`: what it is, only a read of the domain
-    /// tells, or whoever added it (`launcher::live_view`: the launcher's own attaches).
-    DeviceAdded { domain: String, alias: String },
+    /// A device was added to `domain`: what it is, only a read of the domain tells.
+    DeviceAdded { domain: String },
     /// Anything else (a lifecycle change, a reboot, a block job's end, a lost connection...).
     Other,
 }
