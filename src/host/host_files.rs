@@ -22,10 +22,11 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::fcntl::{openat, readlinkat, renameat, OFlag};
+use nix::fcntl::{openat, readlinkat, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
-use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
+use nix::unistd::{fchown, Gid, Uid};
 
+use super::root_dir::RootDir;
 use super::{devnode::NodeOwner, HostError};
 
 /// The largest kernel or initrd copied (a distribution's initrd with every module is ~100 MiB).
@@ -303,7 +304,7 @@ fn shown(path: &Path, pending: &VecDeque<OsString>, name: &OsStr) -> String {
 /// Opens (making it if needed) the launcher's `boot` directory in `private_dir`: root's, 0711,
 /// so that QEMU's user reaches the copies by name and cannot add, remove or rename any. One
 /// that is not so (someone else made it) is refused.
-pub fn boot_dir(private_dir: &Path) -> Result<OwnedFd, HostError> {
+pub fn boot_dir(private_dir: &Path) -> Result<RootDir, HostError> {
     let path = private_dir.join(BOOT_DIR);
     let failed = |e: Errno| HostError::Inspect {
         path: path.clone(),
@@ -336,58 +337,42 @@ pub fn boot_dir(private_dir: &Path) -> Result<OwnedFd, HostError> {
     }
     // A umask may have taken bits: the mode is set, not asked for.
     nix::sys::stat::fchmod(&dir, Mode::from_bits_truncate(0o711)).map_err(failed)?;
-    Ok(dir)
+    Ok(RootDir::opened(dir, path))
 }
 
 /// Copies `source` (opened by [`open_host_file`] as [`Kind::Boot`]) to `name` in `dir` (from
 /// [`boot_dir`]), at most [`MAX_BOOT_FILE`] bytes, and gives the copy to `owner` (QEMU's user),
-/// 0400, through its descriptor. Replaces an earlier copy by rename: what a running QEMU has
-/// open is never written. Returns the copy's path (`dir_path/name`).
+/// 0400, through its descriptor. Replaces an earlier copy by rename
+/// ([`RootDir::replace_with`]): what a running QEMU has open is never written. Returns the
+/// copy's path.
 pub fn copy_boot_file(
     source: &fs::File,
-    dir: &OwnedFd,
-    dir_path: &Path,
+    dir: &RootDir,
     name: &str,
     owner: NodeOwner,
 ) -> Result<PathBuf, HostError> {
-    let path = dir_path.join(name);
+    let path = dir.path().join(name);
     let failed = |source: io::Error| HostError::Create {
         path: path.clone(),
         source,
     };
-    let tmp = format!(".{name}.new");
-    // Left by a launcher that died part-way.
-    match unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir) {
-        Ok(()) | Err(Errno::ENOENT) => {}
-        Err(e) => return Err(failed(e.into())),
-    }
-    let fd = openat(
-        dir,
-        tmp.as_str(),
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o400),
-    )
-    .map_err(|e| failed(e.into()))?;
-    let mut copy = fs::File::from(fd);
-    let copied = io::copy(&mut source.take(MAX_BOOT_FILE + 1), &mut copy).map_err(failed)?;
-    if copied > MAX_BOOT_FILE {
-        let _ = unlinkat(dir, tmp.as_str(), UnlinkatFlags::NoRemoveDir);
-        return Err(HostError::TooLarge {
-            path: path.clone(),
-            size: copied,
-            max: MAX_BOOT_FILE,
-        });
-    }
-    copy.flush().map_err(failed)?;
-    fchown(
-        copy.as_fd(),
-        Some(Uid::from_raw(owner.uid)),
-        Some(Gid::from_raw(owner.gid)),
-    )
-    .map_err(|e| failed(e.into()))?;
-    nix::sys::stat::fchmod(copy.as_fd(), Mode::from_bits_truncate(0o400))
-        .map_err(|e| failed(e.into()))?;
-    renameat(dir, tmp.as_str(), dir, name).map_err(|e| failed(e.into()))?;
+    dir.replace_with(OsStr::new(name), 0o400, |copy| {
+        let copied = io::copy(&mut source.take(MAX_BOOT_FILE + 1), copy).map_err(failed)?;
+        if copied > MAX_BOOT_FILE {
+            return Err(HostError::TooLarge {
+                path: path.clone(),
+                size: copied,
+                max: MAX_BOOT_FILE,
+            });
+        }
+        copy.flush().map_err(failed)?;
+        fchown(
+            copy.as_fd(),
+            Some(Uid::from_raw(owner.uid)),
+            Some(Gid::from_raw(owner.gid)),
+        )
+        .map_err(|e| failed(e.into()))
+    })?;
     Ok(path)
 }
 
@@ -546,7 +531,7 @@ mod tests {
         for _ in 0..2 {
             // Again at the next start: replaced.
             let source = open_host_file(&original, Kind::Boot).unwrap();
-            let copy = copy_boot_file(&source, &dir, &dir_path, "kernel", owner).unwrap();
+            let copy = copy_boot_file(&source, &dir, "kernel", owner).unwrap();
             assert_eq!(copy, dir_path.join("kernel"));
             assert_eq!(fs::read(&copy).unwrap(), b"a kernel");
             let meta = fs::metadata(&copy).unwrap();

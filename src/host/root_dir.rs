@@ -70,6 +70,11 @@ impl RootDir {
         })
     }
 
+    /// `fd`, a directory its opener already checked as [`RootDir::open`] does, at `path`.
+    pub(super) fn opened(fd: OwnedFd, path: PathBuf) -> RootDir {
+        RootDir { fd, path }
+    }
+
     /// The directory of `file` opened as [`RootDir::open`] does, and `file`'s name in it.
     pub fn of_file(file: &Path) -> Result<(RootDir, &OsStr), HostError> {
         match (file.parent(), file.file_name()) {
@@ -95,9 +100,11 @@ impl RootDir {
     }
 
     /// Replaces `name` with a file of `mode` that `write` fills: made aside under a name of its
-    /// own (exclusively, never through a link), synced, and renamed over `name`, so a
-    /// half-written file is never found under `name` and a file that QEMU has open is never
-    /// written. Returns the new file, open for reading and writing.
+    /// own (exclusively, never through a link) and renamed over `name`, so a half-written file
+    /// is never found under `name` and a file that QEMU has open is never written. Not synced
+    /// (as `durable::write_atomically`): a launcher killed part-way leaves the old file or the
+    /// new, and the images made here are remade at every start or read only while this kernel
+    /// runs. Returns the new file, open for reading and writing.
     pub fn replace_with(
         &self,
         name: &OsStr,
@@ -123,11 +130,10 @@ impl RootDir {
         .map_err(|e| failed(e.into()))?;
         let mut file = fs::File::from(fd);
         let written = write(&mut file).and_then(|()| {
-            file.sync_all()
-                // A umask may have taken bits: the mode is set, not asked for.
-                .and_then(|()| Ok(fchmod(file.as_fd(), Mode::from_bits_truncate(mode))?))
-                .and_then(|()| Ok(renameat(&self.fd, aside.as_os_str(), &self.fd, name)?))
-                .map_err(failed)
+            // A umask may have taken bits: the mode is set, not asked for.
+            fchmod(file.as_fd(), Mode::from_bits_truncate(mode))
+                .and_then(|()| renameat(&self.fd, aside.as_os_str(), &self.fd, name))
+                .map_err(|e| failed(e.into()))
         });
         if let Err(e) = written {
             let _ = unlinkat(&self.fd, aside.as_os_str(), UnlinkatFlags::NoRemoveDir);

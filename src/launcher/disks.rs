@@ -295,17 +295,14 @@ pub(super) fn copy_boot_files(
         move |source| LauncherError::HostFile { field, source }
     };
     let dir = boot_dir(private_dir).map_err(named("kernelPath"))?;
-    let dir_path = private_dir.join(host::host_files::BOOT_DIR);
     let kernel = open_host_file(&kb.kernel, Kind::Boot).map_err(named("kernelPath"))?;
     let initrd = match &kb.initrd {
         Some(path) => Some(open_host_file(path, Kind::Boot).map_err(named("initrdPath"))?),
         None => None,
     };
-    kb.kernel =
-        copy_boot_file(&kernel, &dir, &dir_path, "kernel", owner).map_err(named("kernelPath"))?;
+    kb.kernel = copy_boot_file(&kernel, &dir, "kernel", owner).map_err(named("kernelPath"))?;
     if let Some(initrd) = initrd {
-        let copy = copy_boot_file(&initrd, &dir, &dir_path, "initrd", owner)
-            .map_err(named("initrdPath"))?;
+        let copy = copy_boot_file(&initrd, &dir, "initrd", owner).map_err(named("initrdPath"))?;
         kb.initrd = Some(copy);
     }
     Ok(())
