@@ -35,6 +35,7 @@ pub mod qemu_user;
 pub(crate) mod records;
 pub mod root_dir;
 pub mod tpm_state;
+mod walk;
 pub mod watch;
 
 pub use devnode::{DevNumber, NodeOwner};

@@ -35,7 +35,7 @@ impl RootDir {
     /// else.
     pub fn open(dir: &Path) -> Result<RootDir, HostError> {
         let mode = Mode::from_bits_truncate(MADE_DIR_MODE);
-        let (parent, name) = super::host_files::walk_to_parent(dir, Some(mode))?;
+        let (parent, name) = super::walk::walk_to_parent(dir, Some(mode))?;
         match mkdirat(&parent, name.as_os_str(), mode) {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => {
