@@ -34,6 +34,7 @@ mod signals;
 mod status;
 mod status_hub;
 mod sync;
+mod synced_domain;
 mod task_slot;
 mod tasks;
 #[cfg(test)]
@@ -71,6 +72,7 @@ pub use resize::{ResourceChange, ResourcePart};
 use saved::{SavedSyncError, SavedSyncs};
 use signals::Signals;
 use status_hub::StatusHub;
+use synced_domain::SyncedDomain;
 use task_slot::TaskSlot;
 
 /// The last accepted Sync a launcher kept at `base` (`HotplugOptions::last_sync`), if any.
@@ -257,6 +259,8 @@ struct State {
     agent_events: u64,
     /// The spec the domain was made from or last synced to.
     spec: Validated,
+    /// `spec` as the Sync that accepted it converted it; `None` until a Sync did.
+    spec_domain: Option<SyncedDomain>,
     /// The migration in flight or last ended.
     migration: Option<MigrationStatus>,
     /// The VM went to another launcher: its life here ended well (phase Succeeded, Migrated).
@@ -285,6 +289,12 @@ impl State {
         self.restarts = r.restarts;
         self.last_started = r.last_started;
         self.finished = r.finished;
+    }
+
+    /// The spec is now `vmi`, converted as `domain` when the caller converted it.
+    fn set_spec(&mut self, vmi: Validated, domain: Option<SyncedDomain>) {
+        self.spec = vmi;
+        self.spec_domain = domain;
     }
 
     /// When the reconciler must look again without an event.
@@ -430,6 +440,7 @@ impl Launcher {
             agent_events: 0,
             undefined_by_us: false,
             spec: vmi,
+            spec_domain: None,
             migration: None,
             migrated_away: false,
             migration_lost: false,
@@ -634,7 +645,7 @@ impl Launcher {
         for volume in replaced {
             tracing::warn!(%volume, "the block device the last Sync gave this volume is another disk now (its number was reused): left out; a Sync naming its device attaches it");
         }
-        self.update(|s| s.spec = vmi);
+        self.update(|s| s.set_spec(vmi, None));
         self.last_sync.restored(input);
         true
     }

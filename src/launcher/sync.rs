@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{libvirt_message, Launcher, LauncherError, VolumePhase, VolumeStatus, DETACH_TIMEOUT};
@@ -20,6 +21,7 @@ use super::disks::{prepare_disks, DiskNotReady};
 use super::in_flight::in_flight;
 use super::nics::{self, NicChange};
 use super::resize::{self, ResizePlan, ResourceChange};
+use super::synced_domain::SyncedDomain;
 use super::task_slot::Work;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +78,11 @@ type BlockResolution = Result<DevNumber, PathBuf>;
 #[derive(Debug)]
 pub(super) struct PreparedSync {
     vmi: Validated,
-    desired: DomainDef,
+    /// `vmi` converted for the running domain: kept as the current spec's conversion once
+    /// the Sync is accepted (`SyncedDomain`).
+    desired: Arc<DomainDef>,
+    /// The boot memory `desired` was converted for.
+    guest_at_boot: Option<u64>,
     input: SyncInput,
     devices: BTreeMap<String, BlockResolution>,
     /// The block volumes the launcher held when this was prepared.
@@ -180,7 +186,8 @@ impl Launcher {
         }
         Ok(PreparedSync {
             vmi,
-            desired,
+            desired: Arc::new(desired),
+            guest_at_boot: opts.guest_at_boot,
             input,
             devices,
             held,
@@ -254,6 +261,7 @@ impl Launcher {
         PreparedSync {
             vmi,
             desired,
+            guest_at_boot,
             input,
             devices,
             interrupt_generation,
@@ -261,13 +269,7 @@ impl Launcher {
         }: &PreparedSync,
     ) -> Result<SyncOutcome, LauncherError> {
         let dry_run = input.dry_run;
-        // Before the state lock: `block` is a leaf, never taken under `state`.
-        let mut opts = self.convert_options();
-        opts.guest_at_boot = self.memory_at_boot();
-        let current = {
-            let s = self.state.lock().expect("state lock");
-            convert::convert(&s.spec, &opts)?
-        };
+        let current = self.current_domain()?;
         let frozen = hotplug::frozen_fields_changed(&current, desired);
         if !frozen.is_empty() {
             return Err(LauncherError::FrozenFieldsChanged { fields: frozen });
@@ -311,7 +313,11 @@ impl Launcher {
                 interfaces: nic_plan,
             });
         }
-        self.accept(input, vmi)?;
+        self.accept(
+            input,
+            vmi,
+            SyncedDomain::new(*guest_at_boot, Arc::clone(desired)),
+        )?;
         let resources = self.resize(resizes, &resources);
         let interfaces = self
             .change_interfaces(nic_plan, &live_nics, &desired.interfaces)
@@ -385,7 +391,12 @@ impl Launcher {
     /// first (a launcher killed from here on restarts knowing it), then shown by `GetSpec`.
     /// The spec becomes the current one too (what a restart boots), even if the Sync is then
     /// interrupted.
-    fn accept(&self, input: &SyncInput, vmi: &Validated) -> Result<(), LauncherError> {
+    fn accept(
+        &self,
+        input: &SyncInput,
+        vmi: &Validated,
+        converted: SyncedDomain,
+    ) -> Result<(), LauncherError> {
         // The same request again (a no-op Sync, a retry) is saved already: neither copied nor
         // looked up in sysfs again.
         let sys = &self.options.hotplug.sys_dev_block;
@@ -403,8 +414,29 @@ impl Launcher {
         };
         super::host_work(|| self.last_sync.accept(input, disk_sequences))?;
         let vmi = vmi.clone();
-        self.update(|s| s.spec = vmi);
+        self.update(|s| s.set_spec(vmi, Some(converted)));
         Ok(())
+    }
+
+    /// The current spec converted for the running domain: the conversion the Sync that
+    /// accepted it made, or a new one (the spec of a start or a restore, another boot's memory).
+    fn current_domain(&self) -> Result<Arc<DomainDef>, LauncherError> {
+        let guest_at_boot = self.memory_at_boot();
+        {
+            let s = self.state.lock().expect("state lock");
+            if let Some(kept) = s
+                .spec_domain
+                .as_ref()
+                .and_then(|d| d.for_boot(guest_at_boot))
+            {
+                return Ok(kept);
+            }
+        }
+        // Before the state lock: `block` is a leaf, never taken under `state`.
+        let mut opts = self.convert_options();
+        opts.guest_at_boot = guest_at_boot;
+        let s = self.state.lock().expect("state lock");
+        Ok(Arc::new(convert::convert(&s.spec, &opts)?))
     }
 
     /// Re-runs the last Sync once a pending volume's source has appeared (Sync is idempotent:
