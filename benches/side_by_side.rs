@@ -734,6 +734,7 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
 
     eprintln!("side_by_side: {CPU_ADDS} vCPUs added per side, alternating");
     let (mut cpu, mut cpu_seen) = (Sides::default(), Sides::default());
+    let mut noop_after_resize = Vec::new();
     let mut vcpus = 1;
     for pair in 0..CPU_ADDS {
         for launcher_turn in [pair % 2 == 0, pair % 2 == 1] {
@@ -747,6 +748,18 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
             cpu.push(launcher_turn, t.elapsed());
             guest_says(&mut console, "VMLTEST-CPUS", vcpus.into());
             cpu_seen.push(launcher_turn, t.elapsed());
+            if launcher_turn {
+                // The same spec again, right after the launcher's own resize.
+                let t = Instant::now();
+                let reply = sync(rt, &mut client, &resize_spec(vcpus, BOOT_MIB));
+                noop_after_resize.push(t.elapsed());
+                assert!(
+                    reply.plan.is_empty() && reply.resources.is_empty(),
+                    "a no-op Sync after a resize planned {:?} {:?}",
+                    reply.plan,
+                    reply.resources
+                );
+            }
         }
     }
 
@@ -790,6 +803,11 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
         added.row("add 512 MiB (virtio-mem): Sync reply / `updateDeviceFlags`"),
         added_seen.row("add 512 MiB until the guest's MemTotal has it"),
         given_back.row("give back 512 MiB: Sync reply / `updateDeviceFlags`"),
+        Row {
+            what: "Sync that changes nothing, right after the launcher's own vCPU add",
+            launcher: noop_after_resize,
+            raw: None,
+        },
     ]
 }
 
@@ -1055,6 +1073,8 @@ fn first_vm_rows(
             }
         }
     }
+    // Issue 46 measures a Sync that changes nothing against one raw attach (the target: 0.05).
+    let raw_attach = raw_side.attach.clone();
     rows.extend(launcher.rows_beside(
         raw_side,
         [
@@ -1064,9 +1084,9 @@ fn first_vm_rows(
         ],
     ));
     rows.push(Row {
-        what: "Sync that changes nothing",
+        what: "Sync that changes nothing, right after the launcher's own attach and detach / one raw `attachDeviceFlags`",
         launcher: noop,
-        raw: None,
+        raw: Some(raw_attach),
     });
     rows.push(Row {
         what: "gRPC round trip to a handler that does nothing (`grpc.health.v1` Check)",

@@ -49,6 +49,11 @@ impl LiveView {
         }
     }
 
+    /// Whether reads are kept at all (the live state cache is on).
+    pub(super) fn keeps(&self) -> bool {
+        self.enabled
+    }
+
     /// The key of a read about to be made, `delivered` being the count of events now.
     pub(super) fn key(&self, delivered: u64) -> LiveKey {
         LiveKey {
@@ -123,31 +128,41 @@ impl LiveView {
 }
 
 /// The live disks of `domain` read before `changes`, as they are after them: when every change
-/// is the removal of one of its devices (that disk, if it is one, is gone) or a device event of
-/// another domain. Anything else, an addition above all (what was added only a read tells),
-/// needs a read: `None`.
+/// is the removal of one of its devices (that disk, if it is one, is gone), the addition of a
+/// disk the read already shows, or a device event of another domain. A read that shows the
+/// added alias was made after the device came (its key was taken before the event was
+/// delivered), and libvirt keeps a domain's aliases unique, so the read has that very device:
+/// this is how a read the launcher makes right after its own attach stays current. Any other
+/// addition (what was added only a read tells) or change needs a read: `None`.
 fn carry_disks(read: &[LiveDisk], domain: &str, changes: &[Change]) -> Option<Vec<LiveDisk>> {
-    let mut gone = Vec::new();
+    let mut disks = read.to_vec();
+    let shows = |disks: &[LiveDisk], alias: &str| {
+        disks
+            .iter()
+            .any(|disk| disk.alias.as_deref() == Some(alias))
+    };
     for change in changes {
         match change {
-            Change::DeviceRemoved { domain: d, alias } if d == domain => gone.push(alias.as_str()),
-            Change::DeviceRemoved { domain: d, .. } | Change::DeviceAdded { domain: d }
-                if d != domain => {}
-            _ => return None,
+            Change::DeviceRemoved { domain: d, alias } if d == domain => {
+                disks.retain(|disk| disk.alias.as_deref() != Some(alias.as_str()));
+            }
+            Change::DeviceAdded { domain: d, alias } if d == domain => {
+                if !shows(&disks, alias) {
+                    return None;
+                }
+            }
+            Change::DeviceRemoved { .. } | Change::DeviceAdded { .. } | Change::Guest => {}
+            Change::Other => return None,
         }
     }
-    Some(
-        read.iter()
-            .filter(|disk| !disk.alias.as_deref().is_some_and(|a| gone.contains(&a)))
-            .cloned()
-            .collect(),
-    )
+    Some(disks)
 }
 
 /// Whether a power state read before `changes` is still the truth after them: devices coming
-/// and going do not change it; every other change of it comes with an event of its own.
+/// and going and the guest's own doings (its agent, its memory) do not change it; every other
+/// change of it comes with an event of its own.
 fn power_state_carries(changes: &[Change]) -> bool {
-    changes.iter().all(Change::is_device)
+    changes.iter().all(Change::keeps_power_state)
 }
 
 #[cfg(test)]
@@ -215,7 +230,8 @@ mod tests {
             view.disks(view.key(2), "vm", &no_log),
             Some(vec![disk("ua-b")])
         );
-        let added = |_, _| Some(vec![added("vm")]);
+        // A disk the read does not show.
+        let added = |_, _| Some(vec![added("vm", "ua-c")]);
         assert_eq!(view.disks(view.key(3), "vm", &added), None);
         // Events the log no longer has: unknown.
         assert_eq!(view.disks(view.key(3), "vm", &no_log), None);
@@ -244,16 +260,17 @@ mod tests {
         assert!(!view.power_state_current_at(1, &no_log));
     }
 
-    fn added(domain: &str) -> Change {
+    fn added(domain: &str, alias: &str) -> Change {
         Change::DeviceAdded {
             domain: domain.into(),
+            alias: alias.into(),
         }
     }
 
     #[test]
     fn disks_carry_over_removals_and_other_domains_devices_only() {
         let read = [disk("ua-a"), disk("ua-b"), disk("scsi0-0-0-2")];
-        let cases: [(&[Change], Option<Vec<LiveDisk>>); 7] = [
+        let cases: [(&[Change], Option<Vec<LiveDisk>>); 11] = [
             (&[], Some(read.to_vec())),
             (
                 &[removed("vm", "ua-a")],
@@ -268,9 +285,20 @@ mod tests {
                 &[removed("vm", "net0"), removed("other", "ua-a")],
                 Some(read.to_vec()),
             ),
-            (&[added("other")], Some(read.to_vec())),
-            (&[removed("vm", "ua-a"), added("vm")], None),
+            (&[added("other", "ua-c")], Some(read.to_vec())),
+            // The read was made after the disk came, before its event was delivered.
+            (&[added("vm", "ua-b")], Some(read.to_vec())),
+            // A device the read does not show: only a new read tells what it is.
+            (&[added("vm", "ua-c")], None),
+            (&[added("vm", "net1")], None),
+            // Gone and back under the same alias: the read shows the old one.
+            (&[removed("vm", "ua-a"), added("vm", "ua-a")], None),
             (&[Change::Other, removed("vm", "ua-a")], None),
+            // The agent connected, the guest plugged memory: no disk came or went.
+            (
+                &[Change::Guest, removed("vm", "ua-a")],
+                Some(vec![disk("ua-b"), disk("scsi0-0-0-2")]),
+            ),
         ];
         for (changes, expected) in cases {
             assert_eq!(carry_disks(&read, "vm", changes), expected, "{changes:?}");
@@ -282,8 +310,9 @@ mod tests {
         assert!(power_state_carries(&[]));
         assert!(power_state_carries(&[
             removed("vm", "ua-a"),
-            added("other")
+            added("other", "ua-a")
         ]));
-        assert!(!power_state_carries(&[added("vm"), Change::Other]));
+        assert!(power_state_carries(&[Change::Guest, added("vm", "ua-a")]));
+        assert!(!power_state_carries(&[added("vm", "ua-a"), Change::Other]));
     }
 }

@@ -365,12 +365,30 @@ impl Launcher {
             }
             self.detach(live_disk, *interrupt_generation).await;
         }
+        if !plan.attach.is_empty() || !plan.detach.is_empty() {
+            self.read_own_changes().await;
+        }
         Ok(SyncOutcome {
             plan: planned,
             volumes: self.status().volumes,
             resources,
             interfaces,
         })
+    }
+
+    /// Reads the live disks this Sync's own attaches and detaches left, while its task still
+    /// holds the slot: the next Sync (a no-op above all, the node daemon's resync) finds them
+    /// current (`live_view::carry_disks` takes their events, delivered after the read, for
+    /// what the read shows) instead of reading libvirt itself. Nothing to keep with the live
+    /// state cache off.
+    async fn read_own_changes(&self) {
+        if !self.live.keeps() {
+            return;
+        }
+        if let Err(e) = self.live_disks().await {
+            // The next Sync reads them.
+            tracing::debug!(error = %crate::error_chain(&e), "cannot read the disks after a Sync's changes");
+        }
     }
 
     /// The volume waits for `path` to appear; the pending watcher retries it then.

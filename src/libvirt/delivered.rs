@@ -17,19 +17,21 @@ use std::sync::{Mutex, PoisonError};
 pub enum Change {
     /// The device of `alias` is gone from `domain`, and nothing else changed.
     DeviceRemoved { domain: String, alias: String },
-    /// A device was added to `domain`: what it is, only a read of the domain tells.
-    DeviceAdded { domain: String },
+    /// The device of `alias` was added to `domain`: what it is, only a read of the domain
+    /// tells (one that already shows `alias` has it: libvirt keeps a domain's aliases unique).
+    DeviceAdded { domain: String, alias: String },
+    /// Something inside the guest, seen from outside: its agent came or went, or a memory
+    /// device's plugged size moved. The domain's devices and power state are as they were.
+    Guest,
     /// Anything else (a lifecycle change, a reboot, a block job's end, a lost connection...).
     Other,
 }
 
 impl Change {
-    /// A device came or went: the domain's power state is as it was.
-    pub fn is_device(&self) -> bool {
-        matches!(
-            self,
-            Change::DeviceRemoved { .. } | Change::DeviceAdded { .. }
-        )
+    /// A device came or went, or the guest did something inside: the domain's power state is
+    /// as it was.
+    pub fn keeps_power_state(&self) -> bool {
+        !matches!(self, Change::Other)
     }
 }
 

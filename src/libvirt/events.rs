@@ -353,9 +353,13 @@ fn change_of(event: &HypervisorEvent) -> Change {
             domain: domain.clone(),
             alias: alias.clone(),
         },
-        HypervisorEvent::DeviceAdded { domain, .. } => Change::DeviceAdded {
+        HypervisorEvent::DeviceAdded { domain, alias } => Change::DeviceAdded {
             domain: domain.clone(),
+            alias: alias.clone(),
         },
+        HypervisorEvent::AgentLifecycle { .. } | HypervisorEvent::MemoryDeviceSizeChange { .. } => {
+            Change::Guest
+        }
         _ => Change::Other,
     }
 }
@@ -590,7 +594,8 @@ mod tests {
         assert_eq!(
             change_of(&added),
             Change::DeviceAdded {
-                domain: "vm".into()
+                domain: "vm".into(),
+                alias: "ua-b".into()
             }
         );
         // libvirt could not name the domain (or the device): it may be this one's.
@@ -600,5 +605,17 @@ mod tests {
             domain: "vm".into(),
         };
         assert_eq!(change_of(&reboot), Change::Other);
+        // What the guest does inside: no device came or went, the power state is as it was.
+        let agent = HypervisorEvent::AgentLifecycle {
+            domain: "vm".into(),
+            connected: true,
+        };
+        let plugged = HypervisorEvent::MemoryDeviceSizeChange {
+            domain: "vm".into(),
+            alias: "ua-virtio-mem".into(),
+            size_kib: 131072,
+        };
+        assert_eq!(change_of(&agent), Change::Guest);
+        assert_eq!(change_of(&plugged), Change::Guest);
     }
 }
