@@ -295,10 +295,7 @@ fn open_dir(dir: &Path) -> Result<OwnedFd, DevNodeError> {
 /// What is at `name` in the open dir, without following a symlink.
 fn node_at(dirfd: &OwnedFd, name: &str) -> Result<Option<(SFlag, u64)>, Errno> {
     match fstatat(dirfd.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st) => Ok(Some((
-            SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()),
-            st.st_rdev,
-        ))),
+        Ok(st) => Ok(Some((super::walk::file_type(&st), st.st_rdev))),
         Err(Errno::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
@@ -398,9 +395,7 @@ pub fn make_node(
     )
     .map_err(own_err)?;
     let stat = nix::sys::stat::fstat(&pinned).map_err(own_err)?;
-    if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFBLK
-        || stat.st_rdev != dev.rdev()
-    {
+    if super::walk::file_type(&stat) != SFlag::S_IFBLK || stat.st_rdev != dev.rdev() {
         return Err(DevNodeError::Occupied { path, dev });
     }
     let through_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&pinned));

@@ -64,9 +64,7 @@ fn roots_log(console: &fs::File, paths: &HostPaths, gid: u32) -> Result<(), Host
     let failed = |e: nix::errno::Errno| inspect(log, e.into());
     let euid = nix::unistd::geteuid().as_raw();
     match fstatat(console, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        Ok(st)
-            if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
-                && st.st_uid == euid => {}
+        Ok(st) if super::walk::file_type(&st) == SFlag::S_IFREG && st.st_uid == euid => {}
         Ok(_) => unlinkat(console, name, UnlinkatFlags::NoRemoveDir).map_err(failed)?,
         Err(nix::errno::Errno::ENOENT) => {}
         Err(e) => return Err(failed(e)),

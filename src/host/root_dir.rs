@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::fcntl::{openat, renameat, AtFlags, OFlag};
-use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
+use super::walk::file_type;
 use super::HostError;
 
 /// Who may do what in a directory the launcher makes on the way: root writes, anyone searches
@@ -158,10 +159,6 @@ impl AsFd for RootDir {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.fd.as_fd()
     }
-}
-
-fn file_type(st: &FileStat) -> SFlag {
-    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits())
 }
 
 fn inspect(path: &Path, e: Errno) -> HostError {

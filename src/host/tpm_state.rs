@@ -78,7 +78,7 @@ pub fn remove_planted(swtpm_dir: &Path, uuid: &str) -> Result<Vec<OsString>, Hos
             Err(Errno::ENOENT) => continue,
             Err(e) => return Err(failed(e)),
         };
-        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        let kind = super::walk::file_type(&st);
         if kind == SFlag::S_IFREG || kind == SFlag::S_IFDIR {
             continue;
         }
