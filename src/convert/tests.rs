@@ -1,6 +1,10 @@
 //! Conversion end to end: a parsed spec in, the domain model (and its XML) out.
 
+use std::net::Ipv4Addr;
+
+use super::network::DEFAULT_INTERFACE;
 use super::*;
+use crate::domain::{InterfaceBackend, PortForward};
 
 fn vmi(text: &str) -> Validated {
     spec::parse(text).unwrap()
