@@ -74,6 +74,15 @@ pub struct SyncInput {
 /// A hot-plugged block volume's device, or the path it waits for (named by path, not there yet).
 type BlockResolution = Result<DevNumber, PathBuf>;
 
+/// What a Sync changes of the vCPUs, memory and interfaces, and the live state it was planned
+/// from (both empty when nothing needed reading).
+struct ResourcePlan {
+    resizes: ResizePlan,
+    nic_plan: Vec<NicChange>,
+    resources: domain::LiveResources,
+    live_nics: Vec<domain::LiveInterface>,
+}
+
 /// A Sync request checked, converted and resolved: what its task applies.
 #[derive(Debug)]
 pub(super) struct PreparedSync {
@@ -277,34 +286,12 @@ impl Launcher {
         let live = self.live_disks().await?;
         let plan = hotplug::plan(&live, desired)?;
         let planned = planned_changes(&plan);
-        // Only a domain with room to resize, or a Sync whose interfaces differ from the last
-        // one's or from what libvirt was last seen to have, pays for reading the live XML
-        // (once, for both).
-        let resizable = desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some();
-        let shown: Vec<String> = self
-            .status()
-            .interfaces
-            .into_iter()
-            .map(|i| i.name)
-            .collect();
-        let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
-        let relink =
-            current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied());
-        let (resources, live_nics) = if resizable || relink {
-            self.refresh_live()?
-        } else {
-            Default::default()
-        };
-        let resizes = if resizable {
-            resize::plan(&resources, self.vcpus_at_next_boot(desired)?, desired)
-        } else {
-            ResizePlan::default()
-        };
-        let nic_plan = if relink {
-            nics::plan(&live_nics, &desired.interfaces)
-        } else {
-            Vec::new()
-        };
+        let ResourcePlan {
+            resizes,
+            nic_plan,
+            resources,
+            live_nics,
+        } = self.plan_resources(&current, desired)?;
         if dry_run {
             return Ok(SyncOutcome {
                 plan: planned,
@@ -328,22 +315,7 @@ impl Launcher {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
             }
         }
-        // A volume the spec no longer names and libvirt does not have (one that was pending or
-        // failed) has nothing left to report.
-        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
-        let live_names: BTreeSet<String> = live
-            .iter()
-            .filter_map(|d| d.volume().map(str::to_string))
-            .collect();
-        self.update(|s| {
-            s.volumes
-                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
-        });
-        self.pending.send_if_modified(|p| {
-            let before = p.len();
-            p.retain(|name, _| wanted.contains(name));
-            p.len() != before
-        });
+        self.forget_unnamed_volumes(desired, &live);
         let interrupted = || self.signals.interrupt_generation() != *interrupt_generation;
         let attach_one = |disk: &DiskDef| {
             let persist = input.persist.contains(&disk.volume);
@@ -374,6 +346,67 @@ impl Launcher {
             resources,
             interfaces,
         })
+    }
+
+    /// What a Sync changes of the vCPUs, memory and interfaces, and the live state it planned
+    /// from. Only a domain with room to resize, or a Sync whose interfaces differ from the last
+    /// one's or from what libvirt was last seen to have, pays for reading the live XML (once,
+    /// for both).
+    fn plan_resources(
+        &self,
+        current: &DomainDef,
+        desired: &DomainDef,
+    ) -> Result<ResourcePlan, LauncherError> {
+        let resizable = desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some();
+        let shown: Vec<String> = self
+            .status()
+            .interfaces
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
+        let relink =
+            current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied());
+        let (resources, live_nics) = if resizable || relink {
+            self.refresh_live()?
+        } else {
+            Default::default()
+        };
+        let resizes = if resizable {
+            resize::plan(&resources, self.vcpus_at_next_boot(desired)?, desired)
+        } else {
+            ResizePlan::default()
+        };
+        let nic_plan = if relink {
+            nics::plan(&live_nics, &desired.interfaces)
+        } else {
+            Vec::new()
+        };
+        Ok(ResourcePlan {
+            resizes,
+            nic_plan,
+            resources,
+            live_nics,
+        })
+    }
+
+    /// A volume the spec no longer names and libvirt does not have (one that was pending or
+    /// failed) has nothing left to report, and nothing to wait for.
+    fn forget_unnamed_volumes(&self, desired: &DomainDef, live: &[domain::LiveDisk]) {
+        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
+        let live_names: BTreeSet<String> = live
+            .iter()
+            .filter_map(|d| d.volume().map(str::to_string))
+            .collect();
+        self.update(|s| {
+            s.volumes
+                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
+        });
+        self.pending.send_if_modified(|p| {
+            let before = p.len();
+            p.retain(|name, _| wanted.contains(name));
+            p.len() != before
+        });
     }
 
     /// Reads the live disks this Sync's own attaches and detaches left, while its task still
