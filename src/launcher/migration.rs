@@ -410,8 +410,7 @@ impl Launcher {
         match (result, aborted) {
             (Ok(()), _) => {
                 self.update(|s| {
-                    s.migrated_away = true;
-                    s.finished = true;
+                    s.life = s.life.migrated_away();
                     if let Some(m) = s.migration.as_mut() {
                         m.progress.data_remaining = 0;
                         m.end(MigrationState::Completed, String::new());
@@ -455,8 +454,7 @@ impl Launcher {
             );
             self.update(|s| {
                 s.migration = Some(m);
-                s.migrated_away = true;
-                s.finished = true;
+                s.life = s.life.migrated_away();
             });
             return Some(super::StartKind::MigratedAway);
         }
@@ -496,8 +494,9 @@ impl Launcher {
             self.migration_marker().remove();
         }
         self.update(|s| {
-            s.migrated_away = left;
-            s.finished |= left;
+            if left {
+                s.life = s.life.migrated_away();
+            }
             if let Some(m) = s.migration.as_mut() {
                 let state = if left {
                     MigrationState::Completed
@@ -570,8 +569,7 @@ impl Launcher {
                 tracing::error!("the incoming migration ended without the guest");
                 self.update(|s| {
                     s.vm_state = VmState::Error;
-                    s.finished = true;
-                    s.migration_lost = true;
+                    s.life = s.life.migration_lost();
                     if let Some(m) = s.migration.as_mut() {
                         m.end(
                             MigrationState::Failed,

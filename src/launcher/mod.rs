@@ -21,6 +21,7 @@ mod disks;
 mod in_flight;
 mod io_errors;
 mod last_sync;
+mod life;
 mod link;
 mod live_view;
 mod migration;
@@ -61,6 +62,7 @@ use crate::spec::{SpecErrors, Validated};
 
 use detaches::Detaches;
 use last_sync::LastSync;
+use life::Life;
 use link::Link;
 use live_view::LiveView;
 pub use migration::{MigrateRequest, MigrationRole, MigrationState, MigrationStatus};
@@ -233,9 +235,8 @@ struct State {
     observation: Observation,
     vm_state: VmState,
     task: Option<TaskInfo>,
-    destroyed_after_grace: bool,
-    terminating: bool,
-    finished: bool,
+    /// Running, terminating, or over and how (`life`): what was five flags.
+    life: Life,
     /// When the domain was first seen stopped without a task (reboot window).
     stop_seen: Option<Instant>,
     restart_at: Option<Instant>,
@@ -263,10 +264,6 @@ struct State {
     spec_domain: Option<SyncedDomain>,
     /// The migration in flight or last ended.
     migration: Option<MigrationStatus>,
-    /// The VM went to another launcher: its life here ended well (phase Succeeded, Migrated).
-    migrated_away: bool,
-    /// A target whose incoming guest never arrived (phase Failed, MigrationFailed).
-    migration_lost: bool,
 }
 
 impl State {
@@ -278,7 +275,7 @@ impl State {
             restart_at: self.restart_at,
             restarts: self.restarts,
             last_started: self.last_started,
-            finished: self.finished,
+            finished: self.life.is_finished(),
         }
     }
 
@@ -288,7 +285,10 @@ impl State {
         self.restart_at = r.restart_at;
         self.restarts = r.restarts;
         self.last_started = r.last_started;
-        self.finished = r.finished;
+        // The restart rules only ever make the VM final, never revive it.
+        if r.finished {
+            self.life = self.life.finish();
+        }
     }
 
     /// The spec is now `vmi`, converted as `domain` when the caller converted it.
@@ -424,9 +424,7 @@ impl Launcher {
             observation: Observation::NotCreated,
             vm_state: VmState::Building,
             task: None,
-            destroyed_after_grace: false,
-            terminating: false,
-            finished: false,
+            life: Life::default(),
             stop_seen: None,
             restart_at: None,
             restarts: 0,
@@ -442,8 +440,6 @@ impl Launcher {
             spec: vmi,
             spec_domain: None,
             migration: None,
-            migrated_away: false,
-            migration_lost: false,
         };
         let uri = connector.uri();
         let boot_devices: BTreeSet<DevNumber> = def

@@ -355,7 +355,7 @@ impl Launcher {
                     after = ?started.elapsed(),
                     "libvirt stayed unreachable; giving up (the VM's state is unknown)"
                 );
-                self.update(|s| s.finished = true);
+                self.update(|s| s.life = s.life.finish());
                 return;
             }
             let c = self.link.connector().clone();
@@ -388,7 +388,14 @@ impl Launcher {
             return;
         };
         self.finish_late_removals();
-        if self.reconcile_left_behind() || self.state.lock().expect("state lock").migrated_away {
+        if self.reconcile_left_behind()
+            || self
+                .state
+                .lock()
+                .expect("state lock")
+                .life
+                .is_migrated_away()
+        {
             // The VM runs on another launcher now: nothing here is to be reconciled.
             return;
         }
@@ -448,7 +455,7 @@ impl Launcher {
                 tracing::error!("the domain vanished");
                 self.update(|s| {
                     s.vm_state = VmState::Error;
-                    s.finished = true;
+                    s.life = s.life.finish();
                 });
             }
         }

@@ -243,9 +243,9 @@ impl Launcher {
         let progress = Progress {
             vm_state: s.vm_state,
             task: s.task.map(|t| t.command.task()),
-            terminating: s.terminating,
+            terminating: s.life.terminated(),
             restart_pending: s.restart_at.is_some(),
-            finished: s.finished,
+            finished: s.life.is_finished(),
         };
         Status {
             phase,
@@ -268,7 +268,7 @@ impl Launcher {
             run_strategy: self.options.strategy,
             restart_count: s.restarts,
             next_restart: s.restart_at,
-            finished: s.finished,
+            finished: s.life.is_finished(),
             migration: s.migration.clone(),
             consoles: crate::convert::Consoles::of(
                 &s.spec.spec.domain.devices,
@@ -288,16 +288,16 @@ fn phase_of(s: &State, incoming: bool) -> (Phase, Option<PhaseReason>) {
         .as_ref()
         .is_some_and(super::MigrationStatus::is_outgoing);
     let gone = super::migration::left_by_migration(&s.observation);
-    if s.migrated_away || (following && gone) {
+    if s.life.is_migrated_away() || (following && gone) {
         (Phase::Succeeded, Some(PhaseReason::Migrated))
-    } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
+    } else if s.life.is_migration_lost() || (incoming && s.observation == Observation::Vanished) {
         (Phase::Failed, Some(PhaseReason::MigrationFailed))
     } else if incoming {
         (Phase::Scheduled, None)
     } else {
         (
-            lifecycle::phase(&s.observation, s.destroyed_after_grace),
-            lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
+            lifecycle::phase(&s.observation, s.life.grace_expired()),
+            lifecycle::phase_reason(&s.observation, s.life.grace_expired()),
         )
     }
 }

@@ -125,7 +125,7 @@ impl Launcher {
     /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
     /// again behind its back.
     pub(super) fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
-        let terminating = self.state.lock().expect("state lock").terminating;
+        let terminating = self.state.lock().expect("state lock").life.terminated();
         if terminating && !matches!(command, Command::Shutdown | Command::Kill) {
             return Err(LauncherError::Terminating {
                 command: command.as_str(),
@@ -149,7 +149,9 @@ impl Launcher {
         self.update(|s| {
             s.vm_state = lifecycle::settle(s.vm_state, info.command, failure.is_none());
             s.task = None;
-            s.finished |= final_stop;
+            if final_stop {
+                s.life = s.life.finish();
+            }
         });
         self.hub.event(EventKind::Task {
             id: info.id,
@@ -264,10 +266,9 @@ impl Launcher {
         self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds, ports))?;
         self.update(|s| {
             s.undefined_by_us = false;
-            s.finished = false;
+            s.life = s.life.started();
             s.stop_seen = None;
             s.restart_at = None;
-            s.destroyed_after_grace = false;
             s.io_error = None;
             s.last_started = Some(Instant::now());
         });
@@ -358,7 +359,7 @@ impl Launcher {
                 ),
             }
         }
-        self.update(|s| s.destroyed_after_grace = waited_out_grace);
+        self.update(|s| s.life = s.life.destroying(waited_out_grace));
         let n = self.domain_name.clone();
         if let Err(e) = self.call(move |hv| hv.destroy(&n)) {
             // It may have stopped by itself in the meantime; the state says.
@@ -374,7 +375,7 @@ impl Launcher {
     /// SIGTERM: stop the guest gracefully and mark the VM final, whatever the run strategy.
     pub async fn terminate(&self) {
         self.update(|s| {
-            s.terminating = true;
+            s.life = s.life.terminate();
             s.restart_at = None;
         });
         // A Sync in flight gives way at its next volume: the guest's grace period must not
@@ -389,7 +390,7 @@ impl Launcher {
             }
         }
         self.refresh().await;
-        self.update(|s| s.finished = true);
+        self.update(|s| s.life = s.life.finish());
     }
 
     /// Removes the domain's definition, the VM stopped first if it still runs (KubeVirt's
@@ -414,7 +415,13 @@ impl Launcher {
     /// leaves nothing behind.
     pub async fn shut_down(&self) {
         self.signals.close();
-        if self.state.lock().expect("state lock").migrated_away {
+        if self
+            .state
+            .lock()
+            .expect("state lock")
+            .life
+            .is_migrated_away()
+        {
             // Ended here for good: a next launcher on this dir starts afresh.
             self.migration_marker().remove();
         }
