@@ -5,7 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use super::{Launcher, LauncherError, VolumePhase};
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::VolumePhase;
 use crate::convert::{self, ConvertOptions};
 use crate::domain::DiskDef;
 use crate::host::{self, HostError};
@@ -97,7 +99,7 @@ impl Launcher {
             .map(|(name, _)| name.strip_suffix(".backing").unwrap_or(name).to_owned())
             .collect();
         let namespace_of = self.link.connector().daemon_pid();
-        let failed = super::host_work(|| {
+        let failed = super::coordinator::host_work(|| {
             if let Some(pins) = self.pins() {
                 pins.keep_only(&pinned);
             }

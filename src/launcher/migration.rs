@@ -11,113 +11,20 @@ use std::time::{Duration, Instant};
 
 use super::disks::Ready;
 use super::migration_plan::{pinned_sources, IncomingOffer, PrepareTarget, TargetError};
-use super::task_slot::Work;
-use super::{Launcher, LauncherError};
+use super::tasks::Work;
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::{MigrationRole, MigrationState, MigrationStatus};
 use crate::domain::migratable;
 use crate::host::HostError;
-use crate::libvirt::migrate::{JobProgress, MigrateTo};
+use crate::libvirt::migrate::MigrateTo;
 use crate::libvirt::{Hypervisor, LibvirtError};
 use crate::lifecycle::{Command, DomainState, Observation, VmState};
 use tokio::sync::watch;
 
 /// How often the source reads the migration's progress (and the CLI prints it).
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationRole {
-    Source,
-    Target,
-}
-
-impl MigrationRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigrationRole::Source => "source",
-            MigrationRole::Target => "target",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationState {
-    /// A target no source has come to yet.
-    Waiting,
-    /// The source asks the target to get ready; the target makes its disks.
-    Preparing,
-    /// The guest's memory and disks are on their way.
-    Migrating,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl MigrationState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigrationState::Waiting => "Waiting",
-            MigrationState::Preparing => "Preparing",
-            MigrationState::Migrating => "Migrating",
-            MigrationState::Completed => "Completed",
-            MigrationState::Failed => "Failed",
-            MigrationState::Cancelled => "Cancelled",
-        }
-    }
-
-    pub(crate) fn is_over(self) -> bool {
-        matches!(
-            self,
-            MigrationState::Completed | MigrationState::Failed | MigrationState::Cancelled
-        )
-    }
-}
-
-/// The migration in flight or last ended, as status shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigrationStatus {
-    pub role: MigrationRole,
-    pub state: MigrationState,
-    /// The target's API socket (on the source), the source's libvirt (on the target).
-    pub peer: String,
-    pub progress: JobProgress,
-    pub started: Instant,
-    /// Set when it ended.
-    pub took: Option<Duration>,
-    pub message: String,
-}
-
-impl MigrationStatus {
-    pub fn new(role: MigrationRole, state: MigrationState, peer: String) -> Self {
-        MigrationStatus {
-            role,
-            state,
-            peer,
-            progress: JobProgress::default(),
-            started: Instant::now(),
-            took: None,
-            message: String::new(),
-        }
-    }
-
-    /// A target whose guest has not arrived yet.
-    pub(crate) fn is_incoming(&self) -> bool {
-        self.role == MigrationRole::Target && !self.state.is_over()
-    }
-
-    /// A source whose guest has not left yet.
-    pub(crate) fn is_outgoing(&self) -> bool {
-        self.role == MigrationRole::Source && !self.state.is_over()
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.took.unwrap_or_else(|| self.started.elapsed())
-    }
-
-    fn end(&mut self, state: MigrationState, message: String) {
-        self.state = state;
-        self.message = message;
-        self.took = Some(self.started.elapsed());
-    }
-}
 
 /// A migration the owner asked for.
 pub struct MigrateRequest {
@@ -196,7 +103,7 @@ impl Launcher {
                 volume: volume.clone(),
                 source: HostError::Missing { path },
             })?;
-            super::host_work(|| self.block.plug_before_qemu(&volume, dev))
+            super::coordinator::host_work(|| self.block.plug_before_qemu(&volume, dev))
                 .map_err(|source| LauncherError::BlockVolume { volume, source })?;
         }
         let Ready { not_ready, .. } = self.ready_definition(false).await?;
@@ -278,7 +185,7 @@ impl Launcher {
             return Err(self.migration_failed(e, true));
         }
         let marker = self.migration_marker();
-        if let Err(e) = super::host_work(|| marker.write(&request.target)) {
+        if let Err(e) = super::coordinator::host_work(|| marker.write(&request.target)) {
             return Err(self.migration_failed(TargetError::Marker(e).into(), false));
         }
         self.set_migration(|m| m.state = MigrationState::Migrating);
@@ -443,7 +350,10 @@ impl Launcher {
     /// At start, after a predecessor killed mid-migration: `Some(MigratedAway)` when the VM is
     /// gone from here (it runs on the target), nothing to do when no migration was noted. With
     /// the domain still here, the migration may still run in libvirt: followed to its end.
-    pub(super) fn migration_left_behind(&self, domain_here: bool) -> Option<super::StartKind> {
+    pub(super) fn migration_left_behind(
+        &self,
+        domain_here: bool,
+    ) -> Option<super::types::StartKind> {
         let marker = self.migration_marker();
         let target = marker.read()?;
         let mut m = MigrationStatus::new(MigrationRole::Source, MigrationState::Migrating, target);
@@ -456,7 +366,7 @@ impl Launcher {
                 s.migration = Some(m);
                 s.life = s.life.migrated_away();
             });
-            return Some(super::StartKind::MigratedAway);
+            return Some(super::types::StartKind::MigratedAway);
         }
         let n = self.domain_name.clone();
         if matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_))) {
@@ -595,7 +505,7 @@ impl Launcher {
         });
         // `run` says so by the phase it prints next.
         tracing::info!("the guest arrived by migration");
-        if let Err(e) = super::host_work(|| self.block.apply_rules()) {
+        if let Err(e) = super::coordinator::host_work(|| self.block.apply_rules()) {
             tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
         }
         if let Err(e) = self.rebuild_volumes().await {

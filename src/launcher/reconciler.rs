@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::io_errors::IoErrorReport;
-use super::{
-    EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
-};
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::{EventKind, InterfaceStatus, PublishedPort, VolumePhase, VolumeStatus};
 use crate::domain;
 use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::LibvirtError;

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{libvirt_message, Launcher, LauncherError, VolumePhase, VolumeStatus, DETACH_TIMEOUT};
 use crate::convert;
 use crate::domain::{self, DiskDef, DomainDef};
 use crate::host::block::BlockHostError;
@@ -17,58 +16,18 @@ use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
+use super::coordinator::Launcher;
 use super::disks::{prepare_disks, DiskNotReady};
+use super::error::{libvirt_message, LauncherError};
 use super::in_flight::in_flight;
-use super::nics::{self, NicChange};
-use super::resize::{self, ResizePlan, ResourceChange};
+use super::nics;
+use super::resize::{self, ResizePlan};
 use super::synced_domain::SyncedDomain;
-use super::task_slot::Work;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlannedAction {
-    Attach,
-    Detach,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedChange {
-    pub action: PlannedAction,
-    pub volume: String,
-    pub target: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncOutcome {
-    pub plan: Vec<PlannedChange>,
-    pub volumes: Vec<VolumeStatus>,
-    /// The vCPU and memory changes, planned (dry run) or done, each with its own result.
-    pub resources: Vec<ResourceChange>,
-    /// The network interface changes, likewise.
-    pub interfaces: Vec<NicChange>,
-}
-
-/// The block device behind a hot-plugged volume, as a Sync names it. Its serde form is part of
-/// the saved Sync's file (`launcher::saved`): a renamed variant is a new file version.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum BlockSource {
-    Path(PathBuf),
-    Number(DevNumber),
-}
-
-/// One Sync request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SyncInput {
-    pub spec: String,
-    pub dry_run: bool,
-    pub block_devices: BTreeMap<String, BlockSource>,
-    /// Volumes whose attach also goes to the persistent definition.
-    pub persist: BTreeSet<String>,
-    /// The disk sequence (`devnode::disk_sequence`) of each block device given by number, as
-    /// it was when the request was accepted: a restored request attaches a number only while
-    /// it is still that disk. Filled by the launcher, not by the client.
-    pub block_identities: BTreeMap<String, u64>,
-}
+use super::tasks::Work;
+use super::types::{
+    BlockSource, PlannedAction, PlannedChange, SyncInput, SyncOutcome, VolumePhase, VolumeStatus,
+    DETACH_TIMEOUT,
+};
 
 /// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
 /// A hot-plugged block volume's device, or the path it waits for (named by path, not there yet).
@@ -355,7 +314,7 @@ impl Launcher {
         // Not for a Sync with nothing to attach (a no-op, a detach): `host_work` hands the async
         // worker's other tasks to another thread, a wake-up for nothing.
         if !plan.attach.is_empty() {
-            super::host_work(|| {
+            super::coordinator::host_work(|| {
                 in_flight(&plan.attach, ATTACHES_IN_FLIGHT, &interrupted, attach_one)
             })?;
         }
@@ -430,7 +389,7 @@ impl Launcher {
                 })
                 .collect()
         };
-        super::host_work(|| self.last_sync.accept(input, disk_sequences))?;
+        super::coordinator::host_work(|| self.last_sync.accept(input, disk_sequences))?;
         let vmi = vmi.clone();
         self.update(|s| s.set_spec(vmi, Some(converted)));
         Ok(())
@@ -709,10 +668,11 @@ impl Launcher {
     pub(super) fn finish_detach(&self, volume: &str) {
         let generation = self.detaches.finish(volume);
         // QEMU closed the image with the device: its pin goes (a file volume's; a no-op else).
-        super::host_work(|| self.unpin(volume));
+        super::coordinator::host_work(|| self.unpin(volume));
         let released = match generation {
             Some(generation) => {
-                super::host_work(|| self.block.release_plug(volume, generation)).map(drop)
+                super::coordinator::host_work(|| self.block.release_plug(volume, generation))
+                    .map(drop)
             }
             None => Ok(()),
         };

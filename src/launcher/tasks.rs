@@ -5,14 +5,24 @@
 use std::time::{Duration, Instant};
 
 use super::disks::Ready;
-use super::task_slot::Work;
-use super::{
-    EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase,
-    DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::{
+    EventKind, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase, DEFAULT_GRACE_PERIOD,
+    DESTROY_TIMEOUT,
 };
 use crate::host::HostError;
 use crate::libvirt::{LibvirtError, Nvram};
 use crate::lifecycle::{self, Command, Observation};
+
+/// What a task does, once admitted: a lifecycle command, a Sync validated and planned before
+/// the slot was taken, a migration with its target.
+pub(super) trait Work {
+    type Output;
+    fn command(&self) -> Command;
+    async fn perform(self, launcher: &Launcher) -> Result<Self::Output, LauncherError>;
+}
 
 /// An owner's lifecycle command.
 struct Lifecycle {
@@ -226,7 +236,7 @@ impl Launcher {
                 self.prepare_sync(input)?.perform(self).await.map(drop)
             }
             // A migration needs its target: `Launcher::migrate`, never a bare command.
-            Command::Migrate => Err(super::TargetError::NotNamed.into()),
+            Command::Migrate => Err(super::migration_plan::TargetError::NotNamed.into()),
         }
     }
 
