@@ -19,6 +19,7 @@ use super::last_sync::LastSync;
 use super::life::Life;
 use super::link::Link;
 use super::live_view::LiveView;
+use super::pins::ImagePins;
 use super::signals::Signals;
 use super::status_hub::StatusHub;
 use super::synced_domain::SyncedDomain;
@@ -126,6 +127,8 @@ pub struct Launcher {
     /// attached as soon as it appears.
     pub(super) pending: watch::Sender<BTreeMap<String, PathBuf>>,
     pub(super) live: LiveView,
+    /// The images pinned for QEMU (`pins`).
+    pub(super) pins: ImagePins,
     /// `start` found no domain of this name just before its first start (which then does not
     /// ask again); taken by that start.
     pub(super) absent_at_start: std::sync::atomic::AtomicBool,

@@ -106,13 +106,17 @@ impl Launcher {
             super::coordinator::host_work(|| self.block.plug_before_qemu(&volume, dev))
                 .map_err(|source| LauncherError::BlockVolume { volume, source })?;
         }
-        let Ready { not_ready, .. } = self.ready_definition(false).await?;
+        let Ready {
+            not_ready, pins, ..
+        } = self.ready_definition(false).await?;
         if let Some((disk, source)) = not_ready.into_iter().next() {
             return Err(LauncherError::HostDisk {
                 volume: disk.volume,
                 source,
             });
         }
+        // The incoming guest's QEMU opens them: they stay.
+        pins.keep();
         Ok(())
     }
 
@@ -126,7 +130,7 @@ impl Launcher {
 
     /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
     pub(crate) fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
-        self.pins().map(|p| p.list()).unwrap_or_default()
+        self.pins.list()
     }
 
     /// Cancels the migration in flight; the guest keeps running here.
@@ -224,13 +228,12 @@ impl Launcher {
         // another pinned hot-plugged file becomes the target's volume path
         // (`<hotplug>/<volume>.img`, the pin's own file name), given to QEMU by path.
         let pinned_there = pinned_sources(&xml, &plan.pins)?;
-        let pins = self.pins();
         let mut moves: Vec<(&std::path::Path, &std::path::Path)> = vec![
             (&self.options.runtime_dir, &plan.runtime_dir),
             (&paths.hotplug_dir, &plan.hotplug_dir),
         ];
-        if let Some(pins) = &pins {
-            moves.push((pins.dir(), &plan.hotplug_dir));
+        if let Some(dir) = self.pins.dir() {
+            moves.push((dir, &plan.hotplug_dir));
         }
         moves.extend(
             pinned_there

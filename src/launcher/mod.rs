@@ -30,6 +30,7 @@ mod migration;
 mod migration_plan;
 mod nics;
 mod pending;
+mod pins;
 mod reconciler;
 mod resize;
 mod saved;
@@ -66,6 +67,7 @@ use life::Life;
 use link::Link;
 use live_view::LiveView;
 use pending::pending_watcher;
+use pins::ImagePins;
 use reconciler::reconciler;
 use saved::{SavedSyncError, SavedSyncs};
 use signals::Signals;
@@ -201,6 +203,7 @@ impl Launcher {
             link: Link::new(connector, hv),
             domain_name: name.clone(),
             hub: StatusHub::new(placeholder_status(&name, &uri, options.strategy)),
+            pins: ImagePins::new(options.convert.pin_dir.as_deref()),
             options,
             state: Mutex::new(state),
             tasks: TaskSlot::default(),
@@ -309,9 +312,7 @@ impl Launcher {
                 launcher.block.adopt(&live);
                 // Pins are found again by name (`<volume>.img`): those of volumes the domain
                 // still has stay, the rest (a launcher killed mid-unplug) go.
-                if let Some(pins) = launcher.pins() {
-                    pins.keep_only(&live);
-                }
+                launcher.pins.keep_only(&live);
             });
         }
         // Following libvirt's events before the restored Sync runs: its detaches end on the

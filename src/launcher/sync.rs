@@ -491,9 +491,9 @@ impl Launcher {
             }
         };
         let fds = opened.fds;
-        // QEMU opens a hot-plugged file in its own mount namespace: the pin is made there.
-        let pinned = !opened.to_pin.is_empty();
-        let failed = self.pin_images(
+        // QEMU opens a hot-plugged file in its own mount namespace: the pin is made there,
+        // and removed by its guard on every way out but a worked attach.
+        let (pins, failed) = self.pins.pin_images(
             std::slice::from_mut(&mut prepared),
             opened.to_pin,
             self.qemu_namespace_pid(),
@@ -525,15 +525,14 @@ impl Launcher {
         };
         match attached {
             Ok(()) => {
+                pins.keep();
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
                 true
             }
             Err(e) => {
                 let message = libvirt_message(&e);
                 tracing::warn!(volume = %disk.volume, %message, "attach failed");
-                if pinned {
-                    self.unpin(&disk.volume);
-                }
+                drop(pins);
                 self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
                 false
             }
@@ -542,12 +541,7 @@ impl Launcher {
 
     /// Removes `volume`'s pin, if it has one (QEMU has let go of the disk, or never had it).
     pub(super) fn unpin(&self, volume: &str) {
-        let Some(pins) = self.pins() else {
-            return;
-        };
-        if let Err(e) = pins.unpin(volume) {
-            tracing::warn!(%volume, error = %e, "cannot remove the volume's pin");
-        }
+        self.pins.unpin(volume);
     }
 
     /// A process in QEMU's mount namespace. libvirtd when QEMU shares its namespace (in a pod):

@@ -268,12 +268,15 @@ impl Launcher {
             def,
             fds,
             not_ready,
+            pins,
         } = self.ready_definition(true).await?;
         self.clear_tpm_state(&def)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
         let ports = def.interfaces.iter().any(|i| !i.port_forwards.is_empty());
         self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds, ports))?;
+        // QEMU has them now; on any way out before this line the guard removed them.
+        pins.keep();
         self.update(|s| {
             s.undefined_by_us = false;
             s.life = s.life.started();
@@ -442,9 +445,7 @@ impl Launcher {
                 self.block.release_all();
                 // QEMU is gone: its namespace with it; a pin in libvirtd's (made before a
                 // start) goes with its unlink.
-                if let Some(pins) = self.pins() {
-                    pins.keep_only(&Default::default());
-                }
+                self.pins.keep_only(&Default::default());
             }
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")
