@@ -19,12 +19,13 @@ use super::last_sync::LastSync;
 use super::life::Life;
 use super::link::Link;
 use super::live_view::LiveView;
+use super::migration_part::Migration;
 use super::pins::ImagePins;
 use super::signals::Signals;
 use super::status_hub::StatusHub;
 use super::synced_domain::SyncedDomain;
 use super::task_slot::TaskSlot;
-use super::types::{InterfaceStatus, LaunchOptions, MigrationStatus, TaskInfo, VolumeStatus};
+use super::types::{InterfaceStatus, LaunchOptions, TaskInfo, VolumeStatus};
 
 #[derive(Debug)]
 pub(super) struct State {
@@ -59,7 +60,7 @@ pub(super) struct State {
     /// `spec` as the Sync that accepted it converted it; `None` until a Sync did.
     pub(super) spec_domain: Option<SyncedDomain>,
     /// The migration in flight or last ended.
-    pub(super) migration: Option<MigrationStatus>,
+    pub(super) migration: Migration,
 }
 
 impl State {
@@ -109,6 +110,9 @@ impl State {
 /// the hub's sequence lock (`update` publishes under the state lock, so the stream's order is
 /// the order of the updates); the link and the live view's read lock after the task slot.
 /// Everything else is a leaf: taken alone, never while calling out, never with `state` held.
+/// Two parts take no lock of their own: the migration (`migration_part::Migration`, a value
+/// inside `State`, moved only inside `update`, its marker file only with the task slot held)
+/// and the pins (`pins`, files made and removed only with the task slot held or at the end).
 #[derive(Debug)]
 pub struct Launcher {
     pub(super) link: Link,

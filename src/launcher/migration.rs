@@ -15,6 +15,7 @@ use super::tasks::Work;
 
 use super::coordinator::Launcher;
 use super::error::LauncherError;
+use super::migration_part::{left_by_migration, Marker};
 use super::types::{MigrationRole, MigrationState, MigrationStatus};
 use crate::domain::migratable;
 use crate::host::HostError;
@@ -43,35 +44,6 @@ impl std::fmt::Debug for MigrateRequest {
             .field("timeout", &self.timeout)
             .field("bandwidth_mib", &self.bandwidth_mib)
             .finish_non_exhaustive()
-    }
-}
-
-/// The source's note, in its runtime dir, that its VM is on its way to (or reached) another
-/// launcher: written before libvirt's migration starts, removed when it failed, and when the
-/// launcher ends after it succeeded. A launcher that starts on this dir and finds it (its
-/// predecessor was killed mid-migration) never boots the VM again: with no domain left, the
-/// VM is there; with one still migrating, it follows the migration to its end.
-pub(super) struct Marker(PathBuf);
-
-impl Marker {
-    pub(super) fn at(runtime_dir: &std::path::Path) -> Marker {
-        Marker(runtime_dir.join("migrating-to"))
-    }
-
-    fn write(&self, target: &str) -> std::io::Result<()> {
-        crate::durable::write_atomically(&self.0, target.as_bytes())
-    }
-
-    fn read(&self) -> Option<String> {
-        std::fs::read_to_string(&self.0).ok()
-    }
-
-    pub(super) fn remove(&self) {
-        if let Err(e) = std::fs::remove_file(&self.0) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.0.display(), error = %e, "cannot remove the migration marker");
-            }
-        }
     }
 }
 
@@ -140,21 +112,12 @@ impl Launcher {
             .lock()
             .expect("state lock")
             .migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_outgoing);
+            .is_outgoing();
         if !migrating {
             return Err(LauncherError::NoMigration);
         }
         self.signals.cancel_migration();
         Ok(())
-    }
-
-    fn set_migration(&self, change: impl FnOnce(&mut MigrationStatus)) {
-        self.update(|s| {
-            if let Some(m) = s.migration.as_mut() {
-                change(m);
-            }
-        });
     }
 
     async fn migrate_out(&self, request: MigrateRequest) -> Result<MigrationStatus, LauncherError> {
@@ -164,11 +127,11 @@ impl Launcher {
         let mut interrupt = self.signals.subscribe_interrupt();
         interrupt.borrow_and_update();
         self.update(|s| {
-            s.migration = Some(MigrationStatus::new(
+            s.migration.begin(
                 MigrationRole::Source,
                 MigrationState::Preparing,
                 request.target.clone(),
-            ))
+            )
         });
         let to = match self
             .migration_destination(request.prepare, request.bandwidth_mib)
@@ -192,7 +155,7 @@ impl Launcher {
         if let Err(e) = super::coordinator::host_work(|| marker.write(&request.target)) {
             return Err(self.migration_failed(TargetError::Marker(e).into(), false));
         }
-        self.set_migration(|m| m.state = MigrationState::Migrating);
+        self.update(|s| s.migration.migrating());
         let n = self.domain_name.clone();
         let moving = hv.clone();
         let job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
@@ -290,7 +253,7 @@ impl Launcher {
                     let n = self.domain_name.clone();
                     let h = hv.clone();
                     if let Ok(Ok(Some(p))) = tokio::task::spawn_blocking(move || h.job_progress(&n)).await {
-                        self.set_migration(|m| m.progress = p);
+                        self.update(|s| s.migration.progress(p));
                     }
                 }
                 _ = cancel.changed(), if aborted.is_none() => {
@@ -321,10 +284,7 @@ impl Launcher {
             (Ok(()), _) => {
                 self.update(|s| {
                     s.life = s.life.migrated_away();
-                    if let Some(m) = s.migration.as_mut() {
-                        m.progress.data_remaining = 0;
-                        m.end(MigrationState::Completed, String::new());
-                    }
+                    s.migration.completed();
                 });
                 Ok(self.status().migration.expect("just set"))
             }
@@ -359,21 +319,24 @@ impl Launcher {
     ) -> Option<super::types::StartKind> {
         let marker = self.migration_marker();
         let target = marker.read()?;
-        let mut m = MigrationStatus::new(MigrationRole::Source, MigrationState::Migrating, target);
         if !domain_here {
-            m.end(
-                MigrationState::Completed,
-                "the guest left while no launcher ran here".into(),
-            );
             self.update(|s| {
-                s.migration = Some(m);
+                s.migration.ended(
+                    MigrationRole::Source,
+                    target,
+                    MigrationState::Completed,
+                    "the guest left while no launcher ran here".into(),
+                );
                 s.life = s.life.migrated_away();
             });
             return Some(super::types::StartKind::MigratedAway);
         }
         let n = self.domain_name.clone();
         if matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_))) {
-            self.update(|s| s.migration = Some(m));
+            self.update(|s| {
+                s.migration
+                    .begin(MigrationRole::Source, MigrationState::Migrating, target)
+            });
         } else {
             marker.remove();
         }
@@ -384,10 +347,7 @@ impl Launcher {
     /// followed it (no task of ours runs it). True when the VM left.
     pub(super) fn reconcile_left_behind(&self) -> bool {
         let s = self.state.lock().expect("state lock");
-        let following = s
-            .migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_outgoing);
+        let following = s.migration.is_outgoing();
         if !following || s.task.is_some() {
             return false;
         }
@@ -410,14 +370,13 @@ impl Launcher {
             if left {
                 s.life = s.life.migrated_away();
             }
-            if let Some(m) = s.migration.as_mut() {
-                let state = if left {
-                    MigrationState::Completed
-                } else {
-                    MigrationState::Failed
-                };
-                m.end(state, "followed after a launcher restart".into());
-            }
+            let state = if left {
+                MigrationState::Completed
+            } else {
+                MigrationState::Failed
+            };
+            s.migration
+                .end(state, "followed after a launcher restart".into());
         });
         left
     }
@@ -436,7 +395,7 @@ impl Launcher {
             MigrationState::Failed
         };
         let message = crate::error_chain(&e);
-        self.set_migration(|m| m.end(state, message));
+        self.update(|s| s.migration.end(state, message));
         e
     }
 
@@ -451,10 +410,11 @@ impl Launcher {
 
     /// A migration target whose guest has not arrived yet.
     pub(super) fn is_incoming(&self) -> bool {
-        let s = self.state.lock().expect("state lock");
-        s.migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_incoming)
+        self.state
+            .lock()
+            .expect("state lock")
+            .migration
+            .is_incoming()
     }
 
     /// On the target, while the guest is on its way: whether libvirt has made it ours yet, or
@@ -468,14 +428,14 @@ impl Launcher {
         match observation {
             Observation::NotCreated | Observation::Unreachable => {}
             Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration" => {
-                self.set_migration(|m| m.state = MigrationState::Migrating);
+                self.update(|s| s.migration.migrating());
             }
             Observation::Domain(p) if p.state.is_active() => {
                 let n = self.domain_name.clone();
                 if matches!(self.call(move |hv| hv.is_persistent(&n)), Ok(true)) {
                     self.arrived(p.state == DomainState::Paused).await;
                 } else {
-                    self.set_migration(|m| m.state = MigrationState::Migrating);
+                    self.update(|s| s.migration.migrating());
                 }
             }
             Observation::Domain(_) | Observation::Vanished => {
@@ -483,12 +443,10 @@ impl Launcher {
                 self.update(|s| {
                     s.vm_state = VmState::Error;
                     s.life = s.life.migration_lost();
-                    if let Some(m) = s.migration.as_mut() {
-                        m.end(
-                            MigrationState::Failed,
-                            "the source cancelled it or failed; the guest runs there".into(),
-                        );
-                    }
+                    s.migration.end(
+                        MigrationState::Failed,
+                        "the source cancelled it or failed; the guest runs there".into(),
+                    );
                 });
             }
         }
@@ -547,24 +505,7 @@ impl Launcher {
             }
             tokio::time::sleep(AFTER_SWITCH_OVER_STEP).await;
         }
-        self.update(|s| {
-            if let Some(m) = s.migration.as_mut() {
-                if let Some(stats) = stats {
-                    m.progress = stats;
-                }
-                m.end(MigrationState::Completed, String::new());
-            }
-        });
-    }
-}
-
-/// The domain is gone from here by migration: no domain, or one left defined and shut off
-/// "migrated" (libvirt undefines the source only when its caller saw the migration through).
-pub(super) fn left_by_migration(observation: &Observation) -> bool {
-    match observation {
-        Observation::Vanished => true,
-        Observation::Domain(p) => p.state == DomainState::Shutoff && p.reason == "migrated",
-        _ => false,
+        self.update(|s| s.migration.arrived(stats));
     }
 }
 

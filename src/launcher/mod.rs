@@ -27,6 +27,7 @@ mod life;
 mod link;
 mod live_view;
 mod migration;
+mod migration_part;
 mod migration_plan;
 mod nics;
 mod pending;
@@ -176,7 +177,7 @@ impl Launcher {
             undefined_by_us: false,
             spec: vmi,
             spec_domain: None,
-            migration: None,
+            migration: Default::default(),
         };
         let uri = connector.uri();
         let boot_devices: BTreeSet<DevNumber> = def
@@ -260,21 +261,17 @@ impl Launcher {
         } else if launcher.options.incoming {
             host_work(|| launcher.last_sync.save_current())?;
             launcher.update(|s| {
-                s.migration = Some(MigrationStatus::new(
+                s.migration.begin(
                     MigrationRole::Target,
                     MigrationState::Preparing,
                     String::new(),
-                ))
+                )
             });
             // A predecessor's migration still coming in finds its disks made already.
             if !exists {
                 launcher.prepare_incoming().await?;
             }
-            launcher.update(|s| {
-                if let Some(m) = s.migration.as_mut() {
-                    m.state = MigrationState::Migrating;
-                }
-            });
+            launcher.update(|s| s.migration.migrating());
             StartKind::Incoming
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is

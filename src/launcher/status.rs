@@ -14,10 +14,7 @@ impl Launcher {
     pub(super) fn status_of(&self, s: &State) -> Status {
         // A VM that left by migration ended well here; a target's guest that never came did not,
         // and one on its way is not here yet.
-        let incoming = s
-            .migration
-            .as_ref()
-            .is_some_and(super::types::MigrationStatus::is_incoming);
+        let incoming = s.migration.is_incoming();
         let (phase, phase_reason) = phase_of(s, incoming);
         let power_state = match &s.observation {
             Observation::Domain(p) => Some(p.clone()),
@@ -53,7 +50,7 @@ impl Launcher {
             restart_count: s.restarts,
             next_restart: s.restart_at,
             finished: s.life.is_finished(),
-            migration: s.migration.clone(),
+            migration: s.migration.status().cloned(),
             consoles: crate::convert::Consoles::of(
                 &s.spec.spec.domain.devices,
                 &self.options.convert.paths,
@@ -67,11 +64,8 @@ impl Launcher {
 fn phase_of(s: &State, incoming: bool) -> (Phase, Option<PhaseReason>) {
     // A source's migration followed after a restart, seen to end before the reconciler
     // said so: the same end, without a moment of "lost".
-    let following = s
-        .migration
-        .as_ref()
-        .is_some_and(super::types::MigrationStatus::is_outgoing);
-    let gone = super::migration::left_by_migration(&s.observation);
+    let following = s.migration.is_outgoing();
+    let gone = super::migration_part::left_by_migration(&s.observation);
     if s.life.is_migrated_away() || (following && gone) {
         (Phase::Succeeded, Some(PhaseReason::Migrated))
     } else if s.life.is_migration_lost() || (incoming && s.observation == Observation::Vanished) {
