@@ -287,8 +287,23 @@ impl Launcher {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
             }
         }
-        // A volume the spec no longer names and libvirt does not have (one that was pending or
-        // failed) has nothing left to report.
+        self.forget_unwanted_volumes(desired, &live);
+        self.apply_disk_plan(&plan, vmi, input, devices, *interrupt_generation)
+            .await?;
+        if !plan.attach.is_empty() || !plan.detach.is_empty() {
+            self.read_own_changes().await;
+        }
+        Ok(SyncOutcome {
+            plan: planned,
+            volumes: self.status().volumes,
+            resources,
+            interfaces,
+        })
+    }
+
+    /// A volume the spec no longer names and libvirt does not have (one that was pending or
+    /// failed) has nothing left to report, nor a path to wait for.
+    fn forget_unwanted_volumes(&self, desired: &DomainDef, live: &[domain::LiveDisk]) {
         let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
         let live_names: BTreeSet<String> = live
             .iter()
@@ -303,7 +318,19 @@ impl Launcher {
             p.retain(|name, _| wanted.contains(name));
             p.len() != before
         });
-        let interrupted = || self.signals.interrupt_generation() != *interrupt_generation;
+    }
+
+    /// The disk part of an accepted Sync: attaches a few at a time, then detaches one by one,
+    /// each step given up once a stop interrupts the Sync.
+    async fn apply_disk_plan(
+        &self,
+        plan: &Plan,
+        vmi: &Validated,
+        input: &SyncInput,
+        devices: &BTreeMap<String, BlockResolution>,
+        interrupt_generation: u64,
+    ) -> Result<(), LauncherError> {
+        let interrupted = || self.signals.interrupt_generation() != interrupt_generation;
         let attach_one = |disk: &DiskDef| {
             let persist = input.persist.contains(&disk.volume);
             match devices.get(&disk.volume) {
@@ -322,17 +349,9 @@ impl Launcher {
             if interrupted() {
                 return Err(LauncherError::SyncInterrupted);
             }
-            self.detach(live_disk, *interrupt_generation).await;
+            self.detach(live_disk, interrupt_generation).await;
         }
-        if !plan.attach.is_empty() || !plan.detach.is_empty() {
-            self.read_own_changes().await;
-        }
-        Ok(SyncOutcome {
-            plan: planned,
-            volumes: self.status().volumes,
-            resources,
-            interfaces,
-        })
+        Ok(())
     }
 
     /// Reads the live disks this Sync's own attaches and detaches left, while its task still
