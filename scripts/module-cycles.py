@@ -10,6 +10,12 @@ path to a module that contains it (`super::X` from src/launcher/sync.rs to src/l
 a directory's mod.rs is the face of its files). Every other circle fails, printed with the names
 that make each edge, so that the fix is visible: move what both sides need below both.
 
+Second rule, for the directories in NO_UPWARD: no file inside imports from the directory's
+mod.rs (its face to the rest of the crate). What the files share lives in a file beside them
+(launcher/: `types`, `error`, `coordinator`), so a part never depends on the module that
+assembles it. A test-only file (`#[cfg(test)] mod tests;`) may reach up. Each such edge fails,
+printed as `file -> mod.rs: names`.
+
 Usage: scripts/module-cycles.py [--edges]   (--edges: print every edge too)
 """
 
@@ -103,13 +109,40 @@ def contains(parent_file, child_file):
     return os.path.normpath(child_file).startswith(os.path.normpath(d) + os.sep)
 
 
+# Directories whose files may not import from their own mod.rs.
+NO_UPWARD = ["launcher"]
+
+
+def test_only_children(face):
+    """The files a mod.rs declares only under #[cfg(test)]."""
+    text = open(face, encoding="utf-8").read()
+    names = re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;", text)
+    return {os.path.normpath(os.path.join(os.path.dirname(face), n + ".rs")) for n in names}
+
+
+def upward_imports(raw):
+    """The edges from a file of a NO_UPWARD directory to that directory's mod.rs."""
+    found = []
+    for d in NO_UPWARD:
+        face = os.path.normpath(os.path.join(SRC, d, "mod.rs"))
+        exempt = test_only_children(face) | {face}
+        for f in sorted(raw):
+            if f in exempt or not f.startswith(os.path.dirname(face) + os.sep):
+                continue
+            if face in raw[f]:
+                found.append((f, face, raw[f][face]))
+    return found
+
+
 def main():
     files = []
     for root, _, names in os.walk(SRC):
         files += [os.path.normpath(os.path.join(root, n)) for n in names if n.endswith(".rs")]
-    graph = {}
-    for f in files:
-        graph[f] = {t: n for t, n in edges_of(f).items() if not contains(t, f)}
+    raw = {f: edges_of(f) for f in files}
+    graph = {f: {t: n for t, n in raw[f].items() if not contains(t, f)} for f in files}
+    upward = upward_imports(raw)
+    for f, t, n in upward:
+        print(f"module-cycles: an upward import: {os.path.relpath(f, SRC)} -> {os.path.relpath(t, SRC)}: {', '.join(sorted(n))}")
     if "--edges" in sys.argv:
         for f in sorted(graph):
             for t in sorted(graph[f]):
@@ -143,8 +176,8 @@ def main():
     for v in sorted(graph):
         if v not in index:
             strong(v)
-    if not sccs:
-        print(f"module-cycles: {len(graph)} files, {sum(len(e) for e in graph.values())} edges, no circle")
+    if not sccs and not upward:
+        print(f"module-cycles: {len(graph)} files, {sum(len(e) for e in graph.values())} edges, no circle, no upward import in {', '.join(NO_UPWARD)}/")
         return 0
     for scc in sccs:
         print("module-cycles: a circle of " + ", ".join(os.path.relpath(f, SRC) for f in scc))

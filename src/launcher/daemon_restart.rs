@@ -3,8 +3,8 @@
 //! a lost libvirtd (`reconciler.rs`: phase Unknown until it is back), the status stays what it
 //! was: no task runs, no state is read and no loss is judged until the new connection is in
 //! place.
-
-use super::{Launcher, LauncherError};
+use super::coordinator::Launcher;
+use super::error::LauncherError;
 
 impl Launcher {
     /// Starts the private libvirtd again without its TLS listener; false if it had none. The

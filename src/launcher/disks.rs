@@ -5,7 +5,9 @@
 
 use std::collections::BTreeSet;
 
-use super::{Launcher, LauncherError, VolumePhase};
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::VolumePhase;
 use crate::convert::{self, ConvertOptions};
 use crate::domain::DiskDef;
 use crate::host::{self, HostError};
@@ -97,11 +99,10 @@ impl Launcher {
             .map(|(name, _)| name.strip_suffix(".backing").unwrap_or(name).to_owned())
             .collect();
         let namespace_of = self.link.connector().daemon_pid();
-        let failed = super::host_work(|| {
-            if let Some(pins) = self.pins() {
-                pins.keep_only(&pinned);
-            }
-            self.pin_images(&mut def.disks, opened.to_pin, namespace_of)
+        let (pins, failed) = super::coordinator::host_work(|| {
+            self.pins.keep_only(&pinned);
+            self.pins
+                .pin_images(&mut def.disks, opened.to_pin, namespace_of)
         });
         for (volume, source) in failed {
             // Only hot-plugged files are pinned, and they never keep the VM from starting.
@@ -113,6 +114,7 @@ impl Launcher {
             def,
             fds: opened.fds,
             not_ready,
+            pins,
         })
     }
 
@@ -131,68 +133,6 @@ impl Launcher {
         .await
         .map_err(LauncherError::Join)?
         .map(|copied| *kb = copied)
-    }
-
-    /// Where this launcher pins images (`host::pin`); `None` when it gives them by path.
-    pub(super) fn pins(&self) -> Option<host::pin::Pins> {
-        self.options
-            .convert
-            .pin_dir
-            .as_deref()
-            .map(host::pin::Pins::in_dir)
-    }
-
-    /// Pins each checked image of `to_pin` at its disk's pin, in the mount namespace of process
-    /// `namespace_of` (QEMU's for a hot-plug, libvirtd's before a start). Where the launcher may
-    /// not mount (no CAP_SYS_ADMIN or CAP_SYS_CHROOT, or no `open_tree` here), the disk goes to QEMU by its path, as before pins, with a
-    /// warning naming the volume: the image was still checked and given to QEMU's user through
-    /// its descriptor, and hot-plug keeps working where it did. Any other failure is the
-    /// volume's, returned, with nothing left pinned.
-    pub(super) fn pin_images(
-        &self,
-        disks: &mut [DiskDef],
-        to_pin: Vec<(String, std::fs::File)>,
-        namespace_of: Option<i32>,
-    ) -> Vec<(String, HostError)> {
-        let mut failed = Vec::new();
-        let Some(pins) = self.pins() else {
-            return failed;
-        };
-        for (name, file) in to_pin {
-            // A disk's image, or its overlay's backing (`<volume>.backing`).
-            let volume = name.strip_suffix(".backing").unwrap_or(&name).to_owned();
-            let Some(disk) = disks.iter_mut().find(|d| d.volume == volume) else {
-                continue;
-            };
-            let pin = if name == volume {
-                &mut disk.pin
-            } else {
-                match disk.backing.as_mut() {
-                    Some(backing) => &mut backing.pin,
-                    None => continue,
-                }
-            };
-            let pinned = match namespace_of {
-                Some(pid) => pins.pin(&name, &file, pid),
-                None => Err(host::pin::PinError::NoProcess {
-                    path: pins.path(&name),
-                }),
-            };
-            match pinned {
-                Ok(path) => *pin = Some(path),
-                Err(host::pin::PinError::Unavailable { path, source }) => {
-                    tracing::warn!(
-                        %volume,
-                        pin = %path.display(),
-                        error = %source,
-                        "cannot pin the image (mounting is not available here): QEMU opens it by its path"
-                    );
-                    *pin = None;
-                }
-                Err(e) => failed.push((volume, HostError::Pin(e))),
-            }
-        }
-        failed
     }
 }
 
@@ -319,6 +259,8 @@ pub(super) struct Ready {
     pub(super) def: crate::domain::DomainDef,
     pub(super) fds: Vec<(String, std::fs::File)>,
     pub(super) not_ready: Vec<(DiskDef, HostError)>,
+    /// The pins made for it: kept once QEMU has them, else removed.
+    pub(super) pins: super::pins::PinGuard,
 }
 
 /// Makes the host side of `disks` ready: checks the files and devices the spec names, creates

@@ -1,9 +1,8 @@
 //! Work on a list of items a few at a time, on scoped threads: a Sync's attaches, which libvirt
 //! queues one device job after another (see `sync::ATTACHES_IN_FLIGHT`).
 
+use super::error::LauncherError;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-use super::LauncherError;
 
 /// Runs `work` on each of `items`, `at_once` at a time (on this thread and `at_once - 1`
 /// scoped ones), taking the items in order; none starts once `interrupted` says so. If the

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use super::saved::{SavedSyncError, SavedSyncs};
-use super::{BlockSource, SyncInput};
+
+use super::types::{BlockSource, SyncInput};
 use crate::host::devnode::DevNumber;
 
 #[derive(Debug)]

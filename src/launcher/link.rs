@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use super::LauncherError;
+use super::error::LauncherError;
 use crate::libvirt::{Connector, Hypervisor};
 
 #[derive(Debug)]

@@ -11,113 +11,21 @@ use std::time::{Duration, Instant};
 
 use super::disks::Ready;
 use super::migration_plan::{pinned_sources, IncomingOffer, PrepareTarget, TargetError};
-use super::task_slot::Work;
-use super::{Launcher, LauncherError};
+use super::tasks::Work;
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::migration_part::{left_by_migration, Marker};
+use super::types::{MigrationRole, MigrationState, MigrationStatus};
 use crate::domain::migratable;
 use crate::host::HostError;
-use crate::libvirt::migrate::{JobProgress, MigrateTo};
+use crate::libvirt::migrate::MigrateTo;
 use crate::libvirt::{Hypervisor, LibvirtError};
 use crate::lifecycle::{Command, DomainState, Observation, VmState};
 use tokio::sync::watch;
 
 /// How often the source reads the migration's progress (and the CLI prints it).
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationRole {
-    Source,
-    Target,
-}
-
-impl MigrationRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigrationRole::Source => "source",
-            MigrationRole::Target => "target",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationState {
-    /// A target no source has come to yet.
-    Waiting,
-    /// The source asks the target to get ready; the target makes its disks.
-    Preparing,
-    /// The guest's memory and disks are on their way.
-    Migrating,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl MigrationState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigrationState::Waiting => "Waiting",
-            MigrationState::Preparing => "Preparing",
-            MigrationState::Migrating => "Migrating",
-            MigrationState::Completed => "Completed",
-            MigrationState::Failed => "Failed",
-            MigrationState::Cancelled => "Cancelled",
-        }
-    }
-
-    pub(crate) fn is_over(self) -> bool {
-        matches!(
-            self,
-            MigrationState::Completed | MigrationState::Failed | MigrationState::Cancelled
-        )
-    }
-}
-
-/// The migration in flight or last ended, as status shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigrationStatus {
-    pub role: MigrationRole,
-    pub state: MigrationState,
-    /// The target's API socket (on the source), the source's libvirt (on the target).
-    pub peer: String,
-    pub progress: JobProgress,
-    pub started: Instant,
-    /// Set when it ended.
-    pub took: Option<Duration>,
-    pub message: String,
-}
-
-impl MigrationStatus {
-    pub fn new(role: MigrationRole, state: MigrationState, peer: String) -> Self {
-        MigrationStatus {
-            role,
-            state,
-            peer,
-            progress: JobProgress::default(),
-            started: Instant::now(),
-            took: None,
-            message: String::new(),
-        }
-    }
-
-    /// A target whose guest has not arrived yet.
-    pub(crate) fn is_incoming(&self) -> bool {
-        self.role == MigrationRole::Target && !self.state.is_over()
-    }
-
-    /// A source whose guest has not left yet.
-    pub(crate) fn is_outgoing(&self) -> bool {
-        self.role == MigrationRole::Source && !self.state.is_over()
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.took.unwrap_or_else(|| self.started.elapsed())
-    }
-
-    fn end(&mut self, state: MigrationState, message: String) {
-        self.state = state;
-        self.message = message;
-        self.took = Some(self.started.elapsed());
-    }
-}
 
 /// A migration the owner asked for.
 pub struct MigrateRequest {
@@ -136,35 +44,6 @@ impl std::fmt::Debug for MigrateRequest {
             .field("timeout", &self.timeout)
             .field("bandwidth_mib", &self.bandwidth_mib)
             .finish_non_exhaustive()
-    }
-}
-
-/// The source's note, in its runtime dir, that its VM is on its way to (or reached) another
-/// launcher: written before libvirt's migration starts, removed when it failed, and when the
-/// launcher ends after it succeeded. A launcher that starts on this dir and finds it (its
-/// predecessor was killed mid-migration) never boots the VM again: with no domain left, the
-/// VM is there; with one still migrating, it follows the migration to its end.
-pub(super) struct Marker(PathBuf);
-
-impl Marker {
-    pub(super) fn at(runtime_dir: &std::path::Path) -> Marker {
-        Marker(runtime_dir.join("migrating-to"))
-    }
-
-    fn write(&self, target: &str) -> std::io::Result<()> {
-        crate::durable::write_atomically(&self.0, target.as_bytes())
-    }
-
-    fn read(&self) -> Option<String> {
-        std::fs::read_to_string(&self.0).ok()
-    }
-
-    pub(super) fn remove(&self) {
-        if let Err(e) = std::fs::remove_file(&self.0) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!(path = %self.0.display(), error = %e, "cannot remove the migration marker");
-            }
-        }
     }
 }
 
@@ -196,16 +75,20 @@ impl Launcher {
                 volume: volume.clone(),
                 source: HostError::Missing { path },
             })?;
-            super::host_work(|| self.block.plug_before_qemu(&volume, dev))
+            super::coordinator::host_work(|| self.block.plug_before_qemu(&volume, dev))
                 .map_err(|source| LauncherError::BlockVolume { volume, source })?;
         }
-        let Ready { not_ready, .. } = self.ready_definition(false).await?;
+        let Ready {
+            not_ready, pins, ..
+        } = self.ready_definition(false).await?;
         if let Some((disk, source)) = not_ready.into_iter().next() {
             return Err(LauncherError::HostDisk {
                 volume: disk.volume,
                 source,
             });
         }
+        // The incoming guest's QEMU opens them: they stay.
+        pins.keep();
         Ok(())
     }
 
@@ -219,7 +102,7 @@ impl Launcher {
 
     /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
     pub(crate) fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
-        self.pins().map(|p| p.list()).unwrap_or_default()
+        self.pins.list()
     }
 
     /// Cancels the migration in flight; the guest keeps running here.
@@ -229,21 +112,12 @@ impl Launcher {
             .lock()
             .expect("state lock")
             .migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_outgoing);
+            .is_outgoing();
         if !migrating {
             return Err(LauncherError::NoMigration);
         }
         self.signals.cancel_migration();
         Ok(())
-    }
-
-    fn set_migration(&self, change: impl FnOnce(&mut MigrationStatus)) {
-        self.update(|s| {
-            if let Some(m) = s.migration.as_mut() {
-                change(m);
-            }
-        });
     }
 
     async fn migrate_out(&self, request: MigrateRequest) -> Result<MigrationStatus, LauncherError> {
@@ -253,11 +127,11 @@ impl Launcher {
         let mut interrupt = self.signals.subscribe_interrupt();
         interrupt.borrow_and_update();
         self.update(|s| {
-            s.migration = Some(MigrationStatus::new(
+            s.migration.begin(
                 MigrationRole::Source,
                 MigrationState::Preparing,
                 request.target.clone(),
-            ))
+            )
         });
         let to = match self
             .migration_destination(request.prepare, request.bandwidth_mib)
@@ -278,10 +152,10 @@ impl Launcher {
             return Err(self.migration_failed(e, true));
         }
         let marker = self.migration_marker();
-        if let Err(e) = super::host_work(|| marker.write(&request.target)) {
+        if let Err(e) = super::coordinator::host_work(|| marker.write(&request.target)) {
             return Err(self.migration_failed(TargetError::Marker(e).into(), false));
         }
-        self.set_migration(|m| m.state = MigrationState::Migrating);
+        self.update(|s| s.migration.migrating());
         let n = self.domain_name.clone();
         let moving = hv.clone();
         let job = tokio::task::spawn_blocking(move || moving.migrate(&n, &to));
@@ -317,13 +191,12 @@ impl Launcher {
         // another pinned hot-plugged file becomes the target's volume path
         // (`<hotplug>/<volume>.img`, the pin's own file name), given to QEMU by path.
         let pinned_there = pinned_sources(&xml, &plan.pins)?;
-        let pins = self.pins();
         let mut moves: Vec<(&std::path::Path, &std::path::Path)> = vec![
             (&self.options.runtime_dir, &plan.runtime_dir),
             (&paths.hotplug_dir, &plan.hotplug_dir),
         ];
-        if let Some(pins) = &pins {
-            moves.push((pins.dir(), &plan.hotplug_dir));
+        if let Some(dir) = self.pins.dir() {
+            moves.push((dir, &plan.hotplug_dir));
         }
         moves.extend(
             pinned_there
@@ -380,7 +253,7 @@ impl Launcher {
                     let n = self.domain_name.clone();
                     let h = hv.clone();
                     if let Ok(Ok(Some(p))) = tokio::task::spawn_blocking(move || h.job_progress(&n)).await {
-                        self.set_migration(|m| m.progress = p);
+                        self.update(|s| s.migration.progress(p));
                     }
                 }
                 _ = cancel.changed(), if aborted.is_none() => {
@@ -410,12 +283,8 @@ impl Launcher {
         match (result, aborted) {
             (Ok(()), _) => {
                 self.update(|s| {
-                    s.migrated_away = true;
-                    s.finished = true;
-                    if let Some(m) = s.migration.as_mut() {
-                        m.progress.data_remaining = 0;
-                        m.end(MigrationState::Completed, String::new());
-                    }
+                    s.life = s.life.migrated_away();
+                    s.migration.completed();
                 });
                 Ok(self.status().migration.expect("just set"))
             }
@@ -444,25 +313,30 @@ impl Launcher {
     /// At start, after a predecessor killed mid-migration: `Some(MigratedAway)` when the VM is
     /// gone from here (it runs on the target), nothing to do when no migration was noted. With
     /// the domain still here, the migration may still run in libvirt: followed to its end.
-    pub(super) fn migration_left_behind(&self, domain_here: bool) -> Option<super::StartKind> {
+    pub(super) fn migration_left_behind(
+        &self,
+        domain_here: bool,
+    ) -> Option<super::types::StartKind> {
         let marker = self.migration_marker();
         let target = marker.read()?;
-        let mut m = MigrationStatus::new(MigrationRole::Source, MigrationState::Migrating, target);
         if !domain_here {
-            m.end(
-                MigrationState::Completed,
-                "the guest left while no launcher ran here".into(),
-            );
             self.update(|s| {
-                s.migration = Some(m);
-                s.migrated_away = true;
-                s.finished = true;
+                s.migration.ended(
+                    MigrationRole::Source,
+                    target,
+                    MigrationState::Completed,
+                    "the guest left while no launcher ran here".into(),
+                );
+                s.life = s.life.migrated_away();
             });
-            return Some(super::StartKind::MigratedAway);
+            return Some(super::types::StartKind::MigratedAway);
         }
         let n = self.domain_name.clone();
         if matches!(self.call(move |hv| hv.job_progress(&n)), Ok(Some(_))) {
-            self.update(|s| s.migration = Some(m));
+            self.update(|s| {
+                s.migration
+                    .begin(MigrationRole::Source, MigrationState::Migrating, target)
+            });
         } else {
             marker.remove();
         }
@@ -473,10 +347,7 @@ impl Launcher {
     /// followed it (no task of ours runs it). True when the VM left.
     pub(super) fn reconcile_left_behind(&self) -> bool {
         let s = self.state.lock().expect("state lock");
-        let following = s
-            .migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_outgoing);
+        let following = s.migration.is_outgoing();
         if !following || s.task.is_some() {
             return false;
         }
@@ -496,16 +367,16 @@ impl Launcher {
             self.migration_marker().remove();
         }
         self.update(|s| {
-            s.migrated_away = left;
-            s.finished |= left;
-            if let Some(m) = s.migration.as_mut() {
-                let state = if left {
-                    MigrationState::Completed
-                } else {
-                    MigrationState::Failed
-                };
-                m.end(state, "followed after a launcher restart".into());
+            if left {
+                s.life = s.life.migrated_away();
             }
+            let state = if left {
+                MigrationState::Completed
+            } else {
+                MigrationState::Failed
+            };
+            s.migration
+                .end(state, "followed after a launcher restart".into());
         });
         left
     }
@@ -524,7 +395,7 @@ impl Launcher {
             MigrationState::Failed
         };
         let message = crate::error_chain(&e);
-        self.set_migration(|m| m.end(state, message));
+        self.update(|s| s.migration.end(state, message));
         e
     }
 
@@ -539,10 +410,11 @@ impl Launcher {
 
     /// A migration target whose guest has not arrived yet.
     pub(super) fn is_incoming(&self) -> bool {
-        let s = self.state.lock().expect("state lock");
-        s.migration
-            .as_ref()
-            .is_some_and(MigrationStatus::is_incoming)
+        self.state
+            .lock()
+            .expect("state lock")
+            .migration
+            .is_incoming()
     }
 
     /// On the target, while the guest is on its way: whether libvirt has made it ours yet, or
@@ -556,28 +428,25 @@ impl Launcher {
         match observation {
             Observation::NotCreated | Observation::Unreachable => {}
             Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration" => {
-                self.set_migration(|m| m.state = MigrationState::Migrating);
+                self.update(|s| s.migration.migrating());
             }
             Observation::Domain(p) if p.state.is_active() => {
                 let n = self.domain_name.clone();
                 if matches!(self.call(move |hv| hv.is_persistent(&n)), Ok(true)) {
                     self.arrived(p.state == DomainState::Paused).await;
                 } else {
-                    self.set_migration(|m| m.state = MigrationState::Migrating);
+                    self.update(|s| s.migration.migrating());
                 }
             }
             Observation::Domain(_) | Observation::Vanished => {
                 tracing::error!("the incoming migration ended without the guest");
                 self.update(|s| {
                     s.vm_state = VmState::Error;
-                    s.finished = true;
-                    s.migration_lost = true;
-                    if let Some(m) = s.migration.as_mut() {
-                        m.end(
-                            MigrationState::Failed,
-                            "the source cancelled it or failed; the guest runs there".into(),
-                        );
-                    }
+                    s.life = s.life.migration_lost();
+                    s.migration.end(
+                        MigrationState::Failed,
+                        "the source cancelled it or failed; the guest runs there".into(),
+                    );
                 });
             }
         }
@@ -597,7 +466,7 @@ impl Launcher {
         });
         // `run` says so by the phase it prints next.
         tracing::info!("the guest arrived by migration");
-        if let Err(e) = super::host_work(|| self.block.apply_rules()) {
+        if let Err(e) = super::coordinator::host_work(|| self.block.apply_rules()) {
             tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
         }
         if let Err(e) = self.rebuild_volumes().await {
@@ -636,24 +505,7 @@ impl Launcher {
             }
             tokio::time::sleep(AFTER_SWITCH_OVER_STEP).await;
         }
-        self.update(|s| {
-            if let Some(m) = s.migration.as_mut() {
-                if let Some(stats) = stats {
-                    m.progress = stats;
-                }
-                m.end(MigrationState::Completed, String::new());
-            }
-        });
-    }
-}
-
-/// The domain is gone from here by migration: no domain, or one left defined and shut off
-/// "migrated" (libvirt undefines the source only when its caller saw the migration through).
-pub(super) fn left_by_migration(observation: &Observation) -> bool {
-    match observation {
-        Observation::Vanished => true,
-        Observation::Domain(p) => p.state == DomainState::Shutoff && p.reason == "migrated",
-        _ => false,
+        self.update(|s| s.migration.arrived(stats));
     }
 }
 

@@ -4,11 +4,10 @@
 //! target, and why a target did not do ([`TargetError`]). Pure: the job that uses them is
 //! `migration.rs`.
 
+use super::types::SyncInput;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-
-use super::SyncInput;
 
 /// What the source hands the target: enough to prepare the same VM.
 #[derive(Debug, Clone)]

@@ -15,18 +15,23 @@
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
 //! [`crate::host::block::BlockDevices`].
 
+mod coordinator;
 mod daemon_restart;
 mod detaches;
 mod disks;
+mod error;
 mod in_flight;
 mod io_errors;
 mod last_sync;
+mod life;
 mod link;
 mod live_view;
 mod migration;
+mod migration_part;
 mod migration_plan;
 mod nics;
 mod pending;
+mod pins;
 mod reconciler;
 mod resize;
 mod saved;
@@ -39,321 +44,54 @@ mod task_slot;
 mod tasks;
 #[cfg(test)]
 mod tests;
+mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::{broadcast, mpsc, watch};
 
 use crate::convert::{self, ConvertOptions};
 use crate::domain;
 use crate::host::block::{BlockDevices, BlockRoots};
-use crate::host::cgroup::CgroupRoots;
-use crate::host::devnode::{self, DevNodeError, DevNumber, NodeOwner};
-use crate::host::HostError;
-use crate::hotplug::PlanError;
+use crate::host::devnode::{self, DevNumber};
 use crate::libvirt::events::HypervisorEvent;
-use crate::libvirt::{ConnectError, Connector, DomainStats, Hypervisor, LibvirtError};
-use crate::lifecycle::{self, Command, Observation, Refusal, RunStrategy, VmState};
-use crate::spec::{SpecErrors, Validated};
+use crate::libvirt::{Connector, DomainStats, Hypervisor, LibvirtError};
+use crate::lifecycle::{self, Command, Observation, VmState};
+use crate::spec::Validated;
 
+use coordinator::{host_work, State};
 use detaches::Detaches;
 use last_sync::LastSync;
+use life::Life;
 use link::Link;
 use live_view::LiveView;
-pub use migration::{MigrateRequest, MigrationRole, MigrationState, MigrationStatus};
+use pending::pending_watcher;
+use pins::ImagePins;
+use reconciler::reconciler;
+use saved::{SavedSyncError, SavedSyncs};
+use signals::Signals;
+use status::placeholder_status;
+use status_hub::StatusHub;
+use task_slot::TaskSlot;
+
+pub use coordinator::Launcher;
+pub use error::LauncherError;
+pub use migration::MigrateRequest;
 pub use migration_plan::{
     incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, PrepareTarget, TargetError,
 };
-use reconciler::reconciler;
-pub use resize::{ResourceChange, ResourcePart};
-use saved::{SavedSyncError, SavedSyncs};
-use signals::Signals;
-use status_hub::StatusHub;
-use synced_domain::SyncedDomain;
-use task_slot::TaskSlot;
+pub use status::waiting_status;
+pub use types::{
+    BlockSource, EventKind, HotplugOptions, LaunchOptions, LauncherEvent, MigrationRole,
+    MigrationState, MigrationStatus, PlannedAction, ResourceChange, ResourcePart, StartKind,
+    Status, SyncInput, SyncOutcome, TaskOutcome, VolumePhase, VolumeStatus,
+};
 
 /// The last accepted Sync a launcher kept at `base` (`HotplugOptions::last_sync`), if any.
 pub fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
     SavedSyncs::read(base)
-}
-use pending::pending_watcher;
-use status::placeholder_status;
-pub use status::waiting_status;
-pub use status::{
-    EventKind, InterfaceStatus, LauncherEvent, PublishedPort, Status, TaskInfo, TaskOutcome,
-    VolumePhase, VolumeStatus,
-};
-pub use sync::{BlockSource, PlannedAction, SyncInput, SyncOutcome};
-
-/// How long a detach may take before the volume is reported stuck in `Detaching`.
-pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
-/// KubeVirt's default grace period.
-pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
-/// How long libvirt may take to report a destroyed domain as stopped.
-const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Debug, thiserror::Error)]
-pub enum LauncherError {
-    #[error("invalid spec:\n{0}")]
-    InvalidSpec(#[from] SpecErrors),
-    #[error("the spec is for {requested}, this launcher runs {running}")]
-    WrongInstance { running: String, requested: String },
-    #[error("cannot change {} while the VM runs; only disks, cpu.sockets and memory.guest can change", .fields.join(", "))]
-    FrozenFieldsChanged { fields: Vec<&'static str> },
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error("block device of volume {volume:?}")]
-    BlockDevice {
-        volume: String,
-        #[source]
-        source: DevNodeError,
-    },
-    #[error("block_devices names volume {volume:?}, which is not a hot-pluggable claim (persistentVolumeClaim or dataVolume with hotpluggable: true) of the spec")]
-    NotAHotplugVolume { volume: String },
-    #[error("volume {volume:?}")]
-    HostDisk {
-        volume: String,
-        #[source]
-        source: HostError,
-    },
-    /// A host file the spec names (`hostDisk.path`, `kernelPath`, `initrdPath`), refused or
-    /// missing when the domain was (re)started: `field` is its path in the spec.
-    #[error("{field}")]
-    HostFile {
-        field: String,
-        #[source]
-        source: HostError,
-    },
-    #[error(transparent)]
-    Refused(#[from] Refusal),
-    #[error("the hypervisor is unreachable")]
-    Unreachable,
-    #[error("cannot {command}: the launcher is shutting down")]
-    Terminating { command: &'static str },
-    #[error("the graceful stop gave way to a Kill")]
-    Preempted,
-    #[error(
-        "interface {alias} is still in the guest after {waited:?}: the guest has not let it go"
-    )]
-    InterfaceStuck { alias: String, waited: Duration },
-    #[error("the Sync stopped part-way: the VM is being stopped (SIGTERM or Kill); the volumes not reached keep their status")]
-    SyncInterrupted,
-    #[error(transparent)]
-    Connect(#[from] ConnectError),
-    #[error(transparent)]
-    Libvirt(#[from] LibvirtError),
-    #[error(transparent)]
-    LiveXml(#[from] domain::LiveXmlError),
-    #[error("a libvirt call panicked")]
-    Join(#[source] tokio::task::JoinError),
-    #[error(transparent)]
-    SaveSync(#[from] SavedSyncError),
-    #[error("no migration is in flight")]
-    NoMigration,
-    #[error("the migration target")]
-    MigrationTarget(#[from] TargetError),
-    #[error("block volume {volume:?}")]
-    BlockVolume {
-        volume: String,
-        #[source]
-        source: crate::host::block::BlockHostError,
-    },
-    #[error("the migration was {why}; the guest runs here (libvirt: {libvirt})")]
-    MigrationAborted { why: &'static str, libvirt: String },
-}
-
-impl LauncherError {
-    /// The failure is about reaching libvirt, not about the request.
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            LauncherError::Unreachable
-            | LauncherError::Connect(_)
-            | LauncherError::Refused(Refusal::Unreachable { .. }) => true,
-            LauncherError::Libvirt(l) => l.is_unavailable(),
-            _ => false,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct LaunchOptions {
-    pub strategy: RunStrategy,
-    pub convert: ConvertOptions,
-    /// The periodic safety-net re-read of the real state.
-    pub resync_interval: Duration,
-    pub hotplug: HotplugOptions,
-    /// The spec text the VM was started from (what `GetSpec` returns before the first Sync).
-    pub spec_text: String,
-    /// How long to keep trying to reach a lost libvirt before giving up (phase Unknown, the
-    /// launcher exits); `None` tries for ever.
-    pub reconnect_timeout: Option<Duration>,
-    /// Where a spec's host paths may not lead, checked on every spec the launcher takes.
-    pub host_paths: crate::host::confine::HostPathPolicy,
-    /// The launcher's runtime dir (what a migration target's paths are moved under).
-    pub runtime_dir: PathBuf,
-    /// A migration target: the domain comes from a source launcher, not from a start.
-    pub incoming: bool,
-    /// The hot-plugged block volumes' devices the VM starts with (a migration target's, as its
-    /// source's last Sync gave them).
-    pub block_devices: BTreeMap<String, BlockSource>,
-    /// Migrating over TCP (`run --tls-dir`): the credentials and libvirt's copy of them.
-    pub migration_tls: Option<crate::migration_tls::InstalledTls>,
-}
-
-/// Where the host side of block-device hotplug happens. The hotplug dir itself is
-/// `convert.paths.hotplug_dir`.
-#[derive(Debug, Clone)]
-pub struct HotplugOptions {
-    /// Owner of the nodes: the user and group QEMU runs as.
-    pub node_owner: NodeOwner,
-    pub cgroup_roots: CgroupRoots,
-    /// `/sys/dev/block`: which device numbers exist.
-    pub sys_dev_block: PathBuf,
-    /// `/proc`.
-    pub proc_root: PathBuf,
-    /// Where libvirt writes `<domain>.pid` for QEMU.
-    pub qemu_pid_dir: PathBuf,
-    /// The state file of what the launcher made (`host::records`).
-    pub records: PathBuf,
-    /// Where the last accepted Sync is kept (`launcher::saved`: two slots beside this path,
-    /// `last-sync.0.json` and `last-sync.1.json` for `last-sync`), restored when the domain is
-    /// adopted.
-    pub last_sync: PathBuf,
-    /// What this process lacks for block hotplug: block volumes are refused while anything is.
-    pub missing_capabilities: Vec<crate::host::caps::Unavailable>,
-    /// Which block devices a Sync may attach.
-    pub allowed_block_devices: crate::host::block_allow::BlockAllowList,
-}
-
-#[derive(Debug)]
-struct State {
-    observation: Observation,
-    vm_state: VmState,
-    task: Option<TaskInfo>,
-    destroyed_after_grace: bool,
-    terminating: bool,
-    finished: bool,
-    /// When the domain was first seen stopped without a task (reboot window).
-    stop_seen: Option<Instant>,
-    restart_at: Option<Instant>,
-    restarts: u32,
-    last_started: Option<Instant>,
-    volumes: BTreeMap<String, VolumeStatus>,
-    interfaces: Vec<InterfaceStatus>,
-    /// The domain's vCPUs and memory as libvirt last showed them; `None` before the first read.
-    resources: Option<domain::LiveResources>,
-    /// The last Sync's failure, shown as condition `Synchronized=false`.
-    sync_failure: Option<String>,
-    /// The launcher undefined the domain itself (to start it afresh) and has not defined it
-    /// again: a missing domain is then not a lost one.
-    undefined_by_us: bool,
-    /// The last I/O error libvirt reported, shown with the `Paused` condition.
-    io_error: Option<String>,
-    /// libvirt's word on the guest agent's channel (its live XML, then its agent events): the
-    /// condition `AgentConnected` while the domain runs.
-    agent_connected: bool,
-    /// Agent events handled so far: a live XML read before the last one is older news.
-    agent_events: u64,
-    /// The spec the domain was made from or last synced to.
-    spec: Validated,
-    /// `spec` as the Sync that accepted it converted it; `None` until a Sync did.
-    spec_domain: Option<SyncedDomain>,
-    /// The migration in flight or last ended.
-    migration: Option<MigrationStatus>,
-    /// The VM went to another launcher: its life here ended well (phase Succeeded, Migrated).
-    migrated_away: bool,
-    /// A target whose incoming guest never arrived (phase Failed, MigrationFailed).
-    migration_lost: bool,
-}
-
-impl State {
-    /// The part of the state the restart rules of `lifecycle` read and write.
-    fn restarts(&self) -> lifecycle::Restarts {
-        lifecycle::Restarts {
-            vm_state: self.vm_state,
-            stop_seen: self.stop_seen,
-            restart_at: self.restart_at,
-            restarts: self.restarts,
-            last_started: self.last_started,
-            finished: self.finished,
-        }
-    }
-
-    fn set_restarts(&mut self, r: lifecycle::Restarts) {
-        self.vm_state = r.vm_state;
-        self.stop_seen = r.stop_seen;
-        self.restart_at = r.restart_at;
-        self.restarts = r.restarts;
-        self.last_started = r.last_started;
-        self.finished = r.finished;
-    }
-
-    /// The spec is now `vmi`, converted as `domain` when the caller converted it.
-    fn set_spec(&mut self, vmi: Validated, domain: Option<SyncedDomain>) {
-        self.spec = vmi;
-        self.spec_domain = domain;
-    }
-
-    /// When the reconciler must look again without an event.
-    fn timer(&self) -> Option<Instant> {
-        let window = self.stop_seen.map(|t| t + lifecycle::REBOOT_WINDOW);
-        match (window, self.restart_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-}
-
-/// What `start` did with the domain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartKind {
-    Created,
-    /// A running domain taken over; `last_sync`: with the last Sync its predecessor accepted,
-    /// which stands over the spec file.
-    Adopted {
-        last_sync: bool,
-    },
-    /// The run strategy (Manual, Halted) waits for a Start call.
-    NotStarted,
-    /// A migration target: the disks are ready, the guest comes from its source.
-    Incoming,
-    /// A predecessor migrated the VM away (and was killed before it ended): nothing to run.
-    MigratedAway,
-}
-
-/// The launcher: a coordinator of owned parts, each with its own state and locks and the rule
-/// of who may take them in its own module. Between parts, the order for the few places that
-/// hold two: the task slot (async, held for a whole task) before anything else; `state` before
-/// the hub's sequence lock (`update` publishes under the state lock, so the stream's order is
-/// the order of the updates); the link and the live view's read lock after the task slot.
-/// Everything else is a leaf: taken alone, never while calling out, never with `state` held.
-#[derive(Debug)]
-pub struct Launcher {
-    link: Link,
-    domain_name: String,
-    options: LaunchOptions,
-    state: Mutex<State>,
-    /// The status, its followers and the event stream.
-    hub: StatusHub,
-    tasks: TaskSlot,
-    signals: Signals,
-    detaches: Detaches,
-    /// Nodes and device rules of block volumes (`host::records` on disk).
-    block: BlockDevices,
-    last_sync: LastSync,
-    /// Volumes waiting for their source, and the path each waits for: watched, so that they are
-    /// attached as soon as it appears.
-    pending: watch::Sender<BTreeMap<String, PathBuf>>,
-    live: LiveView,
-    /// `start` found no domain of this name just before its first start (which then does not
-    /// ask again); taken by that start.
-    absent_at_start: std::sync::atomic::AtomicBool,
-    /// The kernel and initrd copied for the first start while libvirtd started (`start`):
-    /// the spec's (host) paths and the copies. Taken by that start if the paths are the same.
-    staged_boot: Mutex<Option<(domain::KernelBootDef, domain::KernelBootDef)>>,
 }
 
 impl Launcher {
@@ -424,9 +162,7 @@ impl Launcher {
             observation: Observation::NotCreated,
             vm_state: VmState::Building,
             task: None,
-            destroyed_after_grace: false,
-            terminating: false,
-            finished: false,
+            life: Life::default(),
             stop_seen: None,
             restart_at: None,
             restarts: 0,
@@ -441,9 +177,7 @@ impl Launcher {
             undefined_by_us: false,
             spec: vmi,
             spec_domain: None,
-            migration: None,
-            migrated_away: false,
-            migration_lost: false,
+            migration: Default::default(),
         };
         let uri = connector.uri();
         let boot_devices: BTreeSet<DevNumber> = def
@@ -470,6 +204,7 @@ impl Launcher {
             link: Link::new(connector, hv),
             domain_name: name.clone(),
             hub: StatusHub::new(placeholder_status(&name, &uri, options.strategy)),
+            pins: ImagePins::new(options.convert.pin_dir.as_deref()),
             options,
             state: Mutex::new(state),
             tasks: TaskSlot::default(),
@@ -526,21 +261,17 @@ impl Launcher {
         } else if launcher.options.incoming {
             host_work(|| launcher.last_sync.save_current())?;
             launcher.update(|s| {
-                s.migration = Some(MigrationStatus::new(
+                s.migration.begin(
                     MigrationRole::Target,
                     MigrationState::Preparing,
                     String::new(),
-                ))
+                )
             });
             // A predecessor's migration still coming in finds its disks made already.
             if !exists {
                 launcher.prepare_incoming().await?;
             }
-            launcher.update(|s| {
-                if let Some(m) = s.migration.as_mut() {
-                    m.state = MigrationState::Migrating;
-                }
-            });
+            launcher.update(|s| s.migration.migrating());
             StartKind::Incoming
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is
@@ -578,9 +309,7 @@ impl Launcher {
                 launcher.block.adopt(&live);
                 // Pins are found again by name (`<volume>.img`): those of volumes the domain
                 // still has stay, the rest (a launcher killed mid-unplug) go.
-                if let Some(pins) = launcher.pins() {
-                    pins.keep_only(&live);
-                }
+                launcher.pins.keep_only(&live);
             });
         }
         // Following libvirt's events before the restored Sync runs: its detaches end on the
@@ -818,20 +547,5 @@ impl Launcher {
         let mut opts = self.options.convert.clone();
         opts.block_volumes.extend(self.block.nodes().into_keys());
         opts
-    }
-}
-
-/// Blocking host work (mknod, cgroup and records writes, file I/O) done from a task: the worker
-/// thread hands its other tasks over first, so the runtime's few workers keep serving the API,
-/// the event stream and the reconciler meanwhile. (The launcher runs on a multi-thread runtime.)
-fn host_work<T>(work: impl FnOnce() -> T) -> T {
-    tokio::task::block_in_place(work)
-}
-
-/// libvirt's own words for a failed call, for a one-line status.
-fn libvirt_message(e: &LauncherError) -> String {
-    match e {
-        LauncherError::Libvirt(l) => l.libvirt_message(),
-        other => crate::error_chain(other),
     }
 }

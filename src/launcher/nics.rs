@@ -3,37 +3,12 @@
 //! unplugged, and `state: up` / `down` sets the link; each with a result of its own. What the
 //! domain has is read from libvirt's live XML, not remembered.
 
-use super::{libvirt_message, Launcher, LauncherError, DETACH_TIMEOUT};
+use super::coordinator::Launcher;
+use super::error::{libvirt_message, LauncherError};
+use super::types::{NicAction, NicChange, DETACH_TIMEOUT};
 #[cfg(test)]
 use crate::domain;
 use crate::domain::{InterfaceDef, LiveInterface};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NicAction {
-    Attach,
-    Detach,
-    LinkUp,
-    LinkDown,
-}
-
-impl NicAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NicAction::Attach => "attach",
-            NicAction::Detach => "detach",
-            NicAction::LinkUp => "link-up",
-            NicAction::LinkDown => "link-down",
-        }
-    }
-}
-
-/// One interface change a Sync plans or did; `error` is why it failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NicChange {
-    pub name: String,
-    pub action: NicAction,
-    pub error: Option<String>,
-}
 
 /// What changes `live` into `desired`: plugs and link changes in the spec's order, then
 /// unplugs. Interfaces without vmlauncher's alias are not the spec's and are left alone.

@@ -1,10 +1,9 @@
 //! Volumes waiting for their source (Pending): their paths watched, and a Sync retried as soon
 //! as one appears.
 
+use super::coordinator::Launcher;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-use super::Launcher;
 
 /// Watches the sources pending volumes wait for, and syncs again as soon as one appears.
 pub(super) async fn pending_watcher(launcher: std::sync::Weak<Launcher>) {

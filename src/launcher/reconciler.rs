@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::io_errors::IoErrorReport;
-use super::{
-    EventKind, InterfaceStatus, Launcher, LauncherError, PublishedPort, VolumePhase, VolumeStatus,
-};
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::{EventKind, InterfaceStatus, PublishedPort, VolumePhase, VolumeStatus};
 use crate::domain;
 use crate::libvirt::events::{lifecycle_event, lifecycle_names, HypervisorEvent};
 use crate::libvirt::LibvirtError;
@@ -355,7 +356,7 @@ impl Launcher {
                     after = ?started.elapsed(),
                     "libvirt stayed unreachable; giving up (the VM's state is unknown)"
                 );
-                self.update(|s| s.finished = true);
+                self.update(|s| s.life = s.life.finish());
                 return;
             }
             let c = self.link.connector().clone();
@@ -388,7 +389,14 @@ impl Launcher {
             return;
         };
         self.finish_late_removals();
-        if self.reconcile_left_behind() || self.state.lock().expect("state lock").migrated_away {
+        if self.reconcile_left_behind()
+            || self
+                .state
+                .lock()
+                .expect("state lock")
+                .life
+                .is_migrated_away()
+        {
             // The VM runs on another launcher now: nothing here is to be reconciled.
             return;
         }
@@ -448,7 +456,7 @@ impl Launcher {
                 tracing::error!("the domain vanished");
                 self.update(|s| {
                     s.vm_state = VmState::Error;
-                    s.finished = true;
+                    s.life = s.life.finish();
                 });
             }
         }

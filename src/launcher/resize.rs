@@ -10,39 +10,11 @@
 //! whether this QEMU would complete one, so it never starts one. Memory goes down live:
 //! virtio-mem gives back what the guest lets go of.
 
-use super::{libvirt_message, Launcher, LauncherError};
+use super::coordinator::Launcher;
+use super::error::{libvirt_message, LauncherError};
+use super::types::{ResourceChange, ResourcePart};
 use crate::domain::{self, DomainDef, LiveResources};
 use crate::spec::{FieldError, Problem, SpecErrors, Validated};
-
-/// A part of the guest a Sync resizes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourcePart {
-    /// Enabled vCPUs.
-    Cpu,
-    /// Guest memory, in KiB.
-    Memory,
-}
-
-impl ResourcePart {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourcePart::Cpu => "cpu",
-            ResourcePart::Memory => "memory",
-        }
-    }
-}
-
-/// One resize a Sync plans or did: vCPUs, or memory in KiB, from what the domain has to what
-/// the spec asks; `error` is libvirt's words when it refused. `at_restart`: the running guest
-/// keeps `from` and boots next with `to` (a vCPU decrease).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceChange {
-    pub part: ResourcePart,
-    pub from: u64,
-    pub to: u64,
-    pub error: Option<String>,
-    pub at_restart: bool,
-}
 
 /// What a Sync does to vCPUs and memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

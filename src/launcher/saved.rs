@@ -25,7 +25,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::sync::{BlockSource, SyncInput};
+use super::types::{BlockSource, SyncInput};
 use crate::durable::{self, Contents};
 
 /// Far above any spec a Sync accepts: a bigger file is not ours.

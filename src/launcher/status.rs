@@ -1,239 +1,20 @@
 //! What the launcher reports: the status `GetStatus` returns, the `WatchEvents` stream, and how
 //! both are derived from the state (`status_of`), KubeVirt's conditions included.
 
-use std::time::Instant;
-
-use super::{Launcher, State};
+use super::coordinator::{Launcher, State};
+use super::types::{Condition, CpuStatus, MemoryStatus, Status, AGENT_CONNECTED};
 use crate::domain::LiveResources;
 use crate::lifecycle::{
-    self, Command, Observation, Phase, PhaseReason, PowerState, PrintableStatus, Progress,
-    RunStrategy, VmState,
+    self, Observation, Phase, PhaseReason, PowerState, PrintableStatus, Progress, RunStrategy,
+    VmState,
 };
 use crate::spec::Validated;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum VolumePhase {
-    Pending,
-    Attaching,
-    Ready,
-    Detaching,
-    Failed,
-}
-
-impl VolumePhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VolumePhase::Pending => "Pending",
-            VolumePhase::Attaching => "Attaching",
-            VolumePhase::Ready => "Ready",
-            VolumePhase::Detaching => "Detaching",
-            VolumePhase::Failed => "Failed",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeStatus {
-    pub name: String,
-    pub target: String,
-    pub serial: String,
-    pub bus: String,
-    pub phase: VolumePhase,
-    pub reason: String,
-    pub message: String,
-    /// Came with the VM at boot.
-    pub boot: bool,
-}
-
-/// A network interface as libvirt runs it (read from the live XML at every start and adoption).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterfaceStatus {
-    pub name: String,
-    pub mac: String,
-    /// Empty when unknown (QEMU's user-mode network does not report its DHCP leases).
-    pub ip_address: String,
-    pub ports: Vec<PublishedPort>,
-}
-
-/// A guest port published on the host.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedPort {
-    /// `TCP` or `UDP`, as KubeVirt spells them.
-    pub protocol: String,
-    pub port: u16,
-    pub host_address: String,
-    pub host_port: u16,
-}
-
-/// The vCPUs: the topology the spec asks for, and what the guest has enabled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuStatus {
-    pub sockets: u32,
-    pub cores: u32,
-    pub threads: u32,
-    /// The room for CPU hotplug, when the spec gives one.
-    pub max_sockets: Option<u32>,
-    /// vCPUs the domain has enabled (libvirt's count; the guest onlines them itself).
-    pub vcpus_online: u32,
-}
-
-/// Guest memory in bytes: booted with, asked for, plugged by the guest, and the room.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryStatus {
-    pub guest_at_boot: u64,
-    pub requested: u64,
-    pub current: u64,
-    pub max_guest: Option<u64>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskInfo {
-    pub id: u64,
-    pub command: Command,
-}
-
-/// The condition shown while libvirt says the guest agent is connected (KubeVirt's
-/// `VirtualMachineInstanceAgentConnected`).
-pub const AGENT_CONNECTED: &str = "AgentConnected";
-
-/// A condition, KubeVirt style.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Condition {
-    pub kind: &'static str,
-    pub status: bool,
-    pub reason: String,
-    pub message: String,
-}
-
-/// Everything `GetStatus` reports.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub phase: Phase,
-    pub phase_reason: Option<PhaseReason>,
-    pub printable_status: PrintableStatus,
-    pub power_state: Option<PowerState>,
-    pub vm_state: VmState,
-    pub task: Option<TaskInfo>,
-    pub conditions: Vec<Condition>,
-    pub volumes: Vec<VolumeStatus>,
-    pub interfaces: Vec<InterfaceStatus>,
-    /// Once libvirt has shown the domain.
-    pub cpu: Option<CpuStatus>,
-    pub memory: Option<MemoryStatus>,
-    pub domain_name: String,
-    pub libvirt_uri: String,
-    pub run_strategy: RunStrategy,
-    /// Restarts by the run strategy since the VM last ran stably.
-    pub restart_count: u32,
-    /// When the pending restart happens (CrashLoopBackOff).
-    pub next_restart: Option<Instant>,
-    /// The VM will not run again under this launcher; a pod's launcher exits.
-    pub finished: bool,
-    /// The migration in flight or last ended.
-    pub migration: Option<super::MigrationStatus>,
-    /// Where the guest's serial console and VNC display are reached.
-    pub consoles: crate::convert::Consoles,
-}
-
-impl Status {
-    /// What shows the VM's course to someone following it.
-    pub(super) fn course(
-        &self,
-    ) -> (
-        Phase,
-        PrintableStatus,
-        &Option<PowerState>,
-        Option<PhaseReason>,
-        bool,
-    ) {
-        (
-            self.phase,
-            self.printable_status,
-            &self.power_state,
-            self.phase_reason,
-            self.finished,
-        )
-    }
-
-    /// What the stream reports as a status change: everything but the volumes (they have their
-    /// own events) and the interfaces.
-    pub(super) fn summary_differs(&self, other: &Status) -> bool {
-        (
-            self.phase,
-            self.printable_status,
-            &self.power_state,
-            self.vm_state,
-            self.task,
-            &self.conditions,
-            self.restart_count,
-            self.finished,
-            self.cpu,
-            self.memory,
-            &self.migration,
-        ) != (
-            other.phase,
-            other.printable_status,
-            &other.power_state,
-            other.vm_state,
-            other.task,
-            &other.conditions,
-            other.restart_count,
-            other.finished,
-            other.cpu,
-            other.memory,
-            &other.migration,
-        )
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskOutcome {
-    Started,
-    Succeeded,
-    Failed(String),
-}
-
-/// One entry of the `WatchEvents` stream.
-///
-/// Kept small, its larger payloads boxed: the stream's buffer holds `EVENT_BUFFER` of them,
-/// allocated and written when the launcher starts (with a volume's status inline, 184 bytes a
-/// slot: 184 KiB of heap for the launcher's whole life).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
-    /// The whole current status: first on every stream, and instead of anything a slow
-    /// subscriber missed.
-    Resync(Box<Status>),
-    /// The status (phase, printable status, power/vm/task state, conditions) changed.
-    Status(Box<Status>),
-    Volume(Box<VolumeStatus>),
-    VolumeRemoved(String),
-    /// A libvirt event about the domain, in libvirt's words.
-    Hypervisor {
-        event: String,
-        detail: String,
-    },
-    Task {
-        id: u64,
-        command: Command,
-        outcome: TaskOutcome,
-    },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LauncherEvent {
-    /// Strictly increasing, without gaps on a stream that was not resynced.
-    pub seq: u64,
-    pub kind: EventKind,
-}
 
 impl Launcher {
     pub(super) fn status_of(&self, s: &State) -> Status {
         // A VM that left by migration ended well here; a target's guest that never came did not,
         // and one on its way is not here yet.
-        let incoming = s
-            .migration
-            .as_ref()
-            .is_some_and(super::MigrationStatus::is_incoming);
+        let incoming = s.migration.is_incoming();
         let (phase, phase_reason) = phase_of(s, incoming);
         let power_state = match &s.observation {
             Observation::Domain(p) => Some(p.clone()),
@@ -243,9 +24,9 @@ impl Launcher {
         let progress = Progress {
             vm_state: s.vm_state,
             task: s.task.map(|t| t.command.task()),
-            terminating: s.terminating,
+            terminating: s.life.terminated(),
             restart_pending: s.restart_at.is_some(),
-            finished: s.finished,
+            finished: s.life.is_finished(),
         };
         Status {
             phase,
@@ -268,8 +49,8 @@ impl Launcher {
             run_strategy: self.options.strategy,
             restart_count: s.restarts,
             next_restart: s.restart_at,
-            finished: s.finished,
-            migration: s.migration.clone(),
+            finished: s.life.is_finished(),
+            migration: s.migration.status().cloned(),
             consoles: crate::convert::Consoles::of(
                 &s.spec.spec.domain.devices,
                 &self.options.convert.paths,
@@ -283,21 +64,18 @@ impl Launcher {
 fn phase_of(s: &State, incoming: bool) -> (Phase, Option<PhaseReason>) {
     // A source's migration followed after a restart, seen to end before the reconciler
     // said so: the same end, without a moment of "lost".
-    let following = s
-        .migration
-        .as_ref()
-        .is_some_and(super::MigrationStatus::is_outgoing);
-    let gone = super::migration::left_by_migration(&s.observation);
-    if s.migrated_away || (following && gone) {
+    let following = s.migration.is_outgoing();
+    let gone = super::migration_part::left_by_migration(&s.observation);
+    if s.life.is_migrated_away() || (following && gone) {
         (Phase::Succeeded, Some(PhaseReason::Migrated))
-    } else if s.migration_lost || (incoming && s.observation == Observation::Vanished) {
+    } else if s.life.is_migration_lost() || (incoming && s.observation == Observation::Vanished) {
         (Phase::Failed, Some(PhaseReason::MigrationFailed))
     } else if incoming {
         (Phase::Scheduled, None)
     } else {
         (
-            lifecycle::phase(&s.observation, s.destroyed_after_grace),
-            lifecycle::phase_reason(&s.observation, s.destroyed_after_grace),
+            lifecycle::phase(&s.observation, s.life.grace_expired()),
+            lifecycle::phase_reason(&s.observation, s.life.grace_expired()),
         )
     }
 }
@@ -384,42 +162,6 @@ fn memory_status(spec: &Validated, live: &LiveResources) -> MemoryStatus {
     }
 }
 
-/// The events that tell a watcher how `old` volumes became `new` ones: each new or changed
-/// volume, in `new`'s order, then each removed one, in `old`'s. Both are sorted by name (the
-/// state keeps them in a map), so one walk over the two finds them: with a status rebuilt for
-/// every volume's change, a pairwise search made a Sync of n disks cost n³ name comparisons.
-pub(super) fn volume_changes(old: &[VolumeStatus], new: &[VolumeStatus]) -> Vec<EventKind> {
-    let mut changed = Vec::new();
-    let mut removed = Vec::new();
-    let (mut old, mut new) = (old.iter().peekable(), new.iter().peekable());
-    loop {
-        match (old.peek(), new.peek()) {
-            (None, None) => break,
-            (Some(o), Some(n)) if o.name == n.name => {
-                if o != n {
-                    changed.push(EventKind::Volume(Box::new((*n).clone())));
-                }
-                old.next();
-                new.next();
-            }
-            (Some(o), Some(n)) if o.name < n.name => {
-                removed.push(EventKind::VolumeRemoved(o.name.clone()));
-                old.next();
-            }
-            (Some(o), None) => {
-                removed.push(EventKind::VolumeRemoved(o.name.clone()));
-                old.next();
-            }
-            (_, Some(n)) => {
-                changed.push(EventKind::Volume(Box::new((*n).clone())));
-                new.next();
-            }
-        }
-    }
-    changed.append(&mut removed);
-    changed
-}
-
 pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStrategy) -> Status {
     Status {
         phase: Phase::Scheduled,
@@ -448,9 +190,9 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
 pub fn waiting_status(uri: &str) -> Status {
     Status {
         printable_status: PrintableStatus::WaitingForMigration,
-        migration: Some(super::MigrationStatus::new(
-            super::MigrationRole::Target,
-            super::MigrationState::Waiting,
+        migration: Some(super::types::MigrationStatus::new(
+            super::types::MigrationRole::Target,
+            super::types::MigrationState::Waiting,
             String::new(),
         )),
         ..placeholder_status("", uri, RunStrategy::Once)
@@ -475,8 +217,11 @@ fn restart_required(spec: &Validated, live: &LiveResources) -> Option<Condition>
 }
 
 #[cfg(test)]
-pub(super) fn test_volume(name: &str, phase: VolumePhase) -> VolumeStatus {
-    VolumeStatus {
+pub(super) fn test_volume(
+    name: &str,
+    phase: super::types::VolumePhase,
+) -> super::types::VolumeStatus {
+    super::types::VolumeStatus {
         name: name.into(),
         target: "sda".into(),
         serial: String::new(),
@@ -491,6 +236,9 @@ pub(super) fn test_volume(name: &str, phase: VolumePhase) -> VolumeStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::launcher::types::{
+        volume_changes, EventKind, LauncherEvent, VolumePhase, VolumeStatus,
+    };
 
     fn volume(name: &str, phase: VolumePhase) -> VolumeStatus {
         test_volume(name, phase)

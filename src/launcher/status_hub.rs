@@ -12,8 +12,7 @@ use std::time::Instant;
 use tokio::sync::{broadcast, watch};
 
 use super::io_errors::{IoErrorReport, IoErrorReports};
-use super::status::volume_changes;
-use super::{EventKind, LauncherEvent, Status};
+use super::types::{volume_changes, EventKind, LauncherEvent, Status};
 
 /// Events kept for slow `WatchEvents` subscribers before they get a resync instead.
 const EVENT_BUFFER: usize = 1024;

@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{libvirt_message, Launcher, LauncherError, VolumePhase, VolumeStatus, DETACH_TIMEOUT};
 use crate::convert;
 use crate::domain::{self, DiskDef, DomainDef};
 use crate::host::block::BlockHostError;
@@ -17,58 +16,18 @@ use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
 use crate::spec::{self, Validated, VirtualMachineInstance};
 
+use super::coordinator::Launcher;
 use super::disks::{prepare_disks, DiskNotReady};
+use super::error::{libvirt_message, LauncherError};
 use super::in_flight::in_flight;
-use super::nics::{self, NicChange};
-use super::resize::{self, ResizePlan, ResourceChange};
+use super::nics;
+use super::resize::{self, ResizePlan};
 use super::synced_domain::SyncedDomain;
-use super::task_slot::Work;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlannedAction {
-    Attach,
-    Detach,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedChange {
-    pub action: PlannedAction,
-    pub volume: String,
-    pub target: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncOutcome {
-    pub plan: Vec<PlannedChange>,
-    pub volumes: Vec<VolumeStatus>,
-    /// The vCPU and memory changes, planned (dry run) or done, each with its own result.
-    pub resources: Vec<ResourceChange>,
-    /// The network interface changes, likewise.
-    pub interfaces: Vec<NicChange>,
-}
-
-/// The block device behind a hot-plugged volume, as a Sync names it. Its serde form is part of
-/// the saved Sync's file (`launcher::saved`): a renamed variant is a new file version.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum BlockSource {
-    Path(PathBuf),
-    Number(DevNumber),
-}
-
-/// One Sync request.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SyncInput {
-    pub spec: String,
-    pub dry_run: bool,
-    pub block_devices: BTreeMap<String, BlockSource>,
-    /// Volumes whose attach also goes to the persistent definition.
-    pub persist: BTreeSet<String>,
-    /// The disk sequence (`devnode::disk_sequence`) of each block device given by number, as
-    /// it was when the request was accepted: a restored request attaches a number only while
-    /// it is still that disk. Filled by the launcher, not by the client.
-    pub block_identities: BTreeMap<String, u64>,
-}
+use super::tasks::Work;
+use super::types::{
+    BlockSource, NicChange, PlannedAction, PlannedChange, SyncInput, SyncOutcome, VolumePhase,
+    VolumeStatus, DETACH_TIMEOUT,
+};
 
 /// A hot-plugged block volume of a Sync: its device, or why it is not there yet.
 /// A hot-plugged block volume's device, or the path it waits for (named by path, not there yet).
@@ -315,8 +274,50 @@ impl Launcher {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
             }
         }
-        self.forget_unnamed_volumes(desired, &live);
-        let interrupted = || self.signals.interrupt_generation() != *interrupt_generation;
+        self.forget_unwanted_volumes(desired, &live);
+        self.apply_disk_plan(&plan, vmi, input, devices, *interrupt_generation)
+            .await?;
+        if !plan.attach.is_empty() || !plan.detach.is_empty() {
+            self.read_own_changes().await;
+        }
+        Ok(SyncOutcome {
+            plan: planned,
+            volumes: self.status().volumes,
+            resources,
+            interfaces,
+        })
+    }
+
+    /// A volume the spec no longer names and libvirt does not have (one that was pending or
+    /// failed) has nothing left to report, nor a path to wait for.
+    fn forget_unwanted_volumes(&self, desired: &DomainDef, live: &[domain::LiveDisk]) {
+        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
+        let live_names: BTreeSet<String> = live
+            .iter()
+            .filter_map(|d| d.volume().map(str::to_string))
+            .collect();
+        self.update(|s| {
+            s.volumes
+                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
+        });
+        self.pending.send_if_modified(|p| {
+            let before = p.len();
+            p.retain(|name, _| wanted.contains(name));
+            p.len() != before
+        });
+    }
+
+    /// The disk part of an accepted Sync: attaches a few at a time, then detaches one by one,
+    /// each step given up once a stop interrupts the Sync.
+    async fn apply_disk_plan(
+        &self,
+        plan: &Plan,
+        vmi: &Validated,
+        input: &SyncInput,
+        devices: &BTreeMap<String, BlockResolution>,
+        interrupt_generation: u64,
+    ) -> Result<(), LauncherError> {
+        let interrupted = || self.signals.interrupt_generation() != interrupt_generation;
         let attach_one = |disk: &DiskDef| {
             let persist = input.persist.contains(&disk.volume);
             match devices.get(&disk.volume) {
@@ -327,7 +328,7 @@ impl Launcher {
         // Not for a Sync with nothing to attach (a no-op, a detach): `host_work` hands the async
         // worker's other tasks to another thread, a wake-up for nothing.
         if !plan.attach.is_empty() {
-            super::host_work(|| {
+            super::coordinator::host_work(|| {
                 in_flight(&plan.attach, ATTACHES_IN_FLIGHT, &interrupted, attach_one)
             })?;
         }
@@ -335,17 +336,9 @@ impl Launcher {
             if interrupted() {
                 return Err(LauncherError::SyncInterrupted);
             }
-            self.detach(live_disk, *interrupt_generation).await;
+            self.detach(live_disk, interrupt_generation).await;
         }
-        if !plan.attach.is_empty() || !plan.detach.is_empty() {
-            self.read_own_changes().await;
-        }
-        Ok(SyncOutcome {
-            plan: planned,
-            volumes: self.status().volumes,
-            resources,
-            interfaces,
-        })
+        Ok(())
     }
 
     /// What a Sync changes of the vCPUs, memory and interfaces, and the live state it planned
@@ -388,25 +381,6 @@ impl Launcher {
             resources,
             live_nics,
         })
-    }
-
-    /// A volume the spec no longer names and libvirt does not have (one that was pending or
-    /// failed) has nothing left to report, and nothing to wait for.
-    fn forget_unnamed_volumes(&self, desired: &DomainDef, live: &[domain::LiveDisk]) {
-        let wanted: BTreeSet<String> = desired.disks.iter().map(|d| d.volume.clone()).collect();
-        let live_names: BTreeSet<String> = live
-            .iter()
-            .filter_map(|d| d.volume().map(str::to_string))
-            .collect();
-        self.update(|s| {
-            s.volumes
-                .retain(|name, _| wanted.contains(name) || live_names.contains(name))
-        });
-        self.pending.send_if_modified(|p| {
-            let before = p.len();
-            p.retain(|name, _| wanted.contains(name));
-            p.len() != before
-        });
     }
 
     /// Reads the live disks this Sync's own attaches and detaches left, while its task still
@@ -463,7 +437,7 @@ impl Launcher {
                 })
                 .collect()
         };
-        super::host_work(|| self.last_sync.accept(input, disk_sequences))?;
+        super::coordinator::host_work(|| self.last_sync.accept(input, disk_sequences))?;
         let vmi = vmi.clone();
         self.update(|s| s.set_spec(vmi, Some(converted)));
         Ok(())
@@ -565,9 +539,9 @@ impl Launcher {
             }
         };
         let fds = opened.fds;
-        // QEMU opens a hot-plugged file in its own mount namespace: the pin is made there.
-        let pinned = !opened.to_pin.is_empty();
-        let failed = self.pin_images(
+        // QEMU opens a hot-plugged file in its own mount namespace: the pin is made there,
+        // and removed by its guard on every way out but a worked attach.
+        let (pins, failed) = self.pins.pin_images(
             std::slice::from_mut(&mut prepared),
             opened.to_pin,
             self.qemu_namespace_pid(),
@@ -599,15 +573,14 @@ impl Launcher {
         };
         match attached {
             Ok(()) => {
+                pins.keep();
                 self.set_volume(disk, VolumePhase::Ready, "", String::new());
                 true
             }
             Err(e) => {
                 let message = libvirt_message(&e);
                 tracing::warn!(volume = %disk.volume, %message, "attach failed");
-                if pinned {
-                    self.unpin(&disk.volume);
-                }
+                drop(pins);
                 self.set_volume(disk, VolumePhase::Failed, "AttachFailed", message);
                 false
             }
@@ -616,12 +589,7 @@ impl Launcher {
 
     /// Removes `volume`'s pin, if it has one (QEMU has let go of the disk, or never had it).
     pub(super) fn unpin(&self, volume: &str) {
-        let Some(pins) = self.pins() else {
-            return;
-        };
-        if let Err(e) = pins.unpin(volume) {
-            tracing::warn!(%volume, error = %e, "cannot remove the volume's pin");
-        }
+        self.pins.unpin(volume);
     }
 
     /// A process in QEMU's mount namespace. libvirtd when QEMU shares its namespace (in a pod):
@@ -742,10 +710,11 @@ impl Launcher {
     pub(super) fn finish_detach(&self, volume: &str) {
         let generation = self.detaches.finish(volume);
         // QEMU closed the image with the device: its pin goes (a file volume's; a no-op else).
-        super::host_work(|| self.unpin(volume));
+        super::coordinator::host_work(|| self.unpin(volume));
         let released = match generation {
             Some(generation) => {
-                super::host_work(|| self.block.release_plug(volume, generation)).map(drop)
+                super::coordinator::host_work(|| self.block.release_plug(volume, generation))
+                    .map(drop)
             }
             None => Ok(()),
         };

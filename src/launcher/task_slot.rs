@@ -1,23 +1,11 @@
-//! The one request type and its slot: every front end (`vmlauncher.v1`, KubeVirt's
-//! `kubevirt.cmd.v1`, the `run` entrypoint) drives the launcher through a [`Work`] — a
-//! lifecycle command, a Sync, a migration — and one runs at a time, holding the slot
-//! (`Launcher::run`). The slot's lock is taken before any other lock the launcher holds, and
-//! held for a whole task.
+//! The task slot: every front end (`vmlauncher.v1`, KubeVirt's `kubevirt.cmd.v1`, the `run`
+//! entrypoint) drives the launcher through a `tasks::Work` — a lifecycle command, a Sync, a
+//! migration — and one runs at a time, holding the slot (`Launcher::run`). The slot's lock is
+//! taken before any other lock the launcher holds, and held for a whole task.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{Mutex, MutexGuard};
-
-use super::{Launcher, LauncherError};
-use crate::lifecycle::Command;
-
-/// What a task does, once admitted: a lifecycle command, a Sync validated and planned before
-/// the slot was taken, a migration with its target.
-pub(super) trait Work {
-    type Output;
-    fn command(&self) -> Command;
-    async fn perform(self, launcher: &Launcher) -> Result<Self::Output, LauncherError>;
-}
 
 #[derive(Debug)]
 pub(super) struct TaskSlot {

@@ -5,14 +5,24 @@
 use std::time::{Duration, Instant};
 
 use super::disks::Ready;
-use super::task_slot::Work;
-use super::{
-    EventKind, Launcher, LauncherError, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase,
-    DEFAULT_GRACE_PERIOD, DESTROY_TIMEOUT,
+
+use super::coordinator::Launcher;
+use super::error::LauncherError;
+use super::types::{
+    EventKind, Status, SyncInput, TaskInfo, TaskOutcome, VolumePhase, DEFAULT_GRACE_PERIOD,
+    DESTROY_TIMEOUT,
 };
 use crate::host::HostError;
 use crate::libvirt::{LibvirtError, Nvram};
 use crate::lifecycle::{self, Command, Observation};
+
+/// What a task does, once admitted: a lifecycle command, a Sync validated and planned before
+/// the slot was taken, a migration with its target.
+pub(super) trait Work {
+    type Output;
+    fn command(&self) -> Command;
+    async fn perform(self, launcher: &Launcher) -> Result<Self::Output, LauncherError>;
+}
 
 /// An owner's lifecycle command.
 struct Lifecycle {
@@ -125,7 +135,7 @@ impl Launcher {
     /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
     /// again behind its back.
     pub(super) fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
-        let terminating = self.state.lock().expect("state lock").terminating;
+        let terminating = self.state.lock().expect("state lock").life.terminated();
         if terminating && !matches!(command, Command::Shutdown | Command::Kill) {
             return Err(LauncherError::Terminating {
                 command: command.as_str(),
@@ -149,7 +159,9 @@ impl Launcher {
         self.update(|s| {
             s.vm_state = lifecycle::settle(s.vm_state, info.command, failure.is_none());
             s.task = None;
-            s.finished |= final_stop;
+            if final_stop {
+                s.life = s.life.finish();
+            }
         });
         self.hub.event(EventKind::Task {
             id: info.id,
@@ -224,7 +236,7 @@ impl Launcher {
                 self.prepare_sync(input)?.perform(self).await.map(drop)
             }
             // A migration needs its target: `Launcher::migrate`, never a bare command.
-            Command::Migrate => Err(super::TargetError::NotNamed.into()),
+            Command::Migrate => Err(super::migration_plan::TargetError::NotNamed.into()),
         }
     }
 
@@ -256,18 +268,20 @@ impl Launcher {
             def,
             fds,
             not_ready,
+            pins,
         } = self.ready_definition(true).await?;
         self.clear_tpm_state(&def)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
         let ports = def.interfaces.iter().any(|i| !i.port_forwards.is_empty());
         self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds, ports))?;
+        // QEMU has them now; on any way out before this line the guard removed them.
+        pins.keep();
         self.update(|s| {
             s.undefined_by_us = false;
-            s.finished = false;
+            s.life = s.life.started();
             s.stop_seen = None;
             s.restart_at = None;
-            s.destroyed_after_grace = false;
             s.io_error = None;
             s.last_started = Some(Instant::now());
         });
@@ -358,7 +372,7 @@ impl Launcher {
                 ),
             }
         }
-        self.update(|s| s.destroyed_after_grace = waited_out_grace);
+        self.update(|s| s.life = s.life.destroying(waited_out_grace));
         let n = self.domain_name.clone();
         if let Err(e) = self.call(move |hv| hv.destroy(&n)) {
             // It may have stopped by itself in the meantime; the state says.
@@ -374,7 +388,7 @@ impl Launcher {
     /// SIGTERM: stop the guest gracefully and mark the VM final, whatever the run strategy.
     pub async fn terminate(&self) {
         self.update(|s| {
-            s.terminating = true;
+            s.life = s.life.terminate();
             s.restart_at = None;
         });
         // A Sync in flight gives way at its next volume: the guest's grace period must not
@@ -389,7 +403,7 @@ impl Launcher {
             }
         }
         self.refresh().await;
-        self.update(|s| s.finished = true);
+        self.update(|s| s.life = s.life.finish());
     }
 
     /// Removes the domain's definition, the VM stopped first if it still runs (KubeVirt's
@@ -414,7 +428,13 @@ impl Launcher {
     /// leaves nothing behind.
     pub async fn shut_down(&self) {
         self.signals.close();
-        if self.state.lock().expect("state lock").migrated_away {
+        if self
+            .state
+            .lock()
+            .expect("state lock")
+            .life
+            .is_migrated_away()
+        {
             // Ended here for good: a next launcher on this dir starts afresh.
             self.migration_marker().remove();
         }
@@ -425,9 +445,7 @@ impl Launcher {
                 self.block.release_all();
                 // QEMU is gone: its namespace with it; a pin in libvirtd's (made before a
                 // start) goes with its unlink.
-                if let Some(pins) = self.pins() {
-                    pins.keep_only(&Default::default());
-                }
+                self.pins.keep_only(&Default::default());
             }
             Err(e) => {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot remove the domain definition")

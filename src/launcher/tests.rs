@@ -7,12 +7,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::task_slot::Work;
+use super::tasks::Work;
 use super::*;
 use crate::domain::{Bus, DiskDef};
-use crate::host::cgroup::CgroupMount;
+use crate::host::cgroup::{CgroupMount, CgroupRoots};
 use crate::host::devnode::NodeOwner;
 use crate::libvirt::events::lifecycle_event;
+use crate::lifecycle::RunStrategy;
 
 /// A launcher of a running domain on the test driver, the sending end of its event channel (as
 /// libvirt's callbacks use it), and its runtime dir.
@@ -331,7 +332,7 @@ async fn the_agent_condition_follows_libvirts_agent_events_while_the_domain_runs
         l.status()
             .conditions
             .iter()
-            .any(|c| c.kind == status::AGENT_CONNECTED && c.status)
+            .any(|c| c.kind == types::AGENT_CONNECTED && c.status)
     };
     assert!(!agent(l), "no agent before libvirt says so");
     for (domain, connected, shown) in [
