@@ -18,6 +18,14 @@ pub const PLAIN: &str = "VMLAUNCHER_PLAIN";
 /// A trick kept, with why and the bench row it pays for (`docs/performance.md`, "The tricks, with and without").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trick {
+    /// A Sync's resizes, all accepted, shown in the status as applied instead of read back
+    /// from libvirt (`launcher::resize`): the CPU and memory rows, one live-XML read fewer.
+    AppliedResize,
+    /// Each private libvirtd held on the launcher's first CPU only while it starts (it reads
+    /// the host's CPUID then, for the capability cache), not for its whole life
+    /// (`libvirt::start_pin`): with it held, every libvirtd of a node and its part of every
+    /// start ran on one core, and a storm of eight starts queued there.
+    BriefPin,
     /// QEMU's capabilities probed once per machine and shared between launchers
     /// (`libvirt::capcache`): start → Running, 7.7 s without against 1.2–1.8 s with (loaded
     /// machine; 4.1 against 0.36 s idle).
@@ -40,7 +48,9 @@ pub enum Trick {
 }
 
 impl Trick {
-    pub const ALL: [Trick; 5] = [
+    pub const ALL: [Trick; 7] = [
+        Trick::AppliedResize,
+        Trick::BriefPin,
         Trick::CapabilityCache,
         Trick::LeanLibvirtd,
         Trick::LiveStateCache,
@@ -51,6 +61,8 @@ impl Trick {
     /// Its name in `VMLAUNCHER_PLAIN`.
     pub fn name(self) -> &'static str {
         match self {
+            Trick::AppliedResize => "applied-resize",
+            Trick::BriefPin => "brief-pin",
             Trick::CapabilityCache => "capability-cache",
             Trick::LeanLibvirtd => "lean-libvirtd",
             Trick::LiveStateCache => "live-state-cache",

@@ -10,11 +10,13 @@ pub mod daemon;
 mod daemon_conf;
 pub mod delivered;
 pub mod events;
+mod kvm_node;
 mod lean;
 pub mod migrate;
 mod orphans;
 mod ports;
 pub mod process;
+mod start_pin;
 mod states;
 pub mod stats;
 
