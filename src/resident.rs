@@ -5,10 +5,10 @@
 //! GLib, ICU, libxml2, curl, libssh, OpenSSL, Kerberos, ...), and starting runs the
 //! constructors of all of them, the argument parser, the spec's conversion, the host's and the
 //! daemon's set-up: each page touched stays resident, and the kernel maps the neighbours of each
-//! page faulted in with it (`fault_around_bytes`, 64 KiB). Of a running launcher's 25.6 MiB RSS,
-//! 18 MiB were those libraries' pages and 5 MiB its own code (measured with `/proc/PID/smaps`
-//! on 2026-11-28, `docs/performance.md`); dropped once and faulted back as used, a status call
-//! and a Sync later the launcher held 11.9 MiB.
+//! page faulted in with it (`fault_around_bytes`, 64 KiB). Of a running launcher's 25.5 MiB RSS,
+//! 17.6 MiB were those libraries' pages and 4.9 MiB its own code (`/proc/PID/smaps`, 2026-11-28,
+//! `docs/performance.md`); dropped once and faulted back as used, a status call and a Sync
+//! later the launcher held 11.7 MiB.
 //!
 //! Only what can come back unchanged is dropped: private file mappings that are not writable
 //! and hold no page of their own (a relocated read-only segment, RELRO, holds copies: skipped).

@@ -19,7 +19,8 @@ pub const PLAIN: &str = "VMLAUNCHER_PLAIN";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trick {
     /// A Sync's resizes, all accepted, shown in the status as applied instead of read back
-    /// from libvirt (`launcher::resize`): the CPU and memory rows, one live-XML read fewer.
+    /// from libvirt (`launcher::resize`): the CPU and memory rows, one live-XML read fewer
+    /// (`docs/performance.md`, "The storm, resize and memory, continued").
     AppliedResize,
     /// Each private libvirtd held on the launcher's first CPU only while it starts (it reads
     /// the host's CPUID then, for the capability cache), not for its whole life
@@ -43,8 +44,8 @@ pub enum Trick {
     /// for events. Off, each waits for the one before, as before issue 46.
     ParallelStart,
     /// The pages the launcher touched only to start (its libraries' constructors, its own
-    /// start-up code) given back once it runs (`resident`): launcher RSS, 25.6 → 11.9 MiB by hand
-    /// (`docs/performance.md`).
+    /// start-up code) given back once it runs (`resident`): launcher RSS with 16 disks,
+    /// 24.0 → 13.1 MiB (`docs/performance.md`).
     StartPagesDropped,
     /// glibc's malloc kept small (`allocator`): one arena, and free memory given back while the
     /// launcher is idle: launcher RssAnon, 5.2 → 3.5 MiB (either alone: 4.1).
