@@ -1,5 +1,5 @@
 //! The launcher beside raw libvirt, in one run, on the same domain and the same daemon:
-//! `cargo bench --bench side_by_side [-- [--json FILE] [--only migration]]`.
+//! `cargo bench --bench side_by_side [-- [--json FILE] [--only migration|start|resize]]`.
 //!
 //! It boots the test guest (scripts/setup.sh builds it) through the real binary of this build and
 //! its private libvirtd, connects to that libvirtd's socket itself with the `virt` crate, and then
@@ -1209,6 +1209,25 @@ fn plain_rows(rt: &Runtime, work: &Path, values: &[String]) {
     }
 }
 
+/// `--only resize [--plain VALUE ...]`: the CPU and memory rows alone, once per value of
+/// `VMLAUNCHER_PLAIN` given (else once, every trick played), one VM after the other in this run.
+fn resize_only(rt: &Runtime, caps: &Path, values: &[String]) {
+    let values = if values.is_empty() {
+        vec!["0".to_string()]
+    } else {
+        values.to_vec()
+    };
+    for value in values {
+        eprintln!("side_by_side: resize rows, VMLAUNCHER_PLAIN={value}");
+        std::env::set_var(vmlauncher::tricks::PLAIN, &value);
+        let rows = resize_rows(rt, caps);
+        let date = shell("date -u '+%Y-%m-%d %H:%M:%S UTC'");
+        let load = shell("cut -d' ' -f1-3 /proc/loadavg");
+        println!("\nresize rows, VMLAUNCHER_PLAIN={value}, ended {date}, load average {load}\n");
+        print_tables(&rows, &[]);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if !args.iter().any(|a| a == "--bench") {
@@ -1219,12 +1238,13 @@ fn main() {
         .position(|a| a == "--json")
         .map(|i| PathBuf::from(args.get(i + 1).expect("--json FILE")));
     // `--only migration`: the migration rows alone (they take their own guests and daemons);
-    // `--only start`: the warm starts and the storms alone.
+    // `--only start`: the warm starts and the storms alone; `--only resize`: the CPU and memory
+    // rows alone (with `--plain`, once per value).
     let only = args.iter().position(|a| a == "--only").map(|i| {
         let what = args.get(i + 1).map(String::as_str);
         assert!(
-            matches!(what, Some("migration" | "start")),
-            "--only takes `migration` or `start`"
+            matches!(what, Some("migration" | "start" | "resize")),
+            "--only takes `migration`, `start` or `resize`"
         );
         what.unwrap_or_default().to_string()
     });
@@ -1248,6 +1268,10 @@ fn main() {
         .filter(|w| w[0] == "--plain")
         .map(|w| w[1].clone())
         .collect();
+    if only.as_deref() == Some("resize") {
+        resize_only(&rt, &warm_caps, &plain);
+        return;
+    }
     if !plain.is_empty() {
         plain_rows(&rt, work.path(), &plain);
         return;

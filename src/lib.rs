@@ -81,6 +81,7 @@ pub mod lifecycle;
 pub mod logs;
 pub mod migration_tls;
 pub mod owned_dir;
+pub mod resident;
 pub mod run;
 pub mod runtime_dir;
 pub mod spec;

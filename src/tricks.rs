@@ -18,6 +18,15 @@ pub const PLAIN: &str = "VMLAUNCHER_PLAIN";
 /// A trick kept, with why and the bench row it pays for (`docs/performance.md`, "The tricks, with and without").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Trick {
+    /// A Sync's resizes, all accepted, shown in the status as applied instead of read back
+    /// from libvirt (`launcher::resize`): the CPU and memory rows, one live-XML read fewer
+    /// (`docs/performance.md`, "The storm, resize and memory, continued").
+    AppliedResize,
+    /// Each private libvirtd held on the launcher's first CPU only while it starts (it reads
+    /// the host's CPUID then, for the capability cache), not for its whole life
+    /// (`libvirt::start_pin`): with it held, every libvirtd of a node and its part of every
+    /// start ran on one core, and a storm of eight starts queued there.
+    BriefPin,
     /// QEMU's capabilities probed once per machine and shared between launchers
     /// (`libvirt::capcache`): start → Running, 7.7 s without against 1.2–1.8 s with (loaded
     /// machine; 4.1 against 0.36 s idle).
@@ -34,27 +43,37 @@ pub enum Trick {
     /// libvirtd starts, QEMU's capabilities loaded and published while the launcher registers
     /// for events. Off, each waits for the one before, as before issue 46.
     ParallelStart,
+    /// The pages the launcher touched only to start (its libraries' constructors, its own
+    /// start-up code) given back once it runs (`resident`): launcher RSS with 16 disks,
+    /// 24.0 → 13.1 MiB (`docs/performance.md`).
+    StartPagesDropped,
     /// glibc's malloc kept small (`allocator`): one arena, and free memory given back while the
     /// launcher is idle: launcher RssAnon, 5.2 → 3.5 MiB (either alone: 4.1).
     SmallHeap,
 }
 
 impl Trick {
-    pub const ALL: [Trick; 5] = [
+    pub const ALL: [Trick; 8] = [
+        Trick::AppliedResize,
+        Trick::BriefPin,
         Trick::CapabilityCache,
         Trick::LeanLibvirtd,
         Trick::LiveStateCache,
         Trick::ParallelStart,
+        Trick::StartPagesDropped,
         Trick::SmallHeap,
     ];
 
     /// Its name in `VMLAUNCHER_PLAIN`.
     pub fn name(self) -> &'static str {
         match self {
+            Trick::AppliedResize => "applied-resize",
+            Trick::BriefPin => "brief-pin",
             Trick::CapabilityCache => "capability-cache",
             Trick::LeanLibvirtd => "lean-libvirtd",
             Trick::LiveStateCache => "live-state-cache",
             Trick::ParallelStart => "parallel-start",
+            Trick::StartPagesDropped => "start-pages-dropped",
             Trick::SmallHeap => "small-heap",
         }
     }

@@ -103,7 +103,8 @@ impl Launcher {
         }
     }
 
-    /// Gives the allocator's free memory back while no task runs (`allocator` says why). Called
+    /// Gives the allocator's free memory back while no task runs (`allocator` says why), and
+    /// the first time a domain runs, the pages only the start used (`resident`). Called
     /// once the reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked,
     /// or at the latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {
@@ -111,6 +112,9 @@ impl Launcher {
             return;
         };
         crate::allocator::give_back_free_memory();
+        if matches!(self.observation(), Observation::Domain(_)) {
+            crate::resident::drop_start_pages();
+        }
     }
 
     /// Rebuilds the volume list from the live XML (at start, when adopting, after a restart).

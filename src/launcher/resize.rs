@@ -15,6 +15,7 @@ use super::error::{libvirt_message, LauncherError};
 use super::types::{ResourceChange, ResourcePart};
 use crate::domain::{self, DomainDef, LiveResources};
 use crate::spec::{FieldError, Problem, SpecErrors, Validated};
+use crate::tricks::{enabled, Trick};
 
 /// What a Sync does to vCPUs and memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -137,20 +138,39 @@ impl Launcher {
         s.resources.as_ref().map(|r| r.memory_at_boot_kib * 1024)
     }
 
-    /// The vCPUs the persistent definition enables, when `desired` has room to change them.
+    /// The vCPUs the persistent definition enables, when [`plan`] needs them: `desired` has
+    /// room to change them and asks for no more than `live` has (an increase is planned
+    /// whatever the persistent definition says; a decrease or the same count look there for
+    /// a decrease already waiting).
     pub(super) fn vcpus_at_next_boot(
         &self,
         desired: &DomainDef,
+        live: &LiveResources,
     ) -> Result<Option<u32>, LauncherError> {
-        if desired.vcpus_enabled.is_none() {
+        if desired.vcpus_enabled.is_none_or(|asked| asked > live.vcpus) {
             return Ok(None);
         }
         let n = self.domain_name.as_str();
         self.call(|hv| hv.vcpus_at_next_boot(n)).map(Some)
     }
 
+    /// Shows in the status what the resizes `done` from `live` left the domain with, when all
+    /// of them succeeded and the trick is played ([`Trick::AppliedResize`]): libvirt's live
+    /// definition then has exactly that (the vCPUs it enabled, virtio-mem's new requested size;
+    /// what the guest has plugged comes with QEMU's size-change event), so reading it back costs
+    /// a round trip and a parse of the whole domain for nothing new. False if the caller must
+    /// read it (`refresh_live`): a resize failed, perhaps half done.
+    pub(super) fn show_resized(&self, live: &LiveResources, done: &[ResourceChange]) -> bool {
+        if !enabled(Trick::AppliedResize) || done.iter().any(|c| c.error.is_some()) {
+            return false;
+        }
+        let resized = resized(live, done);
+        self.update(|s| s.resources = Some(resized));
+        true
+    }
+
     /// Applies each planned resize; one failing does not stop the next. The caller shows the
-    /// outcome as libvirt has it afterwards (`refresh_live`).
+    /// outcome afterwards (`show_resized`, else `refresh_live`).
     pub(super) fn resize(&self, plan: ResizePlan, live: &LiveResources) -> Vec<ResourceChange> {
         let name = self.domain_name.as_str();
         if let Some(count) = plan.withdraw_decrease {
@@ -189,6 +209,29 @@ impl Launcher {
         }
         done
     }
+}
+
+/// What `live` is once the resizes `done` all succeeded: a vCPU increase enables them now, a
+/// decrease only at the next boot; virtio-mem is asked for the new size.
+fn resized(live: &LiveResources, done: &[ResourceChange]) -> LiveResources {
+    let mut after = live.clone();
+    for change in done {
+        match change.part {
+            ResourcePart::Cpu if change.at_restart => {}
+            ResourcePart::Cpu => after.vcpus = change.to as u32,
+            ResourcePart::Memory => {
+                if let Some(mem) = &mut after.virtio_mem {
+                    let asked = change.to - live.memory_at_boot_kib;
+                    let xml = mem.asking(asked);
+                    let end = xml.len() - (mem.xml.len() - mem.requested_range.end);
+                    mem.requested_range = mem.requested_range.start..end;
+                    mem.xml = xml;
+                    mem.requested_kib = asked;
+                }
+            }
+        }
+    }
+    after
 }
 
 #[cfg(test)]
@@ -311,5 +354,47 @@ mod tests {
             plan(&fixed, None, &DomainDef::default()),
             ResizePlan::default()
         );
+    }
+
+    /// What the status shows after accepted resizes without reading libvirt back: the live
+    /// definition's vCPUs and virtio-mem as libvirt has them after the calls, and the element
+    /// still one libvirt's update call takes.
+    #[test]
+    fn accepted_resizes_leave_the_domain_as_asked() {
+        let mut before = live(2, 0);
+        let element = "<memory model='virtio-mem'><target><requested unit='KiB'>0</requested></target><address type='pci' bus='0x07'/></memory>";
+        let at = element.find("<requested").unwrap();
+        let end = element.find("</target>").unwrap();
+        let mem = before.virtio_mem.as_mut().unwrap();
+        mem.xml = element.into();
+        mem.requested_range = at..end;
+        let memory = ResourceChange {
+            part: ResourcePart::Memory,
+            from: 1 << 20,
+            to: (1 << 20) + (512 << 10),
+            error: None,
+            at_restart: false,
+        };
+        let after = resized(&before, &[cpu(2, 3, false), memory]);
+        assert_eq!(after.vcpus, 3);
+        let mem = after.virtio_mem.unwrap();
+        assert_eq!(mem.requested_kib, 512 << 10);
+        // What the guest has plugged moves with QEMU's event, not with the call.
+        assert_eq!(mem.current_kib, 0);
+        assert_eq!(
+            mem.xml,
+            element.replace(">0</requested>", ">524288</requested>")
+        );
+        assert_eq!(
+            &mem.xml[mem.requested_range.clone()],
+            "<requested unit='KiB'>524288</requested>"
+        );
+        assert!(
+            mem.asking(0).contains(">0</requested><"),
+            "{}",
+            mem.asking(0)
+        );
+        // A decrease waits for the next boot: the running guest keeps its vCPUs.
+        assert_eq!(resized(&live(3, 0), &[cpu(3, 2, true)]).vcpus, 3);
     }
 }

@@ -264,12 +264,14 @@ impl Launcher {
             vmi,
             SyncedDomain::new(*guest_at_boot, Arc::clone(desired)),
         )?;
-        let resources = self.resize(resizes, &resources);
+        let resized = self.resize(resizes, &resources);
         let interfaces = self
             .change_interfaces(nic_plan, &live_nics, &desired.interfaces)
             .await;
-        // One read shows what both parts did.
-        if !resources.is_empty() || !interfaces.is_empty() {
+        // One read shows what both parts did; none if only resizes ran, all accepted.
+        let shown =
+            !resized.is_empty() && interfaces.is_empty() && self.show_resized(&resources, &resized);
+        if (!resized.is_empty() || !interfaces.is_empty()) && !shown {
             if let Err(e) = self.refresh_live() {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot read the resized domain");
             }
@@ -283,7 +285,7 @@ impl Launcher {
         Ok(SyncOutcome {
             plan: planned,
             volumes: self.status().volumes,
-            resources,
+            resources: resized,
             interfaces,
         })
     }
@@ -366,7 +368,11 @@ impl Launcher {
             Default::default()
         };
         let resizes = if resizable {
-            resize::plan(&resources, self.vcpus_at_next_boot(desired)?, desired)
+            resize::plan(
+                &resources,
+                self.vcpus_at_next_boot(desired, &resources)?,
+                desired,
+            )
         } else {
             ResizePlan::default()
         };

@@ -16,7 +16,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -30,10 +30,12 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 use super::capcache;
-use super::daemon_conf::{libvirtd_conf, qemu_conf_text};
+use super::daemon_conf::{self, libvirtd_conf, qemu_conf_text};
 pub use super::daemon_conf::{DaemonOptions, DaemonTls};
+use super::kvm_node;
 use super::lean::{self, LIBVIRTD};
 use super::process::{process_alive, runs_program, wait_process_exit};
+use super::start_pin;
 use crate::tricks::{enabled, Trick};
 
 /// How long a fresh daemon may take to answer (the first libvirtd start probes QEMU).
@@ -204,6 +206,10 @@ impl PrivateDaemon {
             publishing: None,
         };
         daemon.libvirtd = daemon.adopt(LIBVIRTD, |d| answers(&d.uri));
+        // An earlier launcher's may still be held where it started.
+        if let Some(adopted) = &daemon.libvirtd {
+            start_pin::release(adopted.pid);
+        }
         daemon.legacy_virtlogd = daemon.adopt("virtlogd", |d| {
             UnixStream::connect(d.dir.join("run/virtlogd-sock")).is_ok()
         });
@@ -237,8 +243,10 @@ impl PrivateDaemon {
             }
             self.seed_capabilities();
             let process = self.spawn_libvirtd()?;
+            let pid = process.pid;
             self.libvirtd = Some(process);
             let conn = self.wait_ready()?;
+            start_pin::release(pid);
             self.publish_capabilities(&conn);
             self.answered = Some(conn);
         }
@@ -391,7 +399,8 @@ impl PrivateDaemon {
     }
 
     fn host_uuid(&self) -> Result<String, DaemonError> {
-        host_uuid_in(&self.dir)
+        daemon_conf::host_uuid_in(&self.dir)
+            .map_err(|(path, source)| DaemonError::Prepare { path, source })
     }
 
     /// Directories and configuration files, rewritten at every start.
@@ -462,49 +471,6 @@ impl PrivateDaemon {
         Ok(())
     }
 
-    /// `/dev/kvm` as QEMU's user may open it, when the host's may not be (a host without udev's
-    /// `root:kvm 0660`, or a container given the node as root's alone). Without it libvirt
-    /// probes QEMU with KVM (the probe keeps CAP_DAC_OVERRIDE), then finds KVM unusable by
-    /// that user, discards the probe and probes again, forever.
-    fn kvm_for_qemu(&self) -> Option<KvmNode> {
-        let qemu = &self.options.qemu_user;
-        let meta = fs::metadata(KVM_DEVICE).ok()?;
-        if qemu.is_root()
-            || !meta.file_type().is_char_device()
-            || qemu.permits(&meta, &qemu.groups(), 0o6)
-        {
-            return None;
-        }
-        let effective = |cap| caps::has_cap(None, caps::CapSet::Effective, cap).unwrap_or(false);
-        // Without it the probe cannot open /dev/kvm either, and finds what QEMU will find.
-        if !effective(caps::Capability::CAP_DAC_OVERRIDE) {
-            return None;
-        }
-        if !effective(caps::Capability::CAP_MKNOD) || !effective(caps::Capability::CAP_SYS_ADMIN) {
-            tracing::warn!(
-                user = %qemu.name,
-                "QEMU's user cannot open /dev/kvm and no node of its own can be made here: libvirt may probe QEMU again and again; give /dev/kvm to group kvm, mode 0660, as udev does"
-            );
-            return None;
-        }
-        let dir = self.dir.join("kvm");
-        if let Err(e) = fs::DirBuilder::new().mode(0o700).create(&dir) {
-            if e.kind() != io::ErrorKind::AlreadyExists {
-                tracing::warn!(dir = %dir.display(), error = %e, "cannot give QEMU's user /dev/kvm");
-                return None;
-            }
-        }
-        let cstring =
-            |path: &Path| CString::new(path.as_os_str().as_bytes()).expect("no NUL in paths");
-        Some(KvmNode {
-            node: cstring(&dir.join("kvm")),
-            dir: cstring(&dir),
-            device: CString::new(KVM_DEVICE).expect("no NUL"),
-            rdev: meta.rdev(),
-            gid: qemu.gid,
-        })
-    }
-
     /// Starts libvirtd in a mount namespace of its own that covers libvirt's fixed paths with
     /// ours, and a thread that reports its exit.
     fn spawn_libvirtd(&self) -> Result<DaemonProcess, DaemonError> {
@@ -523,13 +489,10 @@ impl PrivateDaemon {
         fs::set_permissions(&log, fs::Permissions::from_mode(0o600)).map_err(prepare)?;
         // Everything the child needs after fork is allocated here, before it.
         let binds = self.covered_binds();
-        // libvirt re-probes QEMU when the host's CPUID differs from the cached one, and on some
-        // machines CPUID differs between cores (this project's nested-PVM test host reports leaf
-        // 0x1f on one core only): libvirtd, and the QEMU probes it spawns, stay on one core so the
-        // shared capability cache stays valid. libvirt gives every guest QEMU all the host's CPUs
-        // back (qemuProcessInitCpuAffinity), so guests are not confined by this.
-        let one_cpu = first_allowed_cpu();
-        let kvm = self.kvm_for_qemu();
+        // Started on one CPU, so that the capability cache holds wherever cores differ; given
+        // the launcher's CPUs back once it answers (`start_pin`).
+        let one_cpu = start_pin::start_cpu();
+        let kvm = kvm_node::for_qemu(&self.dir, &self.options.qemu_user);
         let mut command = lean::libvirtd_command(&self.dir);
         if self
             .options
@@ -716,57 +679,6 @@ impl Drop for PrivateDaemon {
     }
 }
 
-/// A set holding only the lowest CPU this process may run on.
-/// A daemon's host UUID in `dir`: made once, random, kept there so that a restarted daemon is
-/// the same host.
-fn host_uuid_in(dir: &Path) -> Result<String, DaemonError> {
-    let path = dir.join("host-uuid");
-    let error = |source| DaemonError::Prepare {
-        path: path.clone(),
-        source,
-    };
-    if let Ok(text) = fs::read_to_string(&path) {
-        if is_uuid(text.trim()) {
-            return Ok(text.trim().to_owned());
-        }
-    }
-    let mut bytes = [0u8; 16];
-    fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .map_err(error)?;
-    // Version 4, variant 1 (RFC 4122): libvirt accepts any well-formed UUID, but not all zeros
-    // or all ones.
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let uuid = format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    );
-    crate::durable::write_atomically(&path, uuid.as_bytes()).map_err(error)?;
-    Ok(uuid)
-}
-
-fn is_uuid(text: &str) -> bool {
-    let groups: Vec<&str> = text.split('-').collect();
-    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
-        && groups
-            .iter()
-            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
-}
-
-fn first_allowed_cpu() -> Option<nix::sched::CpuSet> {
-    let allowed = nix::sched::sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let first = (0..nix::sched::CpuSet::count()).find(|&c| allowed.is_set(c).unwrap_or(false))?;
-    let mut one = nix::sched::CpuSet::new();
-    one.set(first).ok()?;
-    Some(one)
-}
-
 /// An API call on `uri` succeeds.
 fn answers(uri: &str) -> bool {
     answering(uri).is_some()
@@ -782,74 +694,4 @@ fn log_tail(log: &Path) -> String {
     let text = fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
-}
-
-const KVM_DEVICE: &str = "/dev/kvm";
-
-/// A node for `/dev/kvm` that QEMU's group may open, made in libvirtd's mount namespace only
-/// (on a tmpfs of its own: the runtime dir may be `nodev`) and bound over `/dev/kvm` there.
-/// Same device number, so a device cgroup that allows the host's node allows this one.
-struct KvmNode {
-    dir: CString,
-    node: CString,
-    device: CString,
-    rdev: u64,
-    gid: u32,
-}
-
-impl KvmNode {
-    /// Runs in the forked child, in its new mount namespace: system calls only.
-    fn cover(&self) -> nix::Result<()> {
-        mount(
-            Some("tmpfs"),
-            self.dir.as_c_str(),
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("size=4k,mode=0755"),
-        )?;
-        // Not masked: the node is the group's to open (and the daemon's umask stays its own).
-        let umask = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-        let made = nix::sys::stat::mknod(
-            self.node.as_c_str(),
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::from_bits_truncate(0o660),
-            self.rdev,
-        );
-        nix::sys::stat::umask(umask);
-        made?;
-        nix::unistd::chown(
-            self.node.as_c_str(),
-            None,
-            Some(nix::unistd::Gid::from_raw(self.gid)),
-        )?;
-        mount(
-            Some(self.node.as_c_str()),
-            self.device.as_c_str(),
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_runtime_dir_has_its_own_host_uuid_kept_across_starts() {
-        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let first = host_uuid_in(a.path()).unwrap();
-        assert!(is_uuid(&first), "{first}");
-        assert_eq!(host_uuid_in(a.path()).unwrap(), first);
-        assert_ne!(host_uuid_in(b.path()).unwrap(), first);
-        fs::write(a.path().join("host-uuid"), "not a uuid").unwrap();
-        let replaced = host_uuid_in(a.path()).unwrap();
-        assert!(is_uuid(&replaced) && replaced != first, "{replaced}");
-        let conf = libvirtd_conf(a.path(), &replaced, None);
-        assert!(
-            conf.contains(&format!("host_uuid = \"{replaced}\"")),
-            "{conf}"
-        );
-    }
 }

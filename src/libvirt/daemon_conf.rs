@@ -1,8 +1,11 @@
 //! What a private libvirtd is told in its two files, rewritten at every start: `libvirtd.conf`
 //! (its own host UUID, its sockets, few workers, a migration target's TLS listener) and
 //! `qemu.conf` (QEMU's user, ownership hand-over, namespaces, seccomp, a migration's TLS).
-//! Text only: the daemon that writes them is `daemon.rs`.
+//! Text only, and the daemon's host UUID that `libvirtd.conf` holds: the daemon that writes them
+//! is `daemon.rs`.
 
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 /// Settings of the daemon's QEMU driver.
@@ -141,9 +144,66 @@ fn migration_tls_conf(tls: Option<&DaemonTls>) -> String {
     .unwrap_or_default()
 }
 
+/// A daemon's host UUID in `dir`: made once, random, kept there so that a restarted daemon is
+/// the same host.
+/// Fails with the file it could not read or write.
+pub(super) fn host_uuid_in(dir: &Path) -> Result<String, (PathBuf, io::Error)> {
+    let path = dir.join("host-uuid");
+    let error = |source| (path.clone(), source);
+    if let Ok(text) = fs::read_to_string(&path) {
+        if is_uuid(text.trim()) {
+            return Ok(text.trim().to_owned());
+        }
+    }
+    let mut bytes = [0u8; 16];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(error)?;
+    // Version 4, variant 1 (RFC 4122): libvirt accepts any well-formed UUID, but not all zeros
+    // or all ones.
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    );
+    crate::durable::write_atomically(&path, uuid.as_bytes()).map_err(error)?;
+    Ok(uuid)
+}
+
+fn is_uuid(text: &str) -> bool {
+    let groups: Vec<&str> = text.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_runtime_dir_has_its_own_host_uuid_kept_across_starts() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let first = host_uuid_in(a.path()).unwrap();
+        assert!(is_uuid(&first), "{first}");
+        assert_eq!(host_uuid_in(a.path()).unwrap(), first);
+        assert_ne!(host_uuid_in(b.path()).unwrap(), first);
+        fs::write(a.path().join("host-uuid"), "not a uuid").unwrap();
+        let replaced = host_uuid_in(a.path()).unwrap();
+        assert!(is_uuid(&replaced) && replaced != first, "{replaced}");
+        let conf = libvirtd_conf(a.path(), &replaced, None);
+        assert!(
+            conf.contains(&format!("host_uuid = \"{replaced}\"")),
+            "{conf}"
+        );
+    }
 
     #[test]
     fn a_target_on_tcp_listens_with_tls_only_and_every_tls_launcher_verifies_qemus_peer() {

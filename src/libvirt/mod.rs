@@ -11,11 +11,13 @@ mod daemon_conf;
 pub mod delivered;
 mod error;
 pub mod events;
+mod kvm_node;
 mod lean;
 pub mod migrate;
 mod orphans;
 mod ports;
 pub mod process;
+mod start_pin;
 mod states;
 pub mod stats;
 
@@ -47,7 +49,8 @@ pub(crate) fn connect(uri: &str) -> Result<Connect, virt::error::Error> {
     Connect::open(Some(uri))
 }
 
-/// Must run before libvirt's first call, which runs its global set-up: that calls
+/// Must run before libvirt's first call, whichever it is (a connection, the event loop's
+/// registration, `virGetVersion`), which runs its global set-up: that calls
 /// `curl_global_init`, which calls `libssh2_init`, which loads and registers every cipher,
 /// digest and engine of OpenSSL. In a launcher that speaks to libvirtd over a unix socket only,
 /// that made 1.4 MiB of libcrypto resident, for nothing (measured with a C program that links
@@ -706,6 +709,9 @@ impl Connector {
 /// Whether the libvirt this launcher is built with passes disk images as descriptors
 /// (`fdgroup`, `virDomainFDAssociate`: libvirt 9.0.0).
 pub fn supports_fd_groups() -> bool {
+    // This may be the process's first libvirt call (`run` asks before any connection), and
+    // every call runs libvirt's global set-up first.
+    skip_unused_ssh_crypto_setup();
     let mut version: std::os::raw::c_ulong = 0;
     // SAFETY: a null type asks for the library's own version; the out-pointer is valid.
     let rc = unsafe { sys::virGetVersion(&mut version, std::ptr::null(), std::ptr::null_mut()) };
