@@ -363,6 +363,8 @@ fn kubectl_create_to_succeeded(cluster: &Cluster) {
         ]
         .join("\n"),
     );
+    // Until cloud-init's marker: then the guest only answers.
+    let turn = common::debian_turn::debian_turn(name);
     let vm = start(cluster, name, &manifest, &debian_disk());
     // The cloud-init ISO is where virt-handler looks for it: it writes its size in the status.
     vm.watch.until(
@@ -381,6 +383,7 @@ fn kubectl_create_to_succeeded(cluster: &Cluster) {
         "{name}: {line} ({:.0} s after kubectl create)",
         vm.created.elapsed().as_secs_f64()
     );
+    drop(turn);
     debian_agent_through_virt_handler(cluster, &vm, name);
 
     // A change to the VMI: virt-handler syncs again, with the VMI from its informer cache (no

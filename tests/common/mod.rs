@@ -3,7 +3,8 @@
 //! deadline that fails with a clear message. Never a sleep. One file per concern: the guest
 //! (`guest`), the binary as a client (`cli`), the console (`console`), a launched `run`
 //! (`launched`), the gRPC API (`grpc`), loop devices (`loopdev`), libvirt (`libvirt`), the pod
-//! (`pod`, `net`), an escaped guest's credentials (`as_qemu`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
+//! (`pod`, `net`), an escaped guest's credentials (`as_qemu`), one Debian boot at a time
+//! (`debian_turn`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
 //! proxy), the Python client (`python`).
 #![allow(dead_code)]
 
@@ -11,6 +12,7 @@ pub mod as_qemu;
 pub mod cli;
 pub mod cluster;
 pub mod console;
+pub mod debian_turn;
 pub mod forward;
 pub mod grpc;
 pub mod guest;

@@ -68,6 +68,8 @@ fn the_debian_example_boots_runs_cloud_init_and_answers_ssh() {
     let public_key = std::fs::read_to_string(key.with_extension("pub")).unwrap();
 
     let port = free_port();
+    // Until cloud-init's marker: then the guest only answers.
+    let turn = common::debian_turn::debian_turn("debian");
     let mut pending = Launched::start_owned(|dir| {
         std::fs::create_dir_all(dir.join("container-disks")).unwrap();
         // The launcher opens a container disk only as itself, never through a link: the
@@ -100,6 +102,7 @@ fn the_debian_example_boots_runs_cloud_init_and_answers_ssh() {
         })
         .unwrap();
     eprintln!("{ready} ({:.1?} after run)", started.elapsed());
+    drop(turn);
     assert!(
         ready.contains("uid=1000(debian)") && ready.contains("(sudo)"),
         "cloud-init did not make the user: {ready}"
