@@ -4,7 +4,8 @@
 //! (`guest`), the binary as a client (`cli`), the console (`console`), a launched `run`
 //! (`launched`), the gRPC API (`grpc`), loop devices (`loopdev`), libvirt (`libvirt`), the pod
 //! (`pod`, `net`), an escaped guest's credentials (`as_qemu`), one Debian boot at a time
-//! (`debian_turn`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
+//! (`debian_turn`), one running guest shared by the tests that only look at it
+//! (`shared_guest`), KubeVirt (`kubevirt`, `kubevirt_notify`, and `forward` for its migration
 //! proxy), the Python client (`python`).
 #![allow(dead_code)]
 
@@ -24,6 +25,7 @@ pub mod loopdev;
 pub mod net;
 pub mod pod;
 pub mod python;
+pub mod shared_guest;
 pub mod websocket;
 
 /// A name no other test uses while this process runs (`<pid>-<n>`): for what a test makes outside

@@ -8,6 +8,7 @@ use crate::common;
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
+use common::shared_guest::shared_guest;
 use common::{
     alive, event_status, guest_spec, ConsoleWait, EventWatcher, Launched, BOOT_DEADLINE,
     GUEST_DEADLINE,
@@ -143,13 +144,13 @@ fn mentions(bytes: &[u8], what: &str) -> bool {
 
 /// libvirtd gives back what its start-up freed (jemalloc, preloaded by the dynamic loader), and
 /// the QEMU it starts keeps glibc's malloc: libvirt passes `LD_PRELOAD` on to QEMU, so the
-/// preload must not be one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
+/// preload must not be one. On the shared guest: it only reads its processes.
+#[test]
+fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
     let jemalloc = std::path::Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2");
     assert!(jemalloc.exists(), "scripts/setup.sh installs libjemalloc2");
-    let name = "allocator";
-    let (mut vm, qemu) = booted(name, "");
+    let vm = shared_guest();
+    let qemu = vm.qemu_pid();
     let daemon = vm.pid_from("libvirt/libvirtd.pid").unwrap();
     let maps = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
     assert!(
@@ -174,8 +175,6 @@ async fn libvirtd_runs_on_jemalloc_and_its_qemu_does_not() {
         !mentions(&environ(daemon), "LD_PRELOAD"),
         "nothing for libvirt to pass on"
     );
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
 /// `VMLAUNCHER_PLAIN=1` (`src/tricks.rs`) turns every performance trick off: libvirtd is started
@@ -415,11 +414,11 @@ async fn a_restarted_launcher_adopts_the_running_domain_and_its_volumes() {
 }
 
 /// Runs a CLI verb against the launcher; returns (exit code, stdout, stderr).
-fn verb(vm: &Launched, args: &[&str]) -> (Option<i32>, String, String) {
+fn verb(socket: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
     let out = Process::new(common::bin())
         .args(args)
         .arg("--socket")
-        .arg(vm.socket())
+        .arg(socket)
         .args(["--output", "json"])
         .output()
         .unwrap();
@@ -431,7 +430,7 @@ fn verb(vm: &Launched, args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 fn vm_state_after(vm: &Launched, args: &[&str]) -> String {
-    let (code, stdout, stderr) = verb(vm, args);
+    let (code, stdout, stderr) = verb(&vm.socket(), args);
     assert_eq!(code, Some(0), "{args:?}: {stderr}");
     let reply: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     reply["status"]["vmState"].as_str().unwrap().to_string()
@@ -472,7 +471,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     let mut console = vm.console();
     let booted = common::wait_booted;
     // A command the state does not allow is refused before anything happens.
-    let (code, _, stderr) = verb(&vm, &["pause"]);
+    let (code, _, stderr) = verb(&vm.socket(), &["pause"]);
     assert_eq!(code, Some(6), "{stderr}");
     assert!(
         stderr.contains("FailedPrecondition") && stderr.contains("cannot Pause"),
@@ -482,7 +481,7 @@ async fn every_command_moves_the_states_and_shows_once_in_order_on_the_stream() 
     assert_eq!(vm_state_after(&vm, &["start"]), "Active");
     booted(&mut console);
     assert_eq!(vm_state_after(&vm, &["pause"]), "Paused");
-    let (code, _, stderr) = verb(&vm, &["pause"]);
+    let (code, _, stderr) = verb(&vm.socket(), &["pause"]);
     assert_eq!(code, Some(6), "pausing twice: {stderr}");
     assert_eq!(vm_state_after(&vm, &["unpause"]), "Active");
     assert_eq!(vm_state_after(&vm, &["reset"]), "Active");
@@ -628,11 +627,12 @@ async fn as_pid_1_the_launcher_reaps_the_qemu_that_libvirt_left_to_it() {
 
 /// A second `run` on the runtime dir of a running launcher is refused (exit 2, naming
 /// the option and the launcher that holds it) and changes nothing; it used to adopt the first
-/// launcher's VM and shut it down when it was itself stopped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
-    let name = "busy-dir";
-    let (mut vm, qemu) = booted(name, "");
+/// launcher's VM and shut it down when it was itself stopped. On the shared guest: the second
+/// launcher is refused before it touches anything, which is the point.
+#[test]
+fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
+    let vm = shared_guest();
+    let qemu = vm.qemu_pid();
     let before = common::cli_status(&vm.socket());
     let spec = std::fs::read_to_string(vm.dir().join("spec.yaml")).unwrap();
 
@@ -641,32 +641,31 @@ async fn a_second_run_on_a_runtime_dir_in_use_is_refused_and_changes_nothing() {
     let stderr = second.stderr_text();
     let refusal = format!(
         "--runtime-dir: another vmlauncher (pid {}) runs on",
-        vm.child.id()
+        vm.launcher_pid()
     );
     assert!(stderr.contains(&refusal), "{stderr}");
 
     assert!(alive(qemu));
-    assert_eq!(vm.qemu_pid(name), qemu, "the same QEMU");
+    assert_eq!(vm.qemu_pid(), qemu, "the same QEMU");
     let after = common::cli_status(&vm.socket());
     assert_eq!(after["phase"], "Running", "{after}");
     assert_eq!(after["phase"], before["phase"]);
     assert!(before["vmState"].is_string(), "{before}");
     assert_eq!(after["vmState"], before["vmState"], "{after}");
     assert_eq!(after["powerState"], before["powerState"], "{after}");
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    assert_eq!(vm.wait_exit(GUEST_DEADLINE).code(), Some(0));
 }
 
 /// The serial console and the VNC display at the sockets the status names: a line typed through
 /// `vmlauncher console` reaches the guest and its answer comes back (and into the console log),
-/// Ctrl-] leaves with the VM still running, and the VNC socket speaks RFB.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rfb() {
+/// Ctrl-] leaves with the VM still running, and the VNC socket speaks RFB. On the shared guest:
+/// no other test types on its console, and the word typed is this process's own.
+#[test]
+fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rfb() {
     use std::io::{BufRead, Read, Write};
-    let name = "consoles";
-    let mut vm = Launched::start(&guest_spec(name, "", &[]), &[]);
-    let mut log = vm.boot();
-    let (code, stdout, stderr) = verb(&vm, &["status"]);
+    let vm = shared_guest();
+    let mut log = vm.console();
+    common::wait_booted(&mut log);
+    let (code, stdout, stderr) = verb(&vm.socket(), &["status"]);
     assert_eq!(code, Some(0), "{stderr}");
     let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let consoles = &status["consoles"];
@@ -738,7 +737,7 @@ async fn the_serial_console_answers_through_vmlauncher_console_and_vnc_speaks_rf
         .unwrap();
     assert_eq!(status.code(), Some(0), "{said}");
     assert!(said.contains("detached"), "{said}");
-    let (_, stdout, _) = verb(&vm, &["status"]);
+    let (_, stdout, _) = verb(&vm.socket(), &["status"]);
     let status: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(status["printableStatus"], "Running", "{status:#}");
 }
