@@ -64,6 +64,31 @@ pub(super) struct State {
 }
 
 impl State {
+    /// The state of a launcher that has not looked at its domain yet, for `spec`.
+    pub(super) fn new(spec: Validated) -> State {
+        State {
+            observation: Observation::NotCreated,
+            vm_state: VmState::Building,
+            task: None,
+            life: Life::default(),
+            stop_seen: None,
+            restart_at: None,
+            restarts: 0,
+            last_started: None,
+            volumes: BTreeMap::new(),
+            interfaces: Vec::new(),
+            resources: None,
+            sync_failure: None,
+            io_error: None,
+            agent_connected: false,
+            agent_events: 0,
+            undefined_by_us: false,
+            spec,
+            spec_domain: None,
+            migration: Migration::default(),
+        }
+    }
+
     /// The part of the state the restart rules of `lifecycle` read and write.
     pub(super) fn restarts(&self) -> lifecycle::Restarts {
         lifecycle::Restarts {

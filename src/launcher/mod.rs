@@ -64,7 +64,6 @@ use crate::spec::Validated;
 use coordinator::{host_work, State};
 use detaches::Detaches;
 use last_sync::LastSync;
-use life::Life;
 use link::Link;
 use live_view::LiveView;
 use pending::pending_watcher;
@@ -107,79 +106,16 @@ impl Launcher {
         // Before anything is made or started: a refused path is a bad spec (exit 2).
         options.host_paths.check(&vmi)?;
         let def = convert::convert(&vmi, &options.convert)?;
-        let name = def.name.clone();
         let c = connector.clone();
         let connecting = tokio::task::spawn_blocking(move || c.connect());
-        // The host side of a first start needs no libvirt: done while libvirtd starts. Opened
-        // and copied as at every start (`disks::copy_boot_files`), only sooner.
-        let staging = def
-            .kernel_boot
-            .clone()
-            .filter(|_| {
-                crate::tricks::enabled(crate::tricks::Trick::ParallelStart)
-                    && options.strategy.starts_at_launch()
-                    && !options.incoming
-            })
-            .map(|kb| {
-                let (private_dir, owner) = (
-                    options.convert.paths.private_dir.clone(),
-                    options.hotplug.node_owner,
-                );
-                tokio::task::spawn_blocking(move || {
-                    let mut copied = kb.clone();
-                    disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
-                })
-            });
+        let staging = stage_boot_copy(&def, &options);
         let hv = connecting.await.map_err(LauncherError::Join)??;
         // A copy that failed is made again by the start, which says why.
         let staged_boot = match staging {
             Some(staging) => staging.await.ok().and_then(Result::ok),
             None => None,
         };
-        // Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start,
-        // so the guest keeps the machine ABI it started with.
-        // Only the one alias the spec uses is asked about: the host-wide capabilities would probe
-        // every QEMU binary (seconds on a fresh daemon), domain capabilities probe just ours.
-        let alias = vmi
-            .spec
-            .domain
-            .machine
-            .as_ref()
-            .and_then(|m| m.machine_type.clone())
-            .unwrap_or_else(|| convert::DEFAULT_MACHINE.to_string());
-        if !options.convert.machines.contains_key(&alias) {
-            match hv.canonical_machine(&alias, options.convert.virt_type) {
-                Ok(Some(canonical)) => {
-                    options.convert.machines.insert(alias, canonical);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written")
-                }
-            }
-        }
-        let state = State {
-            observation: Observation::NotCreated,
-            vm_state: VmState::Building,
-            task: None,
-            life: Life::default(),
-            stop_seen: None,
-            restart_at: None,
-            restarts: 0,
-            last_started: None,
-            volumes: BTreeMap::new(),
-            interfaces: Vec::new(),
-            resources: None,
-            sync_failure: None,
-            io_error: None,
-            agent_connected: false,
-            agent_events: 0,
-            undefined_by_us: false,
-            spec: vmi,
-            spec_domain: None,
-            migration: Default::default(),
-        };
-        let uri = connector.uri();
+        resolve_machine(&hv, &vmi, &mut options);
         let boot_devices: BTreeSet<DevNumber> = def
             .disks
             .iter()
@@ -188,6 +124,42 @@ impl Launcher {
                 _ => None,
             })
             .collect();
+        let (launcher, restorable) = Launcher::assemble(
+            connector,
+            hv,
+            def.name,
+            options,
+            State::new(vmi),
+            staged_boot,
+        );
+        let (kind, restored) = launcher.first_start(restorable).await?;
+        launcher.settle_first_start(kind, boot_devices);
+        // Following libvirt's events before the restored Sync runs: its detaches end on the
+        // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach
+        // timeout, and the launcher's API with it).
+        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
+        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
+        if restored {
+            // The request may have been cut off half-way (a launcher killed during a Sync):
+            // apply it again; Sync is idempotent, only what is missing is done.
+            if let Err(e) = launcher.command(Command::Sync, None).await {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot converge to the restored Sync");
+            }
+        }
+        Ok((launcher, kind))
+    }
+
+    /// The launcher of domain `name` from its parts, on a connection already open; with the
+    /// last Sync a launcher before it saved, if one can be restored.
+    fn assemble(
+        connector: Arc<Connector>,
+        hv: Hypervisor,
+        name: String,
+        options: LaunchOptions,
+        state: State,
+        staged_boot: Option<(domain::KernelBootDef, domain::KernelBootDef)>,
+    ) -> (Arc<Launcher>, Result<Option<SyncInput>, SavedSyncError>) {
+        let uri = connector.uri();
         let spec_text = options.spec_text.clone();
         let block_devices = options.block_devices.clone();
         let block = BlockDevices::new(BlockRoots {
@@ -202,8 +174,8 @@ impl Launcher {
         let (saved, restorable) = host_work(|| SavedSyncs::open(&options.hotplug.last_sync));
         let launcher = Arc::new(Launcher {
             link: Link::new(connector, hv),
-            domain_name: name.clone(),
             hub: StatusHub::new(placeholder_status(&name, &uri, options.strategy)),
+            domain_name: name,
             pins: ImagePins::new(options.convert.pin_dir.as_deref()),
             options,
             state: Mutex::new(state),
@@ -224,28 +196,36 @@ impl Launcher {
             absent_at_start: std::sync::atomic::AtomicBool::new(false),
             staged_boot: Mutex::new(staged_boot),
         });
-        launcher.update(|_| {});
-        let n = name.clone();
-        let exists = launcher.call(move |hv| hv.exists(&n))?;
+        (launcher, restorable)
+    }
+
+    /// What the first start finds and does: adopts the domain running under its name, takes
+    /// an incoming migration, creates the domain, or waits for a Start call. Whether the last
+    /// Sync was restored comes with it.
+    async fn first_start(
+        self: &Arc<Self>,
+        restorable: Result<Option<SyncInput>, SavedSyncError>,
+    ) -> Result<(StartKind, bool), LauncherError> {
+        self.update(|_| {});
+        let n = self.domain_name.clone();
+        let exists = self.call(move |hv| hv.exists(&n))?;
         if exists {
-            launcher.refresh().await;
+            self.refresh().await;
         } else {
             // Nothing to read: the observation stays NotCreated, as a read would leave it.
-            launcher
-                .absent_at_start
+            self.absent_at_start
                 .store(true, std::sync::atomic::Ordering::SeqCst);
         }
-        let active =
-            matches!(&launcher.observation(), Observation::Domain(p) if p.state.is_active());
+        let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         let mut restored = false;
-        let left_behind = launcher.migration_left_behind(exists && active);
+        let left_behind = self.migration_left_behind(exists && active);
         // A target restarted while its guest was still coming in: not a guest to adopt yet.
-        let still_incoming = launcher.options.incoming && exists && launcher.still_incoming();
+        let still_incoming = self.options.incoming && exists && self.still_incoming();
         let kind = if let Some(kind) = left_behind {
             kind
         } else if exists && active && !still_incoming {
-            let paused = matches!(&launcher.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
-            launcher.update(|s| {
+            let paused = matches!(&self.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
+            self.update(|s| {
                 s.vm_state = if paused {
                     VmState::Paused
                 } else {
@@ -253,14 +233,14 @@ impl Launcher {
                 };
                 s.last_started = Some(Instant::now());
             });
-            restored = launcher.restore_last_sync(restorable);
-            launcher.rebuild_volumes().await?;
+            restored = self.restore_last_sync(restorable);
+            self.rebuild_volumes().await?;
             StartKind::Adopted {
                 last_sync: restored,
             }
-        } else if launcher.options.incoming {
-            host_work(|| launcher.last_sync.save_current())?;
-            launcher.update(|s| {
+        } else if self.options.incoming {
+            host_work(|| self.last_sync.save_current())?;
+            self.update(|s| {
                 s.migration.begin(
                     MigrationRole::Target,
                     MigrationState::Preparing,
@@ -269,62 +249,46 @@ impl Launcher {
             });
             // A predecessor's migration still coming in finds its disks made already.
             if !exists {
-                launcher.prepare_incoming().await?;
+                self.prepare_incoming().await?;
             }
-            launcher.update(|s| s.migration.migrating());
+            self.update(|s| s.migration.migrating());
             StartKind::Incoming
         } else {
             // A new domain starts from the spec file: a request saved for an earlier one is
             // replaced before anything runs, so that a crash from here on never restores it.
-            host_work(|| launcher.last_sync.save_current())?;
-            if launcher.options.strategy.starts_at_launch() {
-                launcher.command(Command::Start, None).await?;
+            host_work(|| self.last_sync.save_current())?;
+            if self.options.strategy.starts_at_launch() {
+                self.command(Command::Start, None).await?;
                 StartKind::Created
             } else {
-                launcher.update(|s| s.vm_state = VmState::Stopped);
+                self.update(|s| s.vm_state = VmState::Stopped);
                 StartKind::NotStarted
             }
         };
+        Ok((kind, restored))
+    }
+
+    /// After the first start: what it learnt is dropped (a later start asks libvirt and opens
+    /// the host's files again), and the block nodes and pins a launcher before this one left
+    /// are adopted or removed.
+    fn settle_first_start(&self, kind: StartKind, boot_devices: BTreeSet<DevNumber>) {
         // What `start` learnt holds for its own first start only: a later one (a restart, a
         // Start call) asks libvirt and opens the host's files again.
-        launcher
-            .absent_at_start
+        self.absent_at_start
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        launcher
-            .staged_boot
-            .lock()
-            .expect("staged boot lock")
-            .take();
-        launcher.block.set_boot(boot_devices);
-        let live: BTreeSet<String> = launcher
-            .status()
-            .volumes
-            .into_iter()
-            .map(|v| v.name)
-            .collect();
+        self.staged_boot.lock().expect("staged boot lock").take();
+        self.block.set_boot(boot_devices);
+        let live: BTreeSet<String> = self.status().volumes.into_iter().map(|v| v.name).collect();
         // A migration target's nodes were just made for a domain still on its way: they are
         // this launcher's own, nothing to adopt.
         if kind != StartKind::Incoming {
             host_work(|| {
-                launcher.block.adopt(&live);
+                self.block.adopt(&live);
                 // Pins are found again by name (`<volume>.img`): those of volumes the domain
                 // still has stay, the rest (a launcher killed mid-unplug) go.
-                launcher.pins.keep_only(&live);
+                self.pins.keep_only(&live);
             });
         }
-        // Following libvirt's events before the restored Sync runs: its detaches end on the
-        // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach
-        // timeout, and the launcher's API with it).
-        tokio::spawn(reconciler(Arc::downgrade(&launcher), events));
-        tokio::spawn(pending_watcher(Arc::downgrade(&launcher)));
-        if restored {
-            // The request may have been cut off half-way (a launcher killed during a Sync):
-            // apply it again; Sync is idempotent, only what is missing is done.
-            if let Err(e) = launcher.command(Command::Sync, None).await {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot converge to the restored Sync");
-            }
-        }
-        Ok((launcher, kind))
     }
 
     /// When adopting: takes the last accepted Sync saved by the launcher before this one as the
@@ -547,5 +511,58 @@ impl Launcher {
         let mut opts = self.options.convert.clone();
         opts.block_volumes.extend(self.block.nodes().into_keys());
         opts
+    }
+}
+
+/// The kernel and initrd copied for the first start while libvirtd starts (the host side of
+/// a first start needs no libvirt): opened and copied as at every start
+/// (`disks::copy_boot_files`), only sooner. `None` when nothing is to be copied, or the start
+/// does not boot now.
+fn stage_boot_copy(
+    def: &domain::DomainDef,
+    options: &LaunchOptions,
+) -> Option<
+    tokio::task::JoinHandle<Result<(domain::KernelBootDef, domain::KernelBootDef), LauncherError>>,
+> {
+    def.kernel_boot
+        .clone()
+        .filter(|_| {
+            crate::tricks::enabled(crate::tricks::Trick::ParallelStart)
+                && options.strategy.starts_at_launch()
+                && !options.incoming
+        })
+        .map(|kb| {
+            let (private_dir, owner) = (
+                options.convert.paths.private_dir.clone(),
+                options.hotplug.node_owner,
+            );
+            tokio::task::spawn_blocking(move || {
+                let mut copied = kb.clone();
+                disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
+            })
+        })
+}
+
+/// Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start, so the
+/// guest keeps the machine ABI it started with. Only the one alias the spec uses is asked
+/// about: the host-wide capabilities would probe every QEMU binary (seconds on a fresh daemon),
+/// domain capabilities probe just ours.
+fn resolve_machine(hv: &Hypervisor, vmi: &Validated, options: &mut LaunchOptions) {
+    let alias = vmi
+        .spec
+        .domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.machine_type.clone())
+        .unwrap_or_else(|| convert::DEFAULT_MACHINE.to_string());
+    if options.convert.machines.contains_key(&alias) {
+        return;
+    }
+    match hv.canonical_machine(&alias, options.convert.virt_type) {
+        Ok(Some(canonical)) => {
+            options.convert.machines.insert(alias, canonical);
+        }
+        Ok(None) => {}
+        Err(e) => tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written"),
     }
 }
