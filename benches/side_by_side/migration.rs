@@ -203,10 +203,25 @@ fn definition(caps: &Path, mib: u64) -> Definition {
     };
     common::cli_ok(&vm.socket(), &["kill"]);
     vm.wait_exit(GUEST_DEADLINE);
+    // The launcher boots copies of the kernel and initrd in its private dir, gone with it: raw
+    // libvirt boots the test guest's own files, as a raw user would.
+    let guest = common::guest_dir();
+    let xml = replace_element(&xml, "kernel", &guest.join("vmlinuz"));
+    let xml = replace_element(&xml, "initrd", &guest.join("initrd.img"));
     Definition {
         xml,
         dir: vm.dir().to_path_buf(),
     }
+}
+
+/// `xml` with the text of its (first) `<name>` element replaced by `path`.
+fn replace_element(xml: &str, name: &str, path: &Path) -> String {
+    let (open, close) = (format!("<{name}>"), format!("</{name}>"));
+    let Some(start) = xml.find(&open) else {
+        return xml.to_string();
+    };
+    let end = start + xml[start..].find(&close).expect("closed element");
+    format!("{}{open}{}{}", &xml[..start], path.display(), &xml[end..])
 }
 
 /// The launcher's side for a guest of `mib`: booted by `vmlauncher run`, then moved from
