@@ -96,6 +96,7 @@ pub(crate) fn to_status(e: &LauncherError) -> tonic::Status {
         | LauncherError::NoMigration
         | LauncherError::Refused(_)
         | LauncherError::Terminating { .. }
+        | LauncherError::MigrationEnded { .. }
         | LauncherError::HostFile { .. } => Code::FailedPrecondition,
         LauncherError::Preempted | LauncherError::SyncInterrupted => Code::Aborted,
         LauncherError::InterfaceStuck { .. } => Code::DeadlineExceeded,

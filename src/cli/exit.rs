@@ -178,6 +178,7 @@ impl ExitCode {
             | LauncherError::NotAHotplugVolume { .. }
             | LauncherError::Refused(_)
             | LauncherError::Terminating { .. }
+            | LauncherError::MigrationEnded { .. }
             | LauncherError::Preempted
             | LauncherError::InterfaceStuck { .. }
             | LauncherError::SyncInterrupted

@@ -52,6 +52,13 @@ pub enum LauncherError {
     Unreachable,
     #[error("cannot {command}: the launcher is shutting down")]
     Terminating { command: &'static str },
+    /// The VM's life here ended by a migration (it went to another launcher, or it never came
+    /// in): starting it here would run a second copy of a guest that runs elsewhere.
+    #[error("cannot {command}: {how}")]
+    MigrationEnded {
+        command: &'static str,
+        how: &'static str,
+    },
     #[error("the graceful stop gave way to a Kill")]
     Preempted,
     #[error(

@@ -72,6 +72,16 @@ impl Life {
         matches!(self, Life::MigrationLost { .. })
     }
 
+    /// How the VM's life here ended by a migration, if it did: no command but a stop may
+    /// act on it any more.
+    pub(super) fn migration_ended(self) -> Option<&'static str> {
+        match self {
+            Life::MigratedAway { .. } => Some("the VM went to another launcher by migration"),
+            Life::MigrationLost { .. } => Some("the VM's incoming migration never arrived"),
+            _ => None,
+        }
+    }
+
     /// The domain was (re)started here: the VM runs again, its last stop forgotten. After
     /// SIGTERM (a start then is refused before it runs) it stays terminating; a migration's
     /// end is not undone by a start here (the guest runs on the target, or never came).

@@ -135,8 +135,19 @@ impl Launcher {
     /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
     /// again behind its back.
     pub(super) fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
-        let terminating = self.state.lock().expect("state lock").life.terminated();
-        if terminating && !matches!(command, Command::Shutdown | Command::Kill) {
+        let life = self.state.lock().expect("state lock").life;
+        if matches!(command, Command::Shutdown | Command::Kill) {
+            return Ok(());
+        }
+        // Before the stop: a migration's end is over whatever else, a Start above all (the
+        // domain is gone here, so `admit` would let a Start create it again).
+        if let Some(how) = life.migration_ended() {
+            return Err(LauncherError::MigrationEnded {
+                command: command.as_str(),
+                how,
+            });
+        }
+        if life.terminated() {
             return Err(LauncherError::Terminating {
                 command: command.as_str(),
             });

@@ -374,3 +374,27 @@ async fn the_agent_condition_follows_libvirts_agent_events_while_the_domain_runs
     });
     assert!(!agent(l), "a stopped domain has no agent");
 }
+
+/// A VM that went to another launcher is never started here again. Its domain is gone from
+/// this libvirtd, so the power state alone admits a Start: two guests would then run on one
+/// set of disks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_after_the_vm_migrated_away_is_refused_and_starts_nothing() {
+    let t = test_launcher("migrated-away-start").await;
+    let l = &t.launcher;
+    l.update(|s| s.life = s.life.migrated_away());
+    let hv = l.hypervisor().unwrap();
+    hv.destroy(l.domain_name()).unwrap();
+    let e = l.command(Command::Start, None).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LauncherError::MigrationEnded {
+                command: "Start",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(!hv.power_state(l.domain_name()).unwrap().state.is_active());
+}
