@@ -9,4 +9,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/module-cycles.py
+scripts/function-lengths.py
 exec cargo test --locked --lib --test offline "$@"

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Fails when a function of src/ (tests aside) is longer than the limit (default 100 lines).
+"""Fails when a function of src/ (tests aside) is longer than the limit (default 100 lines),
+or a file of src/ longer than its own (800 lines, tests included: issue 45's two rules).
 
 A function's length is counted from the line of its `fn` to the line of the brace that closes
 its body. Strings, characters, raw strings and comments are skipped while braces are matched,
@@ -16,6 +17,7 @@ import re
 import sys
 
 LIMIT = 100
+FILE_LIMIT = 800
 FN = re.compile(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -142,8 +144,16 @@ def main():
     over = [f for f in found if f[0] > args.limit]
     for length, where, name in over:
         print(f"function-lengths: {where} fn {name} is {length} lines (limit {args.limit})")
-    print(f"function-lengths: {len(found)} functions, {len(over)} over {args.limit} lines")
-    return 1 if over else 0
+    files = sorted(root.rglob("*.rs"))
+    long_files = [(len(p.read_text().splitlines()), p) for p in files]
+    long_files = [(n, p) for n, p in long_files if n > FILE_LIMIT]
+    for n, path in long_files:
+        print(f"function-lengths: {path.relative_to(root.parent)} is {n} lines (limit {FILE_LIMIT})")
+    print(
+        f"function-lengths: {len(found)} functions, {len(over)} over {args.limit} lines; "
+        f"{len(files)} files, {len(long_files)} over {FILE_LIMIT}"
+    )
+    return 1 if over or long_files else 0
 
 
 if __name__ == "__main__":

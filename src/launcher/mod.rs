@@ -15,6 +15,7 @@
 //! `sync` (hotplug: plan, then attach and detach). The host side of block volumes is
 //! [`crate::host::block::BlockDevices`].
 
+mod attach_detach;
 mod coordinator;
 mod daemon_restart;
 mod detaches;
