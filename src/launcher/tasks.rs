@@ -93,7 +93,7 @@ impl Launcher {
         &self,
         command: Command,
     ) -> Result<TaskGuard<'_>, LauncherError> {
-        self.refuse_while_terminating(command)?;
+        self.refuse_after_the_end(command)?;
         // Fail fast, before waiting for the slot...
         lifecycle::admit(command, &self.observation())?;
         let slot = self.tasks.take().await;
@@ -107,7 +107,7 @@ impl Launcher {
             self.refresh_if_stale().await;
         }
         let admitted = self
-            .refuse_while_terminating(command)
+            .refuse_after_the_end(command)
             .and_then(|()| Ok(lifecycle::admit(command, &self.observation())?));
         if let Err(e) = admitted {
             drop(slot);
@@ -132,9 +132,9 @@ impl Launcher {
         })
     }
 
-    /// Once the launcher is terminating, only the stop itself may run: nothing may start the VM
-    /// again behind its back.
-    pub(super) fn refuse_while_terminating(&self, command: Command) -> Result<(), LauncherError> {
+    /// Once the launcher is terminating, or a migration ended the VM's life here, only a stop
+    /// may run: nothing may start the VM again behind its back (or beside its copy elsewhere).
+    pub(super) fn refuse_after_the_end(&self, command: Command) -> Result<(), LauncherError> {
         let life = self.state.lock().expect("state lock").life;
         if matches!(command, Command::Shutdown | Command::Kill) {
             return Ok(());
