@@ -1294,8 +1294,17 @@ fn main() {
         rows.extend(resize_rows(&rt, &warm_caps));
         (rows, memory)
     };
-    // And the migrating ones once the resize VM is gone, one at a time too.
-    let migrations = migration::rows(&rt, &warm_caps, work.path());
+    // And the migrating ones once the resize VM is gone, one at a time too. A failure there
+    // (its panic already printed) still lets every row measured before it print, and the run
+    // exits non-zero at the end.
+    let migrations = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        migration::rows(&rt, &warm_caps, work.path())
+    }));
+    let migration_failed = migrations.is_err();
+    let migrations = migrations.unwrap_or_else(|_| migration::Migrations {
+        rows: Vec::new(),
+        moved: serde_json::Value::Null,
+    });
     rows.extend(migrations.rows);
 
     let date = shell("date -u '+%Y-%m-%d %H:%M UTC'");
@@ -1339,4 +1348,5 @@ fn main() {
             .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         eprintln!("side_by_side: wrote {}", path.display());
     }
+    assert!(!migration_failed, "the migration rows failed (above)");
 }

@@ -231,7 +231,6 @@ fn launcher_side(rt: &Runtime, caps: &Path, mib: u64, tls: Option<&Path>) -> Vec
     if let Some(dir) = tls {
         args.extend(["--tls-dir", dir.to_str().unwrap()]);
     }
-    let credentials = tls.map(|dir| MigrationTls::read(dir).unwrap());
     let mut here = Launched::start(&spec(mib), &args);
     here.wait_stdout("phase Running", BOOT_DEADLINE);
     wait_idle(&mut here.console());
@@ -244,15 +243,15 @@ fn launcher_side(rt: &Runtime, caps: &Path, mib: u64, tls: Option<&Path>) -> Vec
         }
         let mut there = Launched::incoming(|_| {}, &incoming);
         there.wait_stdout("waiting for an incoming migration", BOOT_DEADLINE);
-        let target = match &credentials {
-            Some(credentials) => {
-                there.wait_stdout(&format!("api tcp:{listen}"), BOOT_DEADLINE);
-                TargetAt::Tcp(TcpTarget::parse(&listen).unwrap(), credentials)
-            }
-            None => TargetAt::Socket(there.socket()),
+        // What the source's `Migrate` names: the target's TCP address, or its socket.
+        let target = if tls.is_some() {
+            there.wait_stdout(&format!("api tcp:{listen}"), BOOT_DEADLINE);
+            TcpTarget::parse(&listen).unwrap().to_string()
+        } else {
+            there.socket().display().to_string()
         };
         let mut source = Client::new(rt.block_on(api::channel(&here.socket())).unwrap());
-        let h = rt.block_on(launcher_hop(&mut source, &target));
+        let h = rt.block_on(launcher_hop(&mut source, target, &there.socket()));
         report("launcher", hop, &h);
         hops.push(h);
         drop(source);
@@ -270,33 +269,10 @@ fn launcher_side(rt: &Runtime, caps: &Path, mib: u64, tls: Option<&Path>) -> Vec
     hops
 }
 
-/// A target launcher as the source names it and the bench reaches it.
-enum TargetAt<'a> {
-    Socket(PathBuf),
-    Tcp(TcpTarget, &'a MigrationTls),
-}
-
-impl TargetAt<'_> {
-    /// What the source's `Migrate` names.
-    fn name(&self) -> String {
-        match self {
-            TargetAt::Socket(path) => path.display().to_string(),
-            TargetAt::Tcp(target, _) => target.to_string(),
-        }
-    }
-
-    async fn client(&self) -> Client {
-        match self {
-            TargetAt::Socket(path) => api::connect(path).await.unwrap(),
-            TargetAt::Tcp(target, tls) => api::tcp::connect(target, tls).await.unwrap(),
-        }
-    }
-}
-
 /// The source's `Migrate` to the launcher at `target`, timed to its reply and to the source's
 /// status turning Migrating (read on the source's event stream, opened before); then the
 /// target's statistics, once its status says the migration ended.
-async fn launcher_hop(source: &mut Client, target: &TargetAt<'_>) -> Hop {
+async fn launcher_hop(source: &mut Client, target: String, target_socket: &Path) -> Hop {
     let mut events = source
         .watch_events(proto::WatchEventsRequest {})
         .await
@@ -309,7 +285,7 @@ async fn launcher_hop(source: &mut Client, target: &TargetAt<'_>) -> Hop {
         .unwrap()
         .expect("the source's resync");
     let request = proto::MigrateRequest {
-        target: target.name(),
+        target,
         ..Default::default()
     };
     let started = Instant::now();
@@ -335,7 +311,7 @@ async fn launcher_hop(source: &mut Client, target: &TargetAt<'_>) -> Hop {
         .into_inner();
     let source_side = reply.migration.unwrap_or_default();
     assert_eq!(source_side.state, "Completed", "{source_side:?}");
-    let arrived = target_ended(target).await;
+    let arrived = target_ended(target_socket).await;
     assert_eq!(arrived.state, "Completed", "{arrived:?}");
     // No statistics (the target gave up waiting for them) would read as no downtime.
     assert!(
@@ -356,9 +332,10 @@ fn migration_of(event: &proto::Event) -> Option<&proto::MigrationStatus> {
 }
 
 /// The target's migration status once its side ended too (it then has libvirt's statistics):
-/// from its event stream, whose first message is the whole status as it is.
-async fn target_ended(target: &TargetAt<'_>) -> proto::MigrationStatus {
-    let mut client = target.client().await;
+/// from its event stream, whose first message is the whole status as it is. Read on its unix
+/// socket: a target's TCP API closes once its migration ended (security review N-4).
+async fn target_ended(socket: &Path) -> proto::MigrationStatus {
+    let mut client = api::connect(socket).await.unwrap();
     let mut events = client
         .watch_events(proto::WatchEventsRequest {})
         .await
