@@ -1,17 +1,20 @@
 //! What the launcher last read of the domain from libvirt, and whether it is still the truth:
-//! the live disks and the moment of the last power-state read, each kept under the count of
-//! libvirt's events delivered just before the read (`libvirt::delivered`). A later caller learns
-//! from the events since (`carry_disks`, `power_state_carries`) whether the read still holds, and asks libvirt only when it
-//! does not: a no-op Sync then costs no libvirt call.
+//! the live disks, the vCPUs and memory, and the moment of the last power-state read, each kept
+//! under the count of libvirt's events delivered just before the read (`libvirt::delivered`). A
+//! later caller learns from the events since (`carry_disks`, `resources_carry`,
+//! `power_state_carries`) whether the read still holds, and asks libvirt only when it does not:
+//! a no-op Sync then costs no libvirt call. And the vCPUs of the persistent definition, which
+//! only the launcher writes (it defines the domain at every start).
 //!
-//! Locks: `disks` and `power_read_at` are leaves, taken alone and never while calling out; the
-//! log of delivered events (which waits for nothing) is read under them. `reading` (async) is
-//! held for one power-state read and its update, so that two reads never interleave.
+//! Locks: `disks`, `resources`, `next_boot_vcpus` and `power_read_at` are leaves, taken alone
+//! and never while calling out; the log of delivered events (which waits for nothing) is read
+//! under them. `reading` (async) is held for one power-state read and its update, so that two
+//! reads never interleave.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::domain::LiveDisk;
+use crate::domain::{LiveDisk, LiveResources, VirtioMemDef};
 use crate::libvirt::delivered::Change;
 
 /// When the live disks were read: the count of delivered events and of the launcher's own
@@ -36,6 +39,13 @@ pub(super) struct LiveView {
     /// The count of delivered events just before the last successful power-state read.
     power_read_at: Mutex<Option<u64>>,
     reading: tokio::sync::Mutex<()>,
+    /// The vCPUs and memory last read, or as the launcher's own accepted resize left them, under
+    /// the key of that moment (its `own_changes` counting the launcher's resizes).
+    resources: Mutex<Option<(LiveKey, LiveResources)>>,
+    /// Bumped before each resize of the launcher's own.
+    own_resizes: AtomicU64,
+    /// The vCPUs the persistent definition enables, as the launcher last read or set them.
+    next_boot_vcpus: Mutex<Option<u32>>,
 }
 
 impl LiveView {
@@ -46,6 +56,9 @@ impl LiveView {
             own_changes: AtomicU64::new(0),
             power_read_at: Mutex::new(None),
             reading: tokio::sync::Mutex::new(()),
+            resources: Mutex::new(None),
+            own_resizes: AtomicU64::new(0),
+            next_boot_vcpus: Mutex::new(None),
         }
     }
 
@@ -125,6 +138,69 @@ impl LiveView {
     pub(super) async fn reading(&self) -> tokio::sync::MutexGuard<'_, ()> {
         self.reading.lock().await
     }
+
+    /// The key of a read of the vCPUs and memory about to be made (or of a resize just
+    /// accepted), `delivered` being the count of events now.
+    pub(super) fn resources_key(&self, delivered: u64) -> LiveKey {
+        LiveKey {
+            delivered,
+            own_changes: self.own_resizes.load(Ordering::SeqCst),
+        }
+    }
+
+    /// The vCPUs and memory of `domain` last kept, if nothing can have changed them since (`now`
+    /// is the key of now, the launcher resized nothing since) or the events since leave them
+    /// as they were (`resources_carry`): then kept under `now`.
+    pub(super) fn resources(
+        &self,
+        now: LiveKey,
+        domain: &str,
+        log: DeliveredLog,
+    ) -> Option<LiveResources> {
+        let mut kept = self.resources.lock().expect("live resources lock");
+        let (at, resources) = kept.as_mut()?;
+        if at.own_changes != now.own_changes || at.delivered > now.delivered {
+            return None;
+        }
+        if at.delivered < now.delivered
+            && !resources_carry(domain, &log(at.delivered, now.delivered)?)
+        {
+            return None;
+        }
+        at.delivered = now.delivered;
+        Some(resources.clone())
+    }
+
+    /// Keeps the vCPUs and memory read (or left by an accepted resize) under `key`; a read that
+    /// began before one of the launcher's own resizes is not kept.
+    pub(super) fn keep_resources(&self, key: LiveKey, resources: LiveResources) {
+        if !self.enabled {
+            return;
+        }
+        let mut kept = self.resources.lock().expect("live resources lock");
+        if key.own_changes == self.own_resizes.load(Ordering::SeqCst) {
+            *kept = Some((key, resources));
+        }
+    }
+
+    /// The launcher is about to resize the domain: what was kept is no longer known.
+    pub(super) fn forget_resources(&self) {
+        self.own_resizes.fetch_add(1, Ordering::SeqCst);
+        *self.resources.lock().expect("live resources lock") = None;
+    }
+
+    /// The vCPUs the persistent definition enables, if the launcher knows them.
+    pub(super) fn next_boot_vcpus(&self) -> Option<u32> {
+        *self.next_boot_vcpus.lock().expect("next boot lock")
+    }
+
+    /// The launcher read or set the persistent definition's vCPUs (`None`: it does not know them
+    /// now: a set that failed, a new definition).
+    pub(super) fn keep_next_boot_vcpus(&self, vcpus: Option<u32>) {
+        if self.enabled {
+            *self.next_boot_vcpus.lock().expect("next boot lock") = vcpus;
+        }
+    }
 }
 
 /// The live disks of `domain` read before `changes`, as they are after them: when every change
@@ -156,6 +232,22 @@ fn carry_disks(read: &[LiveDisk], domain: &str, changes: &[Change]) -> Option<Ve
         }
     }
     Some(disks)
+}
+
+/// Whether the vCPUs and memory of `domain` read before `changes` are still what it has after
+/// them: a disk or interface coming or going and the guest's agent change neither, and what the
+/// guest plugged of its memory (the one thing a size-change event moves) plans nothing; the
+/// virtio-mem device itself coming or going, or any other change (a restart above all), needs a
+/// read. libvirt sends no event for a vCPU count changed live: the caller reads the count
+/// itself before it changes one.
+fn resources_carry(domain: &str, changes: &[Change]) -> bool {
+    changes.iter().all(|change| match change {
+        Change::DeviceRemoved { domain: d, alias } | Change::DeviceAdded { domain: d, alias } => {
+            d != domain || alias != VirtioMemDef::ALIAS
+        }
+        Change::Guest => true,
+        Change::Other => false,
+    })
 }
 
 /// Whether a power state read before `changes` is still the truth after them: devices coming
@@ -258,6 +350,75 @@ mod tests {
         assert_eq!(view.disks(view.key(1), "vm", &no_log), None);
         view.power_read(Some(1));
         assert!(!view.power_state_current_at(1, &no_log));
+        view.keep_resources(view.resources_key(1), cpus(2));
+        assert_eq!(view.resources(view.resources_key(1), "vm", &no_log), None);
+        view.keep_next_boot_vcpus(Some(2));
+        assert_eq!(view.next_boot_vcpus(), None);
+    }
+
+    fn cpus(vcpus: u32) -> LiveResources {
+        LiveResources {
+            vcpus,
+            max_vcpus: 8,
+            ..LiveResources::default()
+        }
+    }
+
+    #[test]
+    fn resources_carry_over_other_devices_and_the_guests_doings_only() {
+        let view = LiveView::new(true);
+        assert_eq!(view.resources(view.resources_key(3), "vm", &no_log), None);
+        view.keep_resources(view.resources_key(3), cpus(2));
+        assert_eq!(
+            view.resources(view.resources_key(3), "vm", &no_log),
+            Some(cpus(2))
+        );
+        // Events the log no longer has: unknown.
+        assert_eq!(view.resources(view.resources_key(4), "vm", &no_log), None);
+        let log = |from: u64, to: u64| -> Option<Vec<Change>> {
+            let all = [
+                removed("vm", "ua-disk"),
+                added("vm", "ua-net"),
+                Change::Guest,
+                removed("other", VirtioMemDef::ALIAS),
+                removed("vm", VirtioMemDef::ALIAS),
+                Change::Other,
+            ];
+            Some(all[from as usize - 3..to as usize - 3].to_vec())
+        };
+        for now in 4..=7 {
+            assert_eq!(
+                view.resources(view.resources_key(now), "vm", &log),
+                Some(cpus(2)),
+                "{now}"
+            );
+        }
+        // The device itself gone: a read tells what the domain has.
+        assert_eq!(view.resources(view.resources_key(8), "vm", &log), None);
+        view.keep_resources(view.resources_key(8), cpus(3));
+        assert_eq!(
+            view.resources(view.resources_key(9), "vm", &log),
+            None,
+            "a restart"
+        );
+    }
+
+    #[test]
+    fn a_read_that_began_before_the_launchers_own_resize_is_not_kept() {
+        let view = LiveView::new(true);
+        view.keep_resources(view.resources_key(1), cpus(2));
+        let read_began = view.resources_key(1);
+        view.forget_resources();
+        assert_eq!(view.resources(view.resources_key(1), "vm", &no_log), None);
+        // The read finishes after the resize: what it saw may be from before.
+        view.keep_resources(read_began, cpus(2));
+        assert_eq!(view.resources(view.resources_key(1), "vm", &no_log), None);
+        // The resize's own outcome, kept under a key taken after it began, is current.
+        view.keep_resources(view.resources_key(1), cpus(4));
+        assert_eq!(
+            view.resources(view.resources_key(1), "vm", &no_log),
+            Some(cpus(4))
+        );
     }
 
     fn added(domain: &str, alias: &str) -> Change {

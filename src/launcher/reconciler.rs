@@ -121,9 +121,12 @@ impl Launcher {
     pub(super) async fn rebuild_volumes(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
         let agent_events = self.agent_events();
+        let key = self.resources_key_now();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
         let live = domain::live_disks(&xml)?;
-        self.show_live(&xml, agent_events)?;
+        self.show_live(&xml, agent_events, key)?;
+        // A domain defined (or found) anew: its persistent vCPUs are read when first needed.
+        self.live.keep_next_boot_vcpus(None);
         self.update(|s| {
             let boot: Vec<&str> = s
                 .spec

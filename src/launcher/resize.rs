@@ -12,6 +12,7 @@
 
 use super::coordinator::Launcher;
 use super::error::{libvirt_message, LauncherError};
+use super::live_view::LiveKey;
 use super::types::{ResourceChange, ResourcePart};
 use crate::domain::{self, DomainDef, LiveResources};
 use crate::spec::{FieldError, Problem, SpecErrors, Validated};
@@ -25,6 +26,15 @@ pub struct ResizePlan {
     /// The spec asks again for the vCPUs the guest has while a decrease waits in the persistent
     /// definition: that count goes back there, and the guest is not touched.
     pub withdraw_decrease: Option<u32>,
+}
+
+impl ResizePlan {
+    /// Whether it changes the running guest's vCPUs (an increase; a decrease waits).
+    pub(super) fn changes_vcpus_live(&self) -> bool {
+        self.changes
+            .iter()
+            .any(|c| c.part == ResourcePart::Cpu && !c.at_restart)
+    }
 }
 
 /// The resizes from `live` to `desired`; `next_boot`: the vCPUs the persistent definition
@@ -98,8 +108,34 @@ impl Launcher {
     ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
         let n = self.domain_name.clone();
         let agent_events = self.agent_events();
+        let key = self.resources_key_now();
         let xml = self.call(move |hv| hv.live_xml(&n))?;
-        self.show_live(&xml, agent_events)
+        self.show_live(&xml, agent_events, key)
+    }
+
+    /// The key of a read of the vCPUs and memory about to be made: taken before it, so that
+    /// anything that happens during the read moves it.
+    pub(super) fn resources_key_now(&self) -> LiveKey {
+        self.live.resources_key(crate::libvirt::delivered::count())
+    }
+
+    /// The vCPUs and memory as last read or resized, when libvirt's events since say they still
+    /// hold (`LiveView::resources`).
+    pub(super) fn kept_resources(&self) -> Option<LiveResources> {
+        let log = &crate::libvirt::delivered::between;
+        self.live
+            .resources(self.resources_key_now(), &self.domain_name, log)
+    }
+
+    /// `kept` with the vCPUs enabled now, read on their own: libvirt tells of no vCPU count
+    /// changed live, and a live change planned from a count someone else moved could unplug.
+    pub(super) fn with_vcpus_now(
+        &self,
+        kept: LiveResources,
+    ) -> Result<LiveResources, LauncherError> {
+        let n = self.domain_name.as_str();
+        let vcpus = self.call(|hv| hv.vcpus_now(n))?;
+        Ok(LiveResources { vcpus, ..kept })
     }
 
     /// How many agent events the state has taken: read before a live XML read, for `show_live`.
@@ -111,10 +147,12 @@ impl Launcher {
     /// the status (read at every start and adoption: the agent may have connected before the
     /// launcher listened for its events). The agent's state only if no agent event came since
     /// `agent_events` (taken before `xml` was read): the event is newer.
+    /// `key`: taken before `xml` was read, under which its vCPUs and memory are kept.
     pub(super) fn show_live(
         &self,
         xml: &str,
         agent_events: u64,
+        key: LiveKey,
     ) -> Result<(LiveResources, Vec<domain::LiveInterface>), LauncherError> {
         // One parse for the three readings: this runs after every Sync, resize and rebuild.
         let doc = roxmltree::Document::parse(xml).map_err(domain::LiveXmlError::Malformed)?;
@@ -129,6 +167,7 @@ impl Launcher {
                 s.agent_connected = agent;
             }
         });
+        self.live.keep_resources(key, resources.clone());
         Ok((resources, interfaces))
     }
 
@@ -150,8 +189,13 @@ impl Launcher {
         if desired.vcpus_enabled.is_none_or(|asked| asked > live.vcpus) {
             return Ok(None);
         }
+        if let Some(known) = self.live.next_boot_vcpus() {
+            return Ok(Some(known));
+        }
         let n = self.domain_name.as_str();
-        self.call(|hv| hv.vcpus_at_next_boot(n)).map(Some)
+        let read = self.call(|hv| hv.vcpus_at_next_boot(n))?;
+        self.live.keep_next_boot_vcpus(Some(read));
+        Ok(Some(read))
     }
 
     /// Shows in the status what the resizes `done` from `live` left the domain with, when all
@@ -165,19 +209,29 @@ impl Launcher {
             return false;
         }
         let resized = resized(live, done);
-        self.update(|s| s.resources = Some(resized));
+        self.update(|s| s.resources = Some(resized.clone()));
+        self.live.keep_resources(self.resources_key_now(), resized);
         true
     }
 
     /// Applies each planned resize; one failing does not stop the next. The caller shows the
     /// outcome afterwards (`show_resized`, else `refresh_live`).
     pub(super) fn resize(&self, plan: ResizePlan, live: &LiveResources) -> Vec<ResourceChange> {
+        if plan.changes.is_empty() && plan.withdraw_decrease.is_none() {
+            return Vec::new();
+        }
         let name = self.domain_name.as_str();
+        // What was kept, and any read that began before, no longer holds; nor one that began
+        // during the calls (bumped again after them).
+        self.live.forget_resources();
         if let Some(count) = plan.withdraw_decrease {
             // Not a change of the guest, so not in the reply; the status shows the condition
             // gone (it compares the spec with the guest).
             tracing::info!(vcpus = count, "a waiting vCPU decrease is taken back");
-            if let Err(e) = self.call(|hv| hv.set_vcpus_at_next_boot(name, count)) {
+            let set = self.call(|hv| hv.set_vcpus_at_next_boot(name, count));
+            self.live
+                .keep_next_boot_vcpus(set.as_ref().ok().map(|_| count));
+            if let Err(e) = set {
                 let error = libvirt_message(&e);
                 tracing::warn!(%error, "cannot take the waiting vCPU decrease back; a start boots the spec all the same");
             }
@@ -185,13 +239,18 @@ impl Launcher {
         let mut done = Vec::with_capacity(plan.changes.len());
         for change in plan.changes {
             let result = match change.part {
-                ResourcePart::Cpu if change.at_restart => {
-                    let count = change.to as u32;
-                    self.call(|hv| hv.set_vcpus_at_next_boot(name, count))
-                }
                 ResourcePart::Cpu => {
+                    // Live and persistent, or (a decrease) persistent only: the next boot's
+                    // count either way, if libvirt took it.
                     let count = change.to as u32;
-                    self.call(|hv| hv.set_vcpus(name, count))
+                    let set = if change.at_restart {
+                        self.call(|hv| hv.set_vcpus_at_next_boot(name, count))
+                    } else {
+                        self.call(|hv| hv.set_vcpus(name, count))
+                    };
+                    self.live
+                        .keep_next_boot_vcpus(set.as_ref().ok().map(|_| count));
+                    set
                 }
                 ResourcePart::Memory => {
                     // Planned only for a domain that has the device. The guest plugs or
@@ -207,6 +266,7 @@ impl Launcher {
             }
             done.push(ResourceChange { error, ..change });
         }
+        self.live.forget_resources();
         done
     }
 }

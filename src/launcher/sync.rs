@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::convert;
-use crate::domain::{self, DiskDef, DomainDef};
+use crate::domain::{self, DiskDef, DomainDef, LiveResources};
 use crate::host::devnode::{self, DevNodeError, DevNumber};
 use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
@@ -358,20 +358,29 @@ impl Launcher {
         let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
         let relink =
             current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied());
-        let (resources, live_nics) = if resizable || relink {
-            self.refresh_live()?
-        } else {
-            Default::default()
+        // Without interfaces to relink, the vCPUs and memory as last read or resized, while
+        // libvirt's events say they hold; a live vCPU change still reads the count first.
+        let kept = (resizable && !relink)
+            .then(|| self.kept_resources())
+            .flatten();
+        let from_kept = kept.is_some();
+        let (mut resources, live_nics) = match kept {
+            Some(kept) => (kept, Vec::new()),
+            None if resizable || relink => self.refresh_live()?,
+            None => Default::default(),
         };
-        let resizes = if resizable {
-            resize::plan(
-                &resources,
-                self.vcpus_at_next_boot(desired, &resources)?,
-                desired,
-            )
-        } else {
-            ResizePlan::default()
+        let plan_from = |resources: &LiveResources| -> Result<ResizePlan, LauncherError> {
+            if !resizable {
+                return Ok(ResizePlan::default());
+            }
+            let next_boot = self.vcpus_at_next_boot(desired, resources)?;
+            Ok(resize::plan(resources, next_boot, desired))
         };
+        let mut resizes = plan_from(&resources)?;
+        if from_kept && resizes.changes_vcpus_live() {
+            resources = self.with_vcpus_now(resources)?;
+            resizes = plan_from(&resources)?;
+        }
         let nic_plan = if relink {
             nics::plan(&live_nics, &desired.interfaces)
         } else {

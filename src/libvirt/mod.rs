@@ -408,6 +408,14 @@ impl Hypervisor {
         })
     }
 
+    /// How many vCPUs the running guest has enabled now (one small call, where the live XML
+    /// formats the whole domain).
+    pub fn vcpus_now(&self, name: &str) -> Result<u32, LibvirtError> {
+        self.on_domain(name, "get vCPUs", |d| {
+            d.vcpus_flags(sys::VIR_DOMAIN_AFFECT_LIVE)
+        })
+    }
+
     /// How many vCPUs the persistent definition enables (what the next boot gets).
     pub fn vcpus_at_next_boot(&self, name: &str) -> Result<u32, LibvirtError> {
         self.on_domain(name, "get vCPUs of the persistent definition", |d| {

@@ -4,7 +4,8 @@
 //! - a spec with `maxSockets: 4` and `maxGuest: 2Gi` boots with 1 socket and 1Gi;
 //! - Syncs beyond the room, misaligned, or below KubeVirt's minimum are refused with exit 2,
 //!   naming the field, and change nothing;
-//! - 1 → 2 → 4 sockets and 1Gi → 1536Mi → 2Gi reach the guest, and the status shows what was
+//! - 1 → 2 → 4 sockets and 1Gi → 1536Mi → 2Gi reach the guest (a socket added by someone else
+//!   in between is found, not added again), and the status shows what was
 //!   asked and what the guest has;
 //! - a launcher killed with SIGKILL and started again adopts all of it;
 //! - back down to 1Gi; 4 → 2 sockets waits for the next boot;
@@ -124,11 +125,26 @@ fn cpus_and_memory_change_in_place_survive_a_restart_and_a_cold_boot() {
     let reply = sync(&vm, &spec(2, "1Gi"));
     assert_eq!(resources(&reply), vec![change("cpu", 1, 2)]);
     common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 2);
+    // A vCPU added behind the launcher's back, of which libvirt sends no event: a Sync asking
+    // for that count finds it there (the reply changes nothing; setting it again would say
+    // 2 → 3), and the next one counts from it.
+    let out = Command::new("virsh")
+        .args(["-c", &uri, "setvcpus", &domain, "3", "--live"])
+        .output()
+        .unwrap();
+    common::succeeded(out, "virsh setvcpus --live");
+    common::guest_reports(&mut console, "VMLTEST-CPUS", |n| n == 3);
+    assert_eq!(resources(&sync(&vm, &spec(3, "1Gi"))), vec![]);
+    assert_eq!(
+        vcpucount(&vm, &domain, "--config"),
+        3,
+        "the next boot's, as asked"
+    );
     let reply = sync(&vm, &spec(4, "1536Mi"));
     assert_eq!(
         resources(&reply),
         vec![
-            change("cpu", 2, 4),
+            change("cpu", 3, 4),
             change("memory", 1024 * MIB, 1536 * MIB)
         ]
     );
