@@ -813,6 +813,9 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
 
 /// Launchers (and raw domains) started at once in a storm.
 const STORM_VMS: usize = 8;
+/// How long after a launcher's domain runs its memory is read as a node's would be: past its
+/// first idle moment (at most a second after the start, longer on a loaded machine).
+const SETTLED_AFTER_START: Duration = Duration::from_secs(3);
 /// Storms per side, alternating which side goes first.
 const STORM_ROUNDS: usize = 2;
 
@@ -837,6 +840,11 @@ fn launcher_storm(warm_caps: &Path, round: usize) -> Storm {
         vm.wait_stdout("phase Running", BOOT_DEADLINE);
     }
     let took = started.elapsed();
+    // A node's steady state, not its last start: each launcher gives back the pages only its
+    // start used at its first idle moment, at most a second after its domain runs
+    // (`launcher::reconciler`'s LONGEST_BEFORE_RELEASE); the last launcher of the storm has
+    // just printed Running.
+    std::thread::sleep(SETTLED_AFTER_START);
     let per_vm = vms
         .iter()
         .map(|vm| {
