@@ -51,10 +51,10 @@ if [ "$profile" = release ]; then
 else
   cargo build --locked --bin vmlauncher
 fi
+built="${CARGO_TARGET_DIR:-target}/$profile/vmlauncher"
 mkdir -p target/image
 # cp only when it changed, so the COPY layer (and the cache warm-up after it) stays cached.
-cmp -s "target/$profile/vmlauncher" target/image/vmlauncher ||
-  cp "target/$profile/vmlauncher" target/image/vmlauncher
+cmp -s "$built" target/image/vmlauncher || cp "$built" target/image/vmlauncher
 
 devices=()
 [ -c /dev/kvm ] && devices=(--device /dev/kvm)

@@ -5,11 +5,30 @@
 # skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+t0=$(date +%s)
+# Where the minutes go: each step's end, in seconds from the start.
+mark() { echo "test.sh: $1 after $(( $(date +%s) - t0 )) s"; }
 scripts/setup.sh
 scripts/build-debian-image.sh   # cached; ~70 s the first time (tests/guests/debian.rs boots it)
+mark "set-up"
 cargo fmt --all -- --check
 scripts/module-cycles.py   # no two files of src/ import each other, through any circle
 scripts/function-lengths.py   # no function of src/ over 100 lines, no file over 800
+mark "format and house checks"
+# The build dir is kept per machine, as the test guest and the images are: under
+# /var/cache/vmlauncher a later clean clone finds the crates of crates.io already built (their
+# artefacts do not depend on where the clone is) and builds only its own, about two minutes of
+# the compile on two cores. Nothing depends on it being there: an empty one builds everything.
+# Bounded: emptied when it has grown past 8 GiB (a run leaves about 1.5). A CARGO_TARGET_DIR
+# given by the caller wins; VMLAUNCHER_BUILD_CACHE=0 builds in the clone's own target/.
+if [ -z "${CARGO_TARGET_DIR:-}" ] && [ "${VMLAUNCHER_BUILD_CACHE:-1}" != 0 ]; then
+  export CARGO_TARGET_DIR=/var/cache/vmlauncher/cargo-target
+  mkdir -p "$CARGO_TARGET_DIR"
+  if [ "$(du -sb "$CARGO_TARGET_DIR" | cut -f1)" -gt $((8 << 30)) ]; then
+    echo "test.sh: $CARGO_TARGET_DIR is over 8 GiB: emptied"
+    rm -rf "$CARGO_TARGET_DIR" && mkdir -p "$CARGO_TARGET_DIR"
+  fi
+fi
 # One compile lints and builds: clippy's driver is the compiler of the workspace's own crates
 # (RUSTC_WORKSPACE_WRAPPER, as `cargo clippy` runs it under `cargo check`), so the same lints
 # (-D warnings) run on every target while it is built, and the dependencies are compiled once
@@ -28,10 +47,13 @@ trap 'rm -f "$tests_json" "$guests_log"' EXIT
 cargo test --all-targets --locked --no-run --message-format=json-render-diagnostics >"$tests_json"
 # The fuzz targets (a member, fuzz/), linted and known to build (scripts/fuzz.sh runs them;
 # `cargo test` replays their corpus through src/fuzzing.rs).
+mark "the test build"
 cargo build -p vmlauncher-fuzz --bins --locked
+mark "the fuzz build"
 # The launcher's image, for the pod tests (tests/pods) and the KubeVirt node's
 # (tests/e2e_kubevirt_node.rs): cached, seconds when nothing changed.
 scripts/build-image.sh
+mark "the image"
 
 # Every target `cargo test --all-targets` runs, in two lanes side by side, since the two longest
 # binaries wait more than they compute: the guests tier (tests/guests) runs by its executable in
@@ -63,7 +85,9 @@ started=$(date +%s)
 (
   echo "     Running tests/guests/main.rs ($guests_exe)"
   rc=0
-  "$guests_exe" </dev/null || rc=$?
+  # Each test's time on its line (libtest's --report-time, unstable: RUSTC_BOOTSTRAP lets this
+  # binary's harness take the flag; nothing is compiled with it).
+  RUSTC_BOOTSTRAP=1 "$guests_exe" -Z unstable-options --report-time </dev/null || rc=$?
   echo "test.sh: the guests lane ended after $(( $(date +%s) - started )) s, exit $rc"
   exit $rc
 ) >"$guests_log" 2>&1 &
