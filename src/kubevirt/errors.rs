@@ -9,7 +9,7 @@ use crate::launcher::LauncherError;
 
 /// A call's failure, as the Go launcher reports it: `Response{success: false, message}`.
 #[derive(Debug, thiserror::Error)]
-pub enum FrontError {
+pub(crate) enum FrontError {
     #[error(transparent)]
     Vmi(#[from] VmiError),
     #[error("vmi.vmiJson: metadata: this launcher runs {expected}, the VMI is {got}")]
@@ -34,7 +34,7 @@ pub enum FrontError {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum MigrationError {
+pub(crate) enum MigrationError {
     #[error(transparent)]
     Wire(#[from] WireError),
     #[error(transparent)]
@@ -69,7 +69,7 @@ impl From<SocketError> for FrontError {
 
 /// Why a CPU or memory sync did not reach the guest.
 #[derive(Debug, thiserror::Error)]
-pub enum ResizeError {
+pub(crate) enum ResizeError {
     #[error("failed to update {what}: the VM is not running")]
     NotRunning { what: &'static str },
     #[error("failed to update {what}: {message}")]

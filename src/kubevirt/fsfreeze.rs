@@ -11,8 +11,8 @@ use super::front::{Front, FrontError};
 use crate::launcher::Launcher;
 
 /// The agent's filesystem states, KubeVirt's `api.FSFrozen` / `api.FSThawed`.
-pub const FROZEN: &str = "frozen";
-pub const THAWED: &str = "thawed";
+pub(crate) const FROZEN: &str = "frozen";
+pub(crate) const THAWED: &str = "thawed";
 
 /// libvirt's agent timeout for the freeze itself: a guest flushes its filesystems first
 /// (virt-handler waits 60 s for the call).
@@ -32,7 +32,7 @@ async fn status(launcher: &Launcher) -> Result<String, FrontError> {
 
 impl Front {
     /// `FreezeVirtualMachine`.
-    pub async fn freeze(
+    pub(crate) async fn freeze(
         self: &std::sync::Arc<Self>,
         unfreeze_timeout: Duration,
     ) -> Result<(), FrontError> {
@@ -75,7 +75,7 @@ impl Front {
     }
 
     /// `UnfreezeVirtualMachine` (and the safety thaw, which must not cancel itself).
-    pub async fn thaw(&self, cancel_safety: bool) -> Result<(), FrontError> {
+    pub(crate) async fn thaw(&self, cancel_safety: bool) -> Result<(), FrontError> {
         let _turn = self.safety_thaw.1.lock().await;
         if cancel_safety {
             self.safety_thaw.cancel();

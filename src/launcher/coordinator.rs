@@ -139,7 +139,7 @@ impl State {
 /// inside `State`, moved only inside `update`, its marker file only with the task slot held)
 /// and the pins (`pins`, files made and removed only with the task slot held or at the end).
 #[derive(Debug)]
-pub struct Launcher {
+pub(crate) struct Launcher {
     pub(super) link: Link,
     pub(super) domain_name: String,
     pub(super) options: LaunchOptions,

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A migration the owner asked for.
-pub struct MigrateRequest {
+pub(crate) struct MigrateRequest {
     /// The target's API socket, as the owner named it.
     pub target: String,
     pub prepare: PrepareTarget,
@@ -93,7 +93,7 @@ impl Launcher {
     }
 
     /// Moves the VM to the launcher `request.target`; returns once it runs there.
-    pub async fn migrate(
+    pub(crate) async fn migrate(
         &self,
         request: MigrateRequest,
     ) -> Result<(u64, MigrationStatus), LauncherError> {
@@ -106,7 +106,7 @@ impl Launcher {
     }
 
     /// Cancels the migration in flight; the guest keeps running here.
-    pub fn cancel_migration(&self) -> Result<(), LauncherError> {
+    pub(crate) fn cancel_migration(&self) -> Result<(), LauncherError> {
         let migrating = self
             .state
             .lock()

@@ -58,7 +58,7 @@ pub enum HypervisorEvent {
     ConnectionClosed { reason: i32 },
 }
 
-pub use super::states::{lifecycle_event, lifecycle_names};
+pub(crate) use super::states::{lifecycle_event, lifecycle_names};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
@@ -155,7 +155,7 @@ type DiskChangeCallback = unsafe extern "C" fn(
 impl EventRegistration {
     /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added, device-removed,
     /// guest-agent lifecycle and memory-device-size events of every domain on `conn`, to the connection-close callback, and, only to count
-    /// them (see [`delivered`](super::delivered)), to the events that tell of a disk changed by
+    /// them (see `delivered`), to the events that tell of a disk changed by
     /// someone else: a block job's end (a pivot changes a source), a tray moved, a medium
     /// changed.
     pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {
