@@ -93,8 +93,10 @@ pub(crate) enum AuthorityError {
     HeaderListTooLarge,
     #[error("an HPACK table size update over the {MAX_TABLE} bytes the server allows")]
     TableTooLarge,
-    #[error("cannot decode a header block: {0}")]
-    Hpack(String),
+    #[error("cannot decode a header block")]
+    Hpack(#[source] loona_hpack::decoder::DecoderError),
+    #[error("cannot decode a header block: a truncated field representation")]
+    TruncatedField,
 }
 
 impl From<AuthorityError> for io::Error {
@@ -436,7 +438,7 @@ impl Rewriter {
                 loona_hpack::decoder::DecoderError::InvalidMaxDynamicSize => {
                     AuthorityError::TableTooLarge
                 }
-                e => AuthorityError::Hpack(format!("{e:?}")),
+                e => AuthorityError::Hpack(e),
             })?;
         if list_size > MAX_HEADER_LIST {
             return Err(AuthorityError::HeaderListTooLarge);
@@ -479,7 +481,7 @@ impl Rewriter {
 /// How many header fields the HPACK block `block` holds, from its representations' lengths
 /// alone: nothing is decoded and no table is needed. A truncated representation is an error.
 fn count_fields(block: &[u8]) -> Result<usize, AuthorityError> {
-    let truncated = || AuthorityError::Hpack("a truncated field representation".to_owned());
+    let truncated = || AuthorityError::TruncatedField;
     let mut fields = 0;
     let mut at = 0;
     while let Some(&first) = block.get(at) {

@@ -29,17 +29,24 @@ impl fmt::Display for DevNumber {
     }
 }
 
+/// Text that does not name a device number.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?} is not MAJOR:MINOR (e.g. 7:0)")]
+pub struct NotADevNumber {
+    text: String,
+}
+
 impl std::str::FromStr for DevNumber {
-    type Err = String;
+    type Err = NotADevNumber;
 
     /// `MAJOR:MINOR`, as `/sys/dev/block` and `ls -l` name a device.
-    fn from_str(text: &str) -> Result<DevNumber, String> {
+    fn from_str(text: &str) -> Result<DevNumber, NotADevNumber> {
         let parsed = text
             .split_once(':')
             .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
         match parsed {
             Some((major, minor)) => Ok(DevNumber { major, minor }),
-            None => Err(format!("{text:?} is not MAJOR:MINOR (e.g. 7:0)")),
+            None => Err(NotADevNumber { text: text.into() }),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! ([`FrontError`]), and the migration and resize calls' own. Apart from the calls, so that each
 //! call's module imports them and `front` imports none of the calls.
 
+use super::domain_json::DomainJsonError;
 use super::migration::sockets::SocketError;
 use super::migration::wire::WireError;
 use super::vmi::VmiError;
@@ -22,15 +23,21 @@ pub(crate) enum FrontError {
     Launcher(#[from] LauncherError),
     #[error("volume(s) failed: {0}")]
     Volumes(String),
-    #[error("the domain's JSON: {0}")]
-    DomainJson(String),
+    #[error("the domain's JSON: {}", crate::error_chain(.0))]
+    DomainJson(#[source] DomainJsonError),
     #[error(transparent)]
     Migration(#[from] MigrationError),
     #[error(transparent)]
     Resize(#[from] ResizeError),
-    /// The guest agent's answer did not do (a freeze or thaw).
-    #[error("{0}")]
-    Agent(String),
+    /// The guest agent answered a command with something other than what it returns.
+    #[error("{command} answered {answer:?}")]
+    AgentAnswer {
+        command: &'static str,
+        answer: String,
+    },
+    /// A freeze asked while the guest moves: KubeVirt's own refusal, in its words.
+    #[error("failed to freeze VMI, VMI is currently during migration")]
+    FreezeDuringMigration,
 }
 
 #[derive(Debug, thiserror::Error)]

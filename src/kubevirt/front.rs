@@ -494,7 +494,7 @@ impl Front {
         };
         domain_json::domain_json(&xml, &meta.domain, power.as_ref())
             .map(Some)
-            .map_err(|e| FrontError::DomainJson(crate::error_chain(&e)))
+            .map_err(FrontError::DomainJson)
     }
 }
 

@@ -27,7 +27,10 @@ async fn status(launcher: &Launcher) -> Result<String, FrontError> {
         .await?;
     super::guest_agent::agent_return(&answer, crate::libvirt::MAX_AGENT_ANSWER)
         .and_then(|v| v.as_str().map(str::to_string))
-        .ok_or_else(|| FrontError::Agent(format!("guest-fsfreeze-status answered {answer:?}")))
+        .ok_or_else(|| FrontError::AgentAnswer {
+            command: "guest-fsfreeze-status",
+            answer,
+        })
 }
 
 impl Front {
@@ -43,9 +46,7 @@ impl Front {
             .migration
             .is_some_and(|m| !m.state.is_over());
         if migrating {
-            return Err(FrontError::Agent(
-                "failed to freeze VMI, VMI is currently during migration".into(),
-            ));
+            return Err(FrontError::FreezeDuringMigration);
         }
         if status(&launcher).await? == FROZEN {
             return Ok(());
