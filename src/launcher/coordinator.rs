@@ -1,5 +1,5 @@
 //! The launcher's fields: the parts it coordinates, and the VM's `State` under its one lock.
-//! Defined here, below the jobs (`tasks`, `sync`, `migration`, `reconciler`, ...) that extend
+//! Defined here, below the jobs (`tasks`, `sync`, `migration_source`, `reconciler`, ...) that extend
 //! it with `impl Launcher`, so that they import it from a sibling, never from `mod.rs`.
 
 use std::collections::BTreeMap;

@@ -1,8 +1,8 @@
 //! What a migration's two ends agree on before the guest moves: the source's offer (its last
 //! accepted Sync and where its files are), the target's plan (its libvirt, the streams' sockets
 //! or ports, its dirs and pins), how the source checks the plan against how it dialled the
-//! target, and why a target did not do ([`TargetError`]). Pure: the job that uses them is
-//! `migration.rs`.
+//! target, and why a target did not do ([`TargetError`]). Pure: the jobs that use them are
+//! `migration_source.rs` and `migration_target.rs`.
 
 use super::types::SyncInput;
 use std::future::Future;

@@ -27,9 +27,10 @@ mod last_sync;
 mod life;
 mod link;
 mod live_view;
-mod migration;
 mod migration_part;
 mod migration_plan;
+mod migration_source;
+mod migration_target;
 mod nics;
 mod pending;
 mod pins;
@@ -78,10 +79,10 @@ use task_slot::TaskSlot;
 
 pub(crate) use coordinator::Launcher;
 pub use error::LauncherError;
-pub(crate) use migration::MigrateRequest;
 pub(crate) use migration_plan::{
     incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, PrepareTarget, TargetError,
 };
+pub(crate) use migration_source::MigrateRequest;
 pub(crate) use status::waiting_status;
 pub(crate) use types::{
     BlockSource, EventKind, HotplugOptions, LaunchOptions, LauncherEvent, MigrationRole,
