@@ -1,10 +1,10 @@
 //! glibc's allocator, kept small for a process that lives as long as its VM and allocates little
-//! ([`Trick::SmallHeap`]): one arena, and free memory given back while the launcher is idle.
+//! (`Trick::SmallHeap`): one arena, and free memory given back while the launcher is idle.
 //!
 //! - **One arena** (`M_ARENA_MAX`, by `mallopt`): glibc gives each thread that allocates an
 //!   arena of its own (up to 8 per core), each holding freed memory; the launcher's threads rarely
 //!   allocate at once.
-//! - **Free memory given back while idle** ([`give_back_free_memory`]): a Sync of many disks
+//! - **Free memory given back while idle** (`give_back_free_memory`): a Sync of many disks
 //!   leaves freed memory scattered through the heap, which glibc keeps (it only trims the top),
 //!   so the launcher would stay at the size of its largest Sync for the rest of the VM's life.
 //!
@@ -32,7 +32,7 @@ const FREE_MEMORY_KEPT: usize = 512 << 10;
 /// Gives the allocator's free memory back to the kernel when there is much of it. For a quiet
 /// moment: not after every change, or the next Sync would fault the pages in again (a trim
 /// costs 40–100 µs on the bench machine, and the look at the free lists tens of µs).
-pub fn give_back_free_memory() {
+pub(crate) fn give_back_free_memory() {
     if !enabled(Trick::SmallHeap) {
         return;
     }

@@ -30,8 +30,8 @@ mod to_proto;
 
 use detached::detached;
 
-pub use migration::{Front, Offer};
-pub use to_proto::{block_devices_from_proto, block_devices_to_proto, status_to_proto};
+pub(crate) use migration::Front;
+pub(crate) use to_proto::{block_devices_from_proto, block_devices_to_proto, status_to_proto};
 use to_proto::{event_to_proto, migration_status_to_proto, volume_to_proto};
 
 /// The generated protobuf and gRPC types.
@@ -364,7 +364,7 @@ impl proto::launcher_server::Launcher for Service {
 
 /// What is at the socket path before the launcher binds it.
 #[derive(Debug, PartialEq, Eq)]
-pub enum SocketPath {
+pub(crate) enum SocketPath {
     /// Nothing: the path is free.
     Free,
     /// A socket no one answers on (a launcher that died): `bind` replaces it.
@@ -374,7 +374,7 @@ pub enum SocketPath {
 /// Checks that the launcher may bind `path`: nothing there, or a stale socket. A file, a
 /// directory or a socket someone still answers on is refused. `run` checks this
 /// before it starts anything, and `bind` again when it binds.
-pub fn check_socket_path(path: &Path) -> Result<SocketPath, ApiError> {
+pub(crate) fn check_socket_path(path: &Path) -> Result<SocketPath, ApiError> {
     use std::os::unix::fs::FileTypeExt;
     let listen_err = |source| ApiError::Listen {
         path: path.into(),
@@ -425,7 +425,7 @@ fn answers(path: &Path) -> io::Result<bool> {
 
 /// Binds the socket (mode 0600) and returns a listener to serve on. What is at `path` already is
 /// replaced only if it is a stale socket ([`check_socket_path`]), never unlinked otherwise.
-pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
+pub(crate) fn bind(path: &Path) -> Result<UnixListener, ApiError> {
     let listen_err = |source| ApiError::Listen {
         path: path.into(),
         source,
@@ -448,7 +448,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, ApiError> {
 /// root), which is what a guest that escaped into QEMU acts as. The socket's mode (0600, root's)
 /// keeps that user out already; this still holds where a deployment widens the socket or its
 /// directory (a pod's shared emptyDir).
-pub fn admitted(qemu_uid: u32) -> impl FnMut(&std::io::Result<UnixStream>) -> bool {
+pub(crate) fn admitted(qemu_uid: u32) -> impl FnMut(&std::io::Result<UnixStream>) -> bool {
     move |connection| {
         let Ok(stream) = connection else { return true };
         match stream.peer_cred() {
@@ -463,7 +463,7 @@ pub fn admitted(qemu_uid: u32) -> impl FnMut(&std::io::Result<UnixStream>) -> bo
 
 /// Serves the launcher's API on `listener` until `shutdown` resolves; connections from
 /// `qemu_uid` are closed unanswered ([`admitted`]).
-pub async fn serve(
+pub(crate) async fn serve(
     front: Arc<Front>,
     listener: UnixListener,
     qemu_uid: u32,
@@ -512,7 +512,7 @@ const DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("vmlauncher_de
 /// Whether the launcher serves, in `grpc.health.v1` terms, for the whole server ("") and for the
 /// Launcher service: SERVING once the domain is up (phase Running), NOT_SERVING before that and
 /// from the moment the launcher is terminating or the VM is final.
-pub fn serving(status: &launcher::Status) -> bool {
+pub(crate) fn serving(status: &launcher::Status) -> bool {
     status.phase == crate::lifecycle::Phase::Running
         && status.printable_status != crate::lifecycle::PrintableStatus::Terminating
         && !status.finished

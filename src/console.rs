@@ -11,7 +11,7 @@ use std::time::Instant;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 
 /// The longest console line kept whole; a longer one is cut (a serial console is 80 columns).
-pub const MAX_LINE: usize = 4096;
+pub(crate) const MAX_LINE: usize = 4096;
 
 #[derive(Debug)]
 pub struct ConsoleLog {
@@ -97,10 +97,6 @@ impl ConsoleLog {
             lines: VecDeque::new(),
             recent: VecDeque::new(),
         })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 
     fn read_available(&mut self) -> Result<(), ConsoleError> {
@@ -195,7 +191,7 @@ impl ConsoleLog {
     }
 
     /// The next complete line, or `None` if none came before `deadline`.
-    pub fn next_line(&mut self, deadline: Instant) -> Result<Option<String>, ConsoleError> {
+    pub(crate) fn next_line(&mut self, deadline: Instant) -> Result<Option<String>, ConsoleError> {
         loop {
             self.read_available()?;
             if let Some(line) = self.lines.pop_front() {

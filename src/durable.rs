@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// What reading one of the launcher's files found.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Contents {
+pub(crate) enum Contents {
     /// No file there (yet).
     Missing,
     /// The whole file, at most the bound.
@@ -23,7 +23,7 @@ pub enum Contents {
 /// The launcher's own file at `path`, at most `max` bytes, never through a symlink (a link
 /// there is an error, not followed) and only if it is a regular file: a FIFO or a device planted
 /// there is an error too, found without waiting (the open does not block on a FIFO's writer).
-pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
+pub(crate) fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
     let file = match fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
@@ -48,7 +48,7 @@ pub fn read_bounded(path: &Path, max: u64) -> io::Result<Contents> {
 }
 
 /// Removes `path` if it is there; a path already gone is not an error.
-pub fn remove_if_present(path: &Path) -> io::Result<()> {
+pub(crate) fn remove_if_present(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -58,14 +58,14 @@ pub fn remove_if_present(path: &Path) -> io::Result<()> {
 /// Replaces `path` with `bytes` so that a crash at any point leaves the old content or the new:
 /// a new temp file in the same directory (created exclusively, mode 0600), fsync, rename, fsync
 /// of the directory (which makes the rename itself durable).
-pub fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, bytes, true)
 }
 
 /// Like [`write_durably`] without the two fsyncs: a *process* killed at any point leaves the old
 /// content or the new, a machine crash may leave either or none. For files read only while the
 /// kernel that wrote them still runs (a launcher's private copy of the capability cache).
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     replace(path, bytes, false)
 }
 
@@ -76,7 +76,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// Why not [`write_atomically`]: a rename over an existing file makes ext4 start writing the new
 /// file back at once (its `auto_da_alloc` rule), 0.35–0.5 ms on this machine, where writing in
 /// place costs a few microseconds.
-pub fn overwrite_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(crate) fn overwrite_in_place(path: &Path, bytes: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     match fs::symlink_metadata(path) {
         Ok(meta) if !meta.is_file() => fs::remove_file(path)?,

@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::domain::{target_name, Bus, DiskDef, DomainDef, DriveAddress, InterfaceDef, LiveDisk};
 
 /// Units on controller 0 that a plan may hand out (virtio-scsi allows 16,384 LUNs per target).
-pub const MAX_SCSI_UNITS: u32 = 16_384;
+pub(crate) const MAX_SCSI_UNITS: u32 = 16_384;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Plan {
@@ -81,7 +81,7 @@ pub fn plan(live: &[LiveDisk], desired: &DomainDef) -> Result<Plan, PlanError> {
 }
 
 /// The parts of a domain that a running VM cannot change, by name, where `desired` differs.
-pub fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'static str> {
+pub(crate) fn frozen_fields_changed(current: &DomainDef, desired: &DomainDef) -> Vec<&'static str> {
     // Destructured without `..`: a field added to the domain model must be classified here as
     // either hot-pluggable or frozen, or this stops compiling.
     let DomainDef {
@@ -221,7 +221,10 @@ fn allocate(live: &[LiveDisk], attach: &mut [DiskDef]) -> Result<(), PlanError> 
 
 /// The interfaces a Sync may add, drop or relink; any other change to one that stays (its
 /// model, MAC, binding, ports) needs a restart: true when `desired` makes one.
-pub fn frozen_interfaces_changed(current: &[InterfaceDef], desired: &[InterfaceDef]) -> bool {
+pub(crate) fn frozen_interfaces_changed(
+    current: &[InterfaceDef],
+    desired: &[InterfaceDef],
+) -> bool {
     current.iter().any(|c| {
         desired.iter().any(|d| {
             d.name == c.name

@@ -82,7 +82,7 @@ pub fn is_container_entrypoint() -> bool {
 
 /// The exit status PID 1 (`init`) gives for a launcher killed by `signal`: 128 + its number, as
 /// a shell reports a killed command, so that 137 reads as SIGKILL (e.g. the OOM killer).
-pub fn killed_by(signal: nix::sys::signal::Signal) -> i32 {
+pub(crate) fn killed_by(signal: nix::sys::signal::Signal) -> i32 {
     128 + signal as i32
 }
 

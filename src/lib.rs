@@ -28,12 +28,12 @@
 //! | [`host`] | host side of volume sources: checks (`mod.rs`), the qcow2 images it writes (`qcow2`), cidata ISOs (`cidata`); hot-plugged block volumes' owner (`block`: nodes, rules, records) and which devices a Sync may take (`block_allow`); block nodes (`devnode`), cgroup v1/v2 device rules (`cgroup`), the records file (`records`), capabilities (`caps`), path watches (`watch`), the launcher's own CPUs (`cpus`), a foreign image's header (`image_check`), where a spec's host paths lead (`confine`), QEMU's user (`qemu_user`) and its id of its own on a host (`qemu_ids`), the dirs root works in and QEMU's own (`private_dirs`), QEMU's passage through the operator's dirs (`acl`), the guest kept off the host's loopback (`loopback`), hot-plugged files pinned for QEMU by a bind mount in its namespace (`pin`) | decide when |
 //! | [`libvirt`] | the only user of the `virt` crate: the connection and `Connector`, the private daemon (`daemon`, its two configuration files in `daemon_conf`) and how it is started lean (`lean`: the loader, its preloads, `no_ssh_crypto.c`), which program a pid runs (`process`), the shared QEMU capability cache (`capcache`), the event FFI (`events`) and the log of delivered events (`delivered`), libvirt's state/event tables from `virt::sys` (`states`), bulk stats (`stats`), guest ports published through QEMU's monitor (`ports`), devices a killed libvirtd left in QEMU (`orphans`), peer-to-peer live migration and its job statistics (`migrate`) | hold policy |
 //! | [`lifecycle`] | the state model's pure rules: phase, pause reason (`mod.rs`); commands, admit, settle, final stop (`tasks`); reconcile, run strategies, reboot window, back-off (`strategy`) | do I/O |
-//! | `launcher` | the core that executes them: the `Launcher`, a coordinator of owned parts, and its start (`mod.rs`); the parts, each with its own locks and unit tests: the link to libvirt (`link`), the status publisher and event stream (`status_hub`, with I/O errors at a bounded rate in `io_errors`), the task slot (`task_slot`), the signals between tasks (`signals`), detach bookkeeping (`detaches`), the last accepted Sync (`last_sync`, on disk in `saved`), what it knows without asking libvirt (`live_view`), the images pinned for QEMU, each undone by a guard unless QEMU got it (`pins`); the shared request, status and error types (`types`, `error`) and the coordinator's fields (`coordinator`), which every part and job imports from, never from `mod.rs`; the VM's stage of life (`life`); the jobs: status (`status`), lifecycle tasks and the one request type `Work` (`tasks`), reconciler and reconnect (`reconciler`), disks made ready for QEMU (`disks`), Sync (`sync`) and its attaches a few at a time (`in_flight`), its vCPU and memory part (`resize`) and its interface part (`nics`), live migration, both ends (`migration`), its state machine and marker (`migration_part`), and what they agree on before the guest moves: offer, plan, a target's failures (`migration_plan`); unit tests against libvirt's `test:///default` (`tests.rs`) | implement a parser of its own |
+//! | `launcher` | the core that executes them: the `Launcher`, a coordinator of owned parts, and its start (`mod.rs`); the parts, each with its own locks and unit tests: the link to libvirt (`link`), the status publisher and event stream (`status_hub`, with I/O errors at a bounded rate in `io_errors`), the task slot (`task_slot`), the signals between tasks (`signals`), detach bookkeeping (`detaches`), the last accepted Sync (`last_sync`, on disk in `saved`), what it knows without asking libvirt (`live_view`), the images pinned for QEMU, each undone by a guard unless QEMU got it (`pins`); the shared request, status and error types (`types`, `error`) and the coordinator's fields (`coordinator`), which every part and job imports from, never from `mod.rs`; the VM's stage of life (`life`); the jobs: status (`status`), lifecycle tasks and the one request type `Work` (`tasks`), reconciler and reconnect (`reconciler`), disks made ready for QEMU (`disks`), Sync (`sync`) and its attaches a few at a time (`in_flight`), its vCPU and memory part (`resize`) and its interface part (`nics`), live migration, its source's side (`migration_source`) and its target's (`migration_target`), its state machine and marker (`migration_part`), and what they agree on before the guest moves: offer, plan, a target's failures (`migration_plan`); unit tests against libvirt's `test:///default` (`tests.rs`) | implement a parser of its own |
 //! | [`api`] | the gRPC server (+ health; reflection built on its first call, `api/reflection.rs`) and client connection; what it serves before a migration target has a VM and the source's call to its target (`api/migration.rs`); the API over TCP under mutual TLS, for a migration between machines (`api/tcp.rs`); the status, events and block devices as messages (`api/to_proto.rs`); maps errors to gRPC codes | hold state |
 //! | [`kubevirt`] | `vmlauncher virt-launcher`: KubeVirt's handler ↔ launcher protocol over the launcher: its flags (`flags`), entrypoint (`entry`), cmd server (`server`), what each call does (`front`), the VMI as sent (`vmi`), notify client (`notify`), the `api.Domain` JSON and its stats (`domain_json/`), guest-agent answers (`guest_agent`) | hold VM state of its own |
-//! | [`authority`] | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
+//! | `authority` | the connection filter that lets C-core and Java clients' `:authority` through (tests against real HPACK encoders in `tests.rs`) | touch anything but header blocks |
 //! | [`run`] | the `run` entrypoint: daemon, launcher, socket, signals (`mod.rs`); the host side a launcher needs before it has a VM, shared with `virt-launcher` (`host`); `run --incoming`, a migration target (`incoming`) | — |
-//! | [`runtime_dir`], [`owned_dir`] | the runtime dir: the launcher's own, one launcher at a time (flock); whether a directory is the launcher's own | — |
+//! | [`runtime_dir`], `owned_dir` | the runtime dir: the launcher's own, one launcher at a time (flock); whether a directory is the launcher's own | — |
 //! | [`ended`] | how a command that ran to its end ended (`Ended`: done, a final phase, a part of a Sync failed), for the binary to map to an exit code | pick the code |
 //! | [`console`], [`init`] | the serial console follower (`run --console`, tests); PID-1 duties | — |
 //! | [`allocator`] | glibc malloc kept small for a launcher: one arena, free memory given back while idle | — |
@@ -62,7 +62,7 @@
 
 pub mod allocator;
 pub mod api;
-pub mod authority;
+pub(crate) mod authority;
 pub mod console;
 pub mod convert;
 pub mod domain;
@@ -80,8 +80,8 @@ pub mod libvirt;
 pub mod lifecycle;
 pub mod logs;
 pub mod migration_tls;
-pub mod owned_dir;
-pub mod resident;
+pub(crate) mod owned_dir;
+pub(crate) mod resident;
 pub mod run;
 pub mod runtime_dir;
 pub mod spec;

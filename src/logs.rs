@@ -7,13 +7,13 @@
 //! A log over its bound is copied to `NAME.1` (the one older generation kept, replaced each
 //! time) and truncated to nothing; QEMU's next append starts it again at 0 (logrotate's
 //! `copytruncate`). A log and its copy therefore hold at most twice the bound, plus what QEMU
-//! writes in one [`CHECK_SPACING`]; a log found over [`COPY_LIMIT`] times its bound, or one
+//! writes in one `CHECK_SPACING`; a log found over `COPY_LIMIT` times its bound, or one
 //! that cannot be copied (a full disk), is emptied without a copy.
 //!
 //! A thread waits on inotify for the logs to change and checks them at most once per
-//! [`CHECK_SPACING`]: a guest writing its console flat out costs one check (a directory
+//! `CHECK_SPACING`: a guest writing its console flat out costs one check (a directory
 //! listing, an `lstat` per log) per 0.25 s, not one per write, and a quiet guest costs
-//! nothing. Without inotify it checks every [`POLL_INTERVAL`]. While no launcher runs (killed, being
+//! nothing. Without inotify it checks every `POLL_INTERVAL`. While no launcher runs (killed, being
 //! restarted), nothing bounds the logs; the next launcher brings them under the bound at once.
 //! What QEMU appends between the copy's last read and the truncation is lost, as with
 //! logrotate.
@@ -38,13 +38,13 @@ pub const DEFAULT_MAX_SIZE: u64 = 2 * 1024 * 1024;
 /// The smallest bound accepted: below a page, a copy per check would be most of the work.
 pub const MIN_MAX_SIZE: u64 = 4096;
 /// The least time between two checks.
-pub const CHECK_SPACING: Duration = Duration::from_millis(250);
+pub(crate) const CHECK_SPACING: Duration = Duration::from_millis(250);
 /// Between two checks when inotify is not available.
-pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Which files are bounded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Bounded {
+pub(crate) enum Bounded {
     /// One file (the serial console log).
     File(PathBuf),
     /// Every `*.log` in a directory (libvirt's `<domain>.log` files of QEMU's output).
@@ -88,7 +88,7 @@ impl Bounded {
 /// fails (a full disk is when the bound matters most). Then an empty `path.1` replaces the old
 /// one (or, if even that cannot be made, the old one goes), so that what is left never looks
 /// like a newer generation than it is and a reader still sees that the log started again.
-pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
+pub(crate) fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
     match fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_file() && meta.len() > max_size => {}
         Ok(_) => return Ok(false),
@@ -158,7 +158,7 @@ pub fn bound_one(path: &Path, max_size: u64) -> io::Result<bool> {
 }
 
 /// How many times its bound a log may have grown and still be copied before it is emptied.
-pub const COPY_LIMIT: u64 = 4;
+pub(crate) const COPY_LIMIT: u64 = 4;
 
 /// Copies `log` to a new file at `to`: to its end, including what QEMU appends while this
 /// copies (at most as much again as `len`, should a writer outrun the copy), so that only what
@@ -177,14 +177,14 @@ fn copy_to(log: &fs::File, len: u64, to: &Path) -> io::Result<()> {
 /// `NAME.1.partial`: the copy while it is written. It is there from before the copy until the
 /// rename after the truncation, so while it is there a reader cannot tell the log's bytes from
 /// the next generation's (`crate::console` waits for it to go).
-pub fn partial_copy(path: &Path) -> PathBuf {
+pub(crate) fn partial_copy(path: &Path) -> PathBuf {
     let mut name = older_generation(path).into_os_string();
     name.push(".partial");
     PathBuf::from(name)
 }
 
 /// `NAME.1` beside `NAME`.
-pub fn older_generation(path: &Path) -> PathBuf {
+pub(crate) fn older_generation(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push(".1");
     path.with_file_name(name)
@@ -192,7 +192,7 @@ pub fn older_generation(path: &Path) -> PathBuf {
 
 /// The thread that keeps the logs bounded; stopped and joined when dropped.
 #[derive(Debug)]
-pub struct LogBound {
+pub(crate) struct LogBound {
     stop: Option<OwnedFd>,
     thread: Option<JoinHandle<()>>,
 }
@@ -202,7 +202,7 @@ impl LogBound {
     /// then on every change. Where inotify cannot watch (no instance left: the limit is per
     /// user, shared by every root container of a node; a directory missing), the logs are
     /// checked every [`POLL_INTERVAL`] instead: they stay bounded either way.
-    pub fn start(bounded: Vec<Bounded>, max_size: u64) -> io::Result<LogBound> {
+    pub(crate) fn start(bounded: Vec<Bounded>, max_size: u64) -> io::Result<LogBound> {
         let inotify = match Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC) {
             Ok(inotify) => {
                 // A file that appears or is put in place: watched for writes from then on.

@@ -27,19 +27,19 @@ use crate::host::devnode::NodeOwner;
 mod cas;
 
 /// The files of each set of `--tls-dir`, named as QEMU reads them.
-pub const CA_CERT: &str = "ca-cert.pem";
-pub const SERVER_CERT: &str = "server-cert.pem";
-pub const SERVER_KEY: &str = "server-key.pem";
-pub const CLIENT_CERT: &str = "client-cert.pem";
-pub const CLIENT_KEY: &str = "client-key.pem";
+pub(crate) const CA_CERT: &str = "ca-cert.pem";
+pub(crate) const SERVER_CERT: &str = "server-cert.pem";
+pub(crate) const SERVER_KEY: &str = "server-key.pem";
+pub(crate) const CLIENT_CERT: &str = "client-cert.pem";
+pub(crate) const CLIENT_KEY: &str = "client-key.pem";
 
 /// The names libvirt's client looks for in a `pkipath` (the source libvirtd's connection to the
 /// target's), and those the target's libvirtd serves with (`key_file`, `cert_file`, `ca_file`).
-pub const LIBVIRT_CA: &str = "cacert.pem";
-pub const LIBVIRT_CLIENT_CERT: &str = "clientcert.pem";
-pub const LIBVIRT_CLIENT_KEY: &str = "clientkey.pem";
-pub const LIBVIRT_SERVER_CERT: &str = "servercert.pem";
-pub const LIBVIRT_SERVER_KEY: &str = "serverkey.pem";
+pub(crate) const LIBVIRT_CA: &str = "cacert.pem";
+pub(crate) const LIBVIRT_CLIENT_CERT: &str = "clientcert.pem";
+pub(crate) const LIBVIRT_CLIENT_KEY: &str = "clientkey.pem";
+pub(crate) const LIBVIRT_SERVER_CERT: &str = "servercert.pem";
+pub(crate) const LIBVIRT_SERVER_KEY: &str = "serverkey.pem";
 
 /// The ports of a target listening on TCP (`run --incoming --listen ADDR:PORT`), in order
 /// from PORT: its API, its libvirtd's TLS listener, QEMU's memory stream, the disks' NBD
@@ -50,7 +50,7 @@ pub const TARGET_PORTS: u16 = 4;
 const MAX_FILE: u64 = 64 * 1024;
 
 /// QEMU's set: a subdirectory of `--tls-dir`.
-pub const QEMU_SUBDIR: &str = "qemu";
+pub(crate) const QEMU_SUBDIR: &str = "qemu";
 
 /// One set of credentials: a CA, and a server and a client certificate with their keys.
 #[derive(Clone, PartialEq, Eq)]

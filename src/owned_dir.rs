@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-pub enum OwnedDirError {
+pub(crate) enum OwnedDirError {
     #[error("cannot inspect {path}")]
     Io {
         path: PathBuf,
@@ -28,7 +28,7 @@ const STICKY: u32 = 0o1000;
 
 /// `path` is a directory (not a symlink to one) of the launcher's user that no one else can
 /// write.
-pub fn check_owned(path: &Path) -> Result<(), OwnedDirError> {
+pub(crate) fn check_owned(path: &Path) -> Result<(), OwnedDirError> {
     let meta = fs::symlink_metadata(path).map_err(|source| OwnedDirError::Io {
         path: path.into(),
         source,
@@ -61,7 +61,7 @@ pub fn check_owned(path: &Path) -> Result<(), OwnedDirError> {
 /// not there yet are the launcher's to make. A symlink on the way is judged by the directory
 /// it sits in (which decides who may replace it) and by every directory it leads through (the
 /// resolved path's ancestors), so all directories the kernel walks to reach `path` are checked.
-pub fn check_ancestors(path: &Path) -> Result<(), OwnedDirError> {
+pub(crate) fn check_ancestors(path: &Path) -> Result<(), OwnedDirError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| OwnedDirError::Io { path, source }

@@ -28,7 +28,7 @@ struct Droppable {
 /// Drops the pages of every read-only private file mapping that holds no page of its own;
 /// once per process (later calls do nothing). For a quiet moment after the start: the next
 /// calls fault back what they use (a few hundred minor faults, once).
-pub fn drop_start_pages() {
+pub(crate) fn drop_start_pages() {
     static DONE: std::sync::Once = std::sync::Once::new();
     if !enabled(Trick::StartPagesDropped) {
         return;

@@ -39,15 +39,15 @@ impl RuntimeDirError {
 
 /// Where the launcher keeps what it owns for one VM.
 #[derive(Debug, Clone)]
-pub struct RuntimeDir(pub PathBuf);
+pub(crate) struct RuntimeDir(pub PathBuf);
 
 /// The runtime dir's lock; the dir is this launcher's while it lives.
 #[derive(Debug)]
-pub struct RuntimeDirLock(#[allow(dead_code)] Flock<fs::File>);
+pub(crate) struct RuntimeDirLock(#[allow(dead_code)] Flock<fs::File>);
 
 impl RuntimeDir {
     /// Creates (0700) or checks the runtime dir and locks it for this launcher.
-    pub fn claim(path: &Path) -> Result<(RuntimeDir, RuntimeDirLock), RuntimeDirError> {
+    pub(crate) fn claim(path: &Path) -> Result<(RuntimeDir, RuntimeDirLock), RuntimeDirError> {
         let io_err = |source| RuntimeDirError::Io {
             path: path.into(),
             source,
@@ -82,10 +82,10 @@ impl RuntimeDir {
         Ok((dir, RuntimeDirLock(lock)))
     }
 
-    pub fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         self.0.join("launcher.sock")
     }
-    pub fn libvirt_dir(&self) -> PathBuf {
+    pub(crate) fn libvirt_dir(&self) -> PathBuf {
         self.0.join("libvirt")
     }
 }

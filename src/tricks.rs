@@ -3,10 +3,10 @@
 //!
 //! Each trick buys time or memory that `docs/performance.md` measured (with and without it, in one
 //! bench run) and costs code that does something less obvious than the plain way. The code that
-//! applies one asks [`enabled`] and knows about no other. `VMLAUNCHER_PLAIN=1` in the
+//! applies one asks `enabled` and knows about no other. `VMLAUNCHER_PLAIN=1` in the
 //! environment turns every trick off, to tell a bug of a trick from a bug of the launcher:
 //! the launcher then behaves the same, only slower and larger. `VMLAUNCHER_PLAIN=a,b` turns off
-//! only the tricks named (their [`Trick::name`]); that is how the bench measures each one
+//! only the tricks named (their `Trick::name`); that is how the bench measures each one
 //! (`cargo bench --bench side_by_side -- --plain ...`). Read once, at the first question: the
 //! environment a process started with, as every child it starts inherits it.
 
@@ -17,7 +17,7 @@ pub const PLAIN: &str = "VMLAUNCHER_PLAIN";
 
 /// A trick kept, with why and the bench row it pays for (`docs/performance.md`, "The tricks, with and without").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Trick {
+pub(crate) enum Trick {
     /// A Sync's resizes, all accepted, shown in the status as applied instead of read back
     /// from libvirt (`launcher::resize`): the CPU and memory rows, one live-XML read fewer
     /// (`docs/performance.md`, "The storm, resize and memory, continued").
@@ -54,7 +54,7 @@ pub enum Trick {
 }
 
 impl Trick {
-    pub const ALL: [Trick; 8] = [
+    pub(crate) const ALL: [Trick; 8] = [
         Trick::AppliedResize,
         Trick::BriefPin,
         Trick::CapabilityCache,
@@ -66,7 +66,7 @@ impl Trick {
     ];
 
     /// Its name in `VMLAUNCHER_PLAIN`.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Trick::AppliedResize => "applied-resize",
             Trick::BriefPin => "brief-pin",
@@ -81,7 +81,7 @@ impl Trick {
 }
 
 /// Whether `trick` is played in this process.
-pub fn enabled(trick: Trick) -> bool {
+pub(crate) fn enabled(trick: Trick) -> bool {
     static OFF: OnceLock<Vec<Trick>> = OnceLock::new();
     !OFF.get_or_init(|| off(std::env::var(PLAIN).ok().as_deref()))
         .contains(&trick)

@@ -57,7 +57,7 @@ pub(crate) const PRIVATE_SUBDIRS: [&str; 5] = [
 
 impl HostPaths {
     /// KubeVirt's pod layout.
-    pub fn pod() -> HostPaths {
+    pub(crate) fn pod() -> HostPaths {
         HostPaths {
             volume_root: "/var/run/kubevirt-private".into(),
             dev_root: "/dev".into(),
@@ -73,7 +73,7 @@ impl HostPaths {
     }
 
     /// A local run: everything under the launcher's runtime directory.
-    pub fn local(runtime_dir: &Path) -> HostPaths {
+    pub(crate) fn local(runtime_dir: &Path) -> HostPaths {
         HostPaths {
             volume_root: runtime_dir.to_path_buf(),
             dev_root: runtime_dir.join("dev"),
@@ -89,7 +89,7 @@ impl HostPaths {
     }
 
     /// Where QEMU listens for VNC (it makes the socket itself, so in its own dir).
-    pub fn vnc_socket(&self) -> PathBuf {
+    pub(crate) fn vnc_socket(&self) -> PathBuf {
         self.qemu_dir.join(VNC_SOCKET)
     }
 
@@ -99,11 +99,11 @@ impl HostPaths {
         self.console_dir.join(VNC_SOCKET)
     }
 
-    pub fn serial_socket(&self) -> PathBuf {
+    pub(crate) fn serial_socket(&self) -> PathBuf {
         self.console_dir.join("virt-serial0")
     }
 
-    pub fn nvram(&self, domain: &str) -> PathBuf {
+    pub(crate) fn nvram(&self, domain: &str) -> PathBuf {
         self.private_dir
             .join("nvram")
             .join(format!("{domain}_VARS.fd"))
@@ -111,7 +111,7 @@ impl HostPaths {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageFormat {
+pub(crate) enum ImageFormat {
     Raw,
     Qcow2,
 }
@@ -119,7 +119,7 @@ pub enum ImageFormat {
 /// Whose bytes an overlay's backing image is, which decides how its format is known:
 /// never by sniffing what a guest could have written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backing {
+pub(crate) enum Backing {
     /// A claim's image is the guest's own disk: always raw, whatever its first bytes say.
     Claim { block: bool },
     /// A container disk's image is the image author's: raw, or a qcow2 that refers to no other
@@ -128,7 +128,7 @@ pub enum Backing {
 }
 
 impl ImageFormat {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ImageFormat::Raw => "raw",
             ImageFormat::Qcow2 => "qcow2",
@@ -138,7 +138,7 @@ impl ImageFormat {
 
 /// What the launcher must do on the host before the domain can use a volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Preparation {
+pub(crate) enum Preparation {
     /// The file or device must exist.
     Exists,
     /// A claim's image or device, in a directory a tenant (or a node daemon) writes: it must
@@ -156,7 +156,7 @@ pub enum Preparation {
 
 /// A volume resolved to its host source.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResolvedVolume {
+pub(crate) struct ResolvedVolume {
     pub path: PathBuf,
     pub block: bool,
     pub format: ImageFormat,
@@ -167,7 +167,7 @@ impl ResolvedVolume {
     /// An overlay's backing image, with whether it is a block device and whose it is: written
     /// as an explicit `<backingStore>`, so that libvirt takes the chain from the XML and never
     /// from the image, and never relabels it through its path.
-    pub fn backing(&self) -> Option<(&Path, bool, Backing)> {
+    pub(crate) fn backing(&self) -> Option<(&Path, bool, Backing)> {
         match &self.preparation {
             Preparation::Overlay { backing, trust } => {
                 let block = matches!(trust, Backing::Claim { block: true });
@@ -193,7 +193,7 @@ fn claim_path(paths: &HostPaths, name: &str, block: bool) -> PathBuf {
 
 /// Resolves a (validated) volume. `block_volumes` names the volumes whose source the host found
 /// to be a block device.
-pub fn resolve(
+pub(crate) fn resolve(
     vmi: &VirtualMachineInstance,
     volume: &Volume,
     paths: &HostPaths,
@@ -382,7 +382,7 @@ pub(crate) fn is_hotpluggable(volume: &Volume) -> bool {
 
 /// A volume whose source could be a block device, with the path to look at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlockCandidate {
+pub(crate) struct BlockCandidate {
     pub volume: String,
     pub path: PathBuf,
     /// Only a spec's `hostDisk` may be a link (`/dev/disk/by-id/...`): a claim's node is the

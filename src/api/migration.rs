@@ -20,7 +20,7 @@ use crate::migration_tls::MigrationTls;
 
 /// A source's offer and where the target's answer goes (a refusal as the source's call returns
 /// it, so that the target keeps its typed error for its own exit).
-pub type Offer = (
+pub(crate) type Offer = (
     IncomingOffer,
     oneshot::Sender<Result<IncomingPlan, tonic::Status>>,
 );
@@ -28,7 +28,7 @@ pub type Offer = (
 /// What the API serves: the launcher once there is one. Before that (a migration target waiting
 /// for its source) it shows a waiting status and takes the source's offer.
 #[derive(Debug)]
-pub struct Front {
+pub(crate) struct Front {
     launcher: watch::Sender<Option<Arc<Launcher>>>,
     waiting: Option<Waiting>,
 }
@@ -41,7 +41,7 @@ struct Waiting {
 
 impl Front {
     /// The API of a launcher that has its VM.
-    pub fn ready(launcher: Arc<Launcher>) -> Arc<Front> {
+    pub(crate) fn ready(launcher: Arc<Launcher>) -> Arc<Front> {
         Arc::new(Front {
             launcher: watch::channel(Some(launcher)).0,
             waiting: None,
@@ -50,7 +50,7 @@ impl Front {
 
     /// The API of a migration target: offers come out of the receiver, one at a time (a
     /// second source waits for the first's answer).
-    pub fn incoming(libvirt_uri: &str) -> (Arc<Front>, mpsc::Receiver<Offer>) {
+    pub(crate) fn incoming(libvirt_uri: &str) -> (Arc<Front>, mpsc::Receiver<Offer>) {
         let (offers, rx) = mpsc::channel(1);
         let front = Front {
             launcher: watch::channel(None).0,
@@ -63,16 +63,16 @@ impl Front {
     }
 
     /// The VM is here: from now on every call goes to its launcher.
-    pub fn set(&self, launcher: Arc<Launcher>) {
+    pub(crate) fn set(&self, launcher: Arc<Launcher>) {
         self.launcher.send_replace(Some(launcher));
     }
 
-    pub fn current(&self) -> Option<Arc<Launcher>> {
+    pub(crate) fn current(&self) -> Option<Arc<Launcher>> {
         self.launcher.borrow().clone()
     }
 
     /// The launcher, once there is one.
-    pub async fn wait(&self) -> Arc<Launcher> {
+    pub(crate) async fn wait(&self) -> Arc<Launcher> {
         let mut rx = self.launcher.subscribe();
         let ready = rx.wait_for(Option::is_some).await;
         ready

@@ -36,7 +36,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Binds `addr` for [`serve`]: a port already taken is the owner's error, said before anything
 /// waits on it.
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ApiError> {
+pub(crate) async fn bind(addr: SocketAddr) -> Result<TcpListener, ApiError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| ApiError::ListenTcp { addr, source })
@@ -44,7 +44,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, ApiError> {
 
 /// Serves the launcher's API on `listener` under mutual TLS until `shutdown` resolves, within
 /// the connection limits of `tcp_limits`; the listener is closed then.
-pub async fn serve(
+pub(crate) async fn serve(
     front: Arc<Front>,
     listener: TcpListener,
     tls: &MigrationTls,
@@ -81,7 +81,7 @@ fn client_config(tls: &Credentials, name: &str) -> ClientTlsConfig {
 
 /// Whether both sets of `--tls-dir` make working TLS configurations (each key parses and goes
 /// with its certificate): said at start, not at the first migration.
-pub fn check_usable(tls: &MigrationTls, dir: &std::path::Path) -> Result<(), TlsError> {
+pub(crate) fn check_usable(tls: &MigrationTls, dir: &std::path::Path) -> Result<(), TlsError> {
     for (which, set) in [("launchers'", &tls.launcher), ("QEMU's", &tls.qemu)] {
         let unusable = |e: tonic::transport::Error| TlsError::Unusable {
             dir: dir.into(),
@@ -170,7 +170,7 @@ impl TcpTarget {
     }
 
     /// The host as a certificate names it (no brackets).
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         Self::unbracketed(&self.host)
     }
 
@@ -185,7 +185,7 @@ impl std::fmt::Display for TcpTarget {
     }
 }
 
-/// A client for the launcher serving at `target` ([`serve`]), presenting this launcher's
+/// A client for the launcher serving at `target` (`serve`), presenting this launcher's
 /// client certificate and checking the server's against the CA and the target's host.
 pub async fn connect(
     target: &TcpTarget,

@@ -21,9 +21,9 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// Connections held from one peer address: a migration needs two (the source's preparation,
 /// and `vmlauncher migrate` following the target).
-pub const PER_PEER: usize = 8;
+pub(crate) const PER_PEER: usize = 8;
 /// Connections held in all.
-pub const TOTAL: usize = 64;
+pub(crate) const TOTAL: usize = 64;
 /// The longest wait before accepting again after running out of descriptors.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
@@ -37,14 +37,14 @@ struct Counts {
 
 /// The limits, shared by the accept loop and every connection's [`Slot`].
 #[derive(Debug, Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     counts: Arc<Mutex<Counts>>,
     per_peer: usize,
     total: usize,
 }
 
 impl Limits {
-    pub fn new(per_peer: usize, total: usize) -> Limits {
+    pub(crate) fn new(per_peer: usize, total: usize) -> Limits {
         Limits {
             counts: Arc::default(),
             per_peer,
@@ -53,7 +53,7 @@ impl Limits {
     }
 
     /// A slot for a connection from `peer`, or `None` when it would be one too many.
-    pub fn admit(&self, peer: IpAddr) -> Option<Slot> {
+    pub(crate) fn admit(&self, peer: IpAddr) -> Option<Slot> {
         let mut c = self.counts.lock().expect("limits lock");
         let held = c.by_peer.get(&peer).copied().unwrap_or(0);
         if held >= self.per_peer || c.total >= self.total {
@@ -77,7 +77,7 @@ impl Limits {
 
 /// A connection's place within the limits, given back when the connection is dropped.
 #[derive(Debug)]
-pub struct Slot {
+pub(crate) struct Slot {
     limits: Limits,
     peer: IpAddr,
 }
@@ -97,7 +97,7 @@ impl Drop for Slot {
 
 /// An accepted connection that holds its slot for as long as it lives.
 #[derive(Debug)]
-pub struct Bounded {
+pub(crate) struct Bounded {
     stream: TcpStream,
     _slot: Slot,
 }
@@ -161,7 +161,10 @@ fn is_exhaustion(e: &io::Error) -> bool {
 
 /// The connections `listener` accepts within `limits`, for tonic's `serve_with_incoming`. The
 /// accept loop ends, and the listener is closed, when the stream is dropped.
-pub fn incoming(listener: TcpListener, limits: Limits) -> ReceiverStream<io::Result<Bounded>> {
+pub(crate) fn incoming(
+    listener: TcpListener,
+    limits: Limits,
+) -> ReceiverStream<io::Result<Bounded>> {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         let mut backoff = FIRST_BACKOFF;

@@ -26,7 +26,7 @@ pub(super) fn volume_to_proto(v: &launcher::VolumeStatus) -> proto::VolumeStatus
     }
 }
 
-pub fn status_to_proto(s: &launcher::Status) -> proto::Status {
+pub(crate) fn status_to_proto(s: &launcher::Status) -> proto::Status {
     let now = Instant::now();
     proto::Status {
         phase: s.phase.as_str().into(),
@@ -147,7 +147,7 @@ pub(super) fn event_to_proto(e: launcher::LauncherEvent) -> proto::Event {
 }
 
 /// The block devices of a Sync request; one without a source is refused.
-pub fn block_devices_from_proto(
+pub(crate) fn block_devices_from_proto(
     devices: std::collections::HashMap<String, proto::BlockDevice>,
 ) -> Result<std::collections::BTreeMap<String, launcher::BlockSource>, tonic::Status> {
     use proto::block_device::Source;
@@ -173,7 +173,7 @@ pub fn block_devices_from_proto(
         .collect()
 }
 
-pub fn block_devices_to_proto(
+pub(crate) fn block_devices_to_proto(
     devices: &std::collections::BTreeMap<String, launcher::BlockSource>,
 ) -> std::collections::HashMap<String, proto::BlockDevice> {
     use proto::block_device::Source;

@@ -69,10 +69,10 @@ const MAX_CONTINUATIONS: usize = 5;
 /// that.
 const MAX_TABLE: usize = 4_096;
 /// What Go clients send, and what replaces an authority that does not parse.
-pub const REPLACEMENT: &[u8] = b"localhost";
+pub(crate) const REPLACEMENT: &[u8] = b"localhost";
 
 #[derive(Debug, thiserror::Error)]
-pub enum AuthorityError {
+pub(crate) enum AuthorityError {
     #[error("the client's HTTP/2 preface is wrong")]
     Preface,
     #[error("a CONTINUATION frame on stream {stream} without a header block open")]
@@ -93,8 +93,10 @@ pub enum AuthorityError {
     HeaderListTooLarge,
     #[error("an HPACK table size update over the {MAX_TABLE} bytes the server allows")]
     TableTooLarge,
-    #[error("cannot decode a header block: {0}")]
-    Hpack(String),
+    #[error("cannot decode a header block")]
+    Hpack(#[source] loona_hpack::decoder::DecoderError),
+    #[error("cannot decode a header block: a truncated field representation")]
+    TruncatedField,
 }
 
 impl From<AuthorityError> for io::Error {
@@ -156,7 +158,7 @@ enum Position {
 }
 
 /// The pure state machine: bytes from the client in, bytes for the server out.
-pub struct Rewriter {
+pub(crate) struct Rewriter {
     /// Whether the connection's header blocks are rewritten, passed through, or not known yet.
     mode: Mode,
     position: Position,
@@ -199,17 +201,23 @@ impl Default for Rewriter {
 
 impl Rewriter {
     /// How many authorities this connection had rewritten.
-    pub fn rewritten(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn rewritten(&self) -> u64 {
         self.rewritten
     }
 
     /// Whether the rest of the connection passes through untouched (see [`Mode::PassThrough`]).
-    pub fn passes_through(&self) -> bool {
+    pub(crate) fn passes_through(&self) -> bool {
         self.mode == Mode::PassThrough
     }
 
     /// Consumes `input`, appending what the server should read to `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) -> Result<(), AuthorityError> {
+    #[cfg(test)]
+    pub(crate) fn feed(
+        &mut self,
+        mut input: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), AuthorityError> {
         while !input.is_empty() {
             let (taken, _) = self.feed_some(input, out)?;
             input = &input[taken..];
@@ -220,7 +228,7 @@ impl Rewriter {
     /// Consumes `input` up to the end of the first header block it completes, appending what
     /// the server should read to `out`: how many bytes it took, and whether it decoded a block
     /// (the costly part, see [`FixAuthority`]).
-    pub fn feed_some(
+    pub(crate) fn feed_some(
         &mut self,
         input: &[u8],
         out: &mut Vec<u8>,
@@ -430,7 +438,7 @@ impl Rewriter {
                 loona_hpack::decoder::DecoderError::InvalidMaxDynamicSize => {
                     AuthorityError::TableTooLarge
                 }
-                e => AuthorityError::Hpack(format!("{e:?}")),
+                e => AuthorityError::Hpack(e),
             })?;
         if list_size > MAX_HEADER_LIST {
             return Err(AuthorityError::HeaderListTooLarge);
@@ -473,7 +481,7 @@ impl Rewriter {
 /// How many header fields the HPACK block `block` holds, from its representations' lengths
 /// alone: nothing is decoded and no table is needed. A truncated representation is an error.
 fn count_fields(block: &[u8]) -> Result<usize, AuthorityError> {
-    let truncated = || AuthorityError::Hpack("a truncated field representation".to_owned());
+    let truncated = || AuthorityError::TruncatedField;
     let mut fields = 0;
     let mut at = 0;
     while let Some(&first) = block.get(at) {
@@ -613,7 +621,7 @@ const READ_CHUNK: usize = 16 * 1024;
 /// decodes at most one block per turn of its task and yields before the next: a client that
 /// sends costly blocks back to back slows its own connection, not the runtime.
 #[derive(Debug)]
-pub struct FixAuthority<S> {
+pub(crate) struct FixAuthority<S> {
     inner: S,
     rewriter: Rewriter,
     /// Rewritten bytes not yet read by the server.
@@ -628,7 +636,7 @@ pub struct FixAuthority<S> {
 }
 
 impl<S> FixAuthority<S> {
-    pub fn new(inner: S) -> Self {
+    pub(crate) fn new(inner: S) -> Self {
         FixAuthority {
             inner,
             rewriter: Rewriter::default(),
@@ -639,10 +647,6 @@ impl<S> FixAuthority<S> {
             decoded: false,
             eof: false,
         }
-    }
-
-    pub fn get_ref(&self) -> &S {
-        &self.inner
     }
 }
 

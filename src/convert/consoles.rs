@@ -10,7 +10,7 @@ use crate::volumes::HostPaths;
 
 /// The consoles a spec's VM has; `None` for each the spec turns off.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Consoles {
+pub(crate) struct Consoles {
     /// `autoattachSerialConsole` (KubeVirt's default: on).
     pub serial: Option<SerialDef>,
     /// `autoattachGraphicsDevice` (KubeVirt's default: on): VNC on a unix socket.
@@ -18,7 +18,7 @@ pub struct Consoles {
 }
 
 impl Consoles {
-    pub fn of(devices: &Devices, paths: &HostPaths) -> Consoles {
+    pub(crate) fn of(devices: &Devices, paths: &HostPaths) -> Consoles {
         Consoles {
             serial: devices.serial_console().then(|| SerialDef {
                 socket: paths.serial_socket(),

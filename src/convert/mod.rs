@@ -80,7 +80,7 @@ impl ConvertOptions {
 }
 
 /// The libvirt domain name for an instance: `<namespace>_<name>`, as KubeVirt names them.
-pub fn domain_name(vmi: &VirtualMachineInstance) -> String {
+pub(crate) fn domain_name(vmi: &VirtualMachineInstance) -> String {
     let ns = vmi
         .metadata
         .namespace
@@ -668,4 +668,4 @@ mod network;
 mod refused;
 #[cfg(test)]
 mod tests;
-pub use consoles::Consoles;
+pub(crate) use consoles::Consoles;

@@ -23,7 +23,7 @@ pub fn canonical_machines(capabilities: &str) -> Result<BTreeMap<String, String>
 }
 
 /// The `<machine>` of a domain capabilities document (the canonical, versioned name).
-pub fn domain_capabilities_machine(xml: &str) -> Option<String> {
+pub(crate) fn domain_capabilities_machine(xml: &str) -> Option<String> {
     let doc = roxmltree::Document::parse(xml).ok()?;
     let machine = doc
         .root_element()
@@ -83,14 +83,9 @@ fn child<'a, 'input>(
 
 /// Whether libvirt says the guest agent is connected: the `<target state='connected'/>` of its
 /// channel ([`super::AGENT_CHANNEL`]), which libvirt sets when the guest opens the port (QEMU's
-/// `VSERPORT_CHANGE`) and clears when it closes it. libvirt's XML, so a root `<domain>`.
-pub fn agent_connected(xml: &str) -> Result<bool, LiveXmlError> {
-    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
-    Ok(agent_connected_in(&doc))
-}
-
-/// [`agent_connected`] of a document already parsed (by a caller with its own parse limits).
-pub fn agent_connected_in(doc: &roxmltree::Document<'_>) -> bool {
+/// `VSERPORT_CHANGE`) and clears when it closes it. Of libvirt's XML, so a root `<domain>`, already
+/// parsed (by a caller with its own parse limits).
+pub(crate) fn agent_connected_in(doc: &roxmltree::Document<'_>) -> bool {
     child(doc.root_element(), "devices")
         .into_iter()
         .flat_map(|d| d.children())
@@ -175,7 +170,7 @@ pub fn live_disks(xml: &str) -> Result<Vec<LiveDisk>, LiveXmlError> {
 
 /// An `<interface>` of libvirt's live XML: what status shows and what the launcher publishes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveInterface {
+pub(crate) struct LiveInterface {
     pub alias: Option<String>,
     /// libvirt's interface type: `user`, `ethernet`...
     pub kind: String,
@@ -191,7 +186,7 @@ pub struct LiveInterface {
 
 impl LiveInterface {
     /// The interface as libvirt has it, with its link up or down: what libvirt's update takes.
-    pub fn with_link(&self, down: bool) -> String {
+    pub(crate) fn with_link(&self, down: bool) -> String {
         let link = format!("<link state='{}'/>", if down { "down" } else { "up" });
         match &self.link_range {
             Some(range) => format!(
@@ -207,24 +202,24 @@ impl LiveInterface {
     }
 
     /// The spec interface this one was made from, if it carries vmlauncher's user alias.
-    pub fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         self.alias.as_deref()?.strip_prefix(USER_ALIAS_PREFIX)
     }
 
     /// QEMU's id of the interface's backend: libvirt names it `host<alias>`.
-    pub fn netdev_id(&self) -> Option<String> {
+    pub(crate) fn netdev_id(&self) -> Option<String> {
         self.alias.as_ref().map(|a| format!("host{a}"))
     }
 }
 
 /// The `<interface>` elements of a live domain XML, in document order.
-pub fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
+pub(crate) fn live_interfaces(xml: &str) -> Result<Vec<LiveInterface>, LiveXmlError> {
     let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
     live_interfaces_in(&doc)
 }
 
 /// [`live_interfaces`] of a document already parsed.
-pub fn live_interfaces_in(
+pub(crate) fn live_interfaces_in(
     doc: &roxmltree::Document<'_>,
 ) -> Result<Vec<LiveInterface>, LiveXmlError> {
     devices_in(doc, "interface", |index, iface| {

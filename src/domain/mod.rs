@@ -12,22 +12,25 @@ mod write;
 
 use std::path::{Path, PathBuf};
 
-pub use live::{
-    agent_connected, agent_connected_in, canonical_machines, domain_capabilities_machine,
-    live_disks, live_interfaces, live_interfaces_in, LiveDisk, LiveInterface, LiveXmlError,
+pub use live::canonical_machines;
+pub use live::live_disks;
+pub(crate) use live::{
+    agent_connected_in, domain_capabilities_machine, live_interfaces, live_interfaces_in, LiveDisk,
+    LiveInterface, LiveXmlError,
 };
-pub use resources::{
-    live_resources, live_resources_in, with_spare_root_ports, LiveResources, LiveVirtioMem,
-};
+pub use resources::live_resources;
+pub use resources::LiveVirtioMem;
+pub(crate) use resources::{live_resources_in, with_spare_root_ports, LiveResources};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.
-pub const USER_ALIAS_PREFIX: &str = "ua-";
+pub(crate) const USER_ALIAS_PREFIX: &str = "ua-";
 /// The virtio-serial port name of the QEMU guest agent (`org.qemu.guest_agent.0`): qemu-ga opens
 /// `/dev/virtio-ports/` of that name, and libvirt talks to it through the channel of that name.
-pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
+pub(crate) const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";
 /// The namespace of vmlauncher's `<metadata>` element.
-pub const METADATA_NAMESPACE: &str = "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
+pub(crate) const METADATA_NAMESPACE: &str =
+    "https://github.com/vmlauncher/vmlauncher/xmlns/instance/v1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum VirtType {
@@ -39,7 +42,7 @@ pub enum VirtType {
 }
 
 impl VirtType {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             VirtType::Kvm => "kvm",
             VirtType::Qemu => "qemu",
@@ -84,7 +87,7 @@ pub struct DomainDef {
     /// Empty PCIe root ports for devices plugged later (a q35 machine's PCIe slots are not
     /// hot-pluggable otherwise; libvirt leaves one spare). Not in [`DomainDef::to_xml`]:
     /// libvirt would put the boot devices on them. They are added to the definition libvirt
-    /// made, after its own ([`with_spare_root_ports`]), as KubeVirt does.
+    /// made, after its own (`with_spare_root_ports`), as KubeVirt does.
     pub spare_pcie_ports: u32,
     /// The guest's serial console; `None` without one.
     pub serial: Option<SerialDef>,
@@ -124,7 +127,7 @@ pub struct BackingDef {
 
 impl BackingDef {
     /// The path QEMU is given: as [`DiskDef::qemu_path`].
-    pub fn qemu_path(&self) -> &Path {
+    pub(crate) fn qemu_path(&self) -> &Path {
         qemu_path(&self.fd_group, &self.pin, &self.source)
     }
 }
@@ -152,9 +155,9 @@ pub struct VirtioMemDef {
 
 impl VirtioMemDef {
     /// Its alias, fixed so that the launcher can find it again in the live XML.
-    pub const ALIAS: &'static str = "ua-virtio-mem";
+    pub(crate) const ALIAS: &'static str = "ua-virtio-mem";
     /// virtio-mem's block, in KiB (KubeVirt's: 2 MiB, a transparent hugepage).
-    pub const BLOCK_KIB: u64 = crate::spec::HOTPLUG_BLOCK_BYTES / 1024;
+    pub(crate) const BLOCK_KIB: u64 = crate::spec::HOTPLUG_BLOCK_BYTES / 1024;
 }
 
 /// CPU pinning: vCPU `i` runs on host CPU `vcpu_pins[i]`; QEMU's emulator threads on
@@ -198,7 +201,7 @@ impl Default for CpuTopology {
 }
 
 impl CpuTopology {
-    pub fn vcpus(&self) -> u32 {
+    pub(crate) fn vcpus(&self) -> u32 {
         self.sockets * self.cores * self.threads
     }
 }
@@ -301,7 +304,7 @@ pub enum Bus {
 }
 
 impl Bus {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Bus::Scsi => "scsi",
             Bus::Virtio => "virtio",
@@ -319,7 +322,7 @@ pub enum DiskDevice {
 }
 
 impl DiskDevice {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DiskDevice::Disk => "disk",
             DiskDevice::Cdrom => "cdrom",
@@ -341,7 +344,7 @@ impl Default for DiskSource {
 }
 
 impl DiskSource {
-    pub fn path(&self) -> &std::path::Path {
+    pub(crate) fn path(&self) -> &std::path::Path {
         match self {
             DiskSource::File(p) | DiskSource::Block(p) => p,
         }
@@ -403,7 +406,7 @@ pub struct DiskDef {
 
 impl DiskDef {
     /// The path QEMU is given ([`qemu_path`]).
-    pub fn qemu_path(&self) -> &Path {
+    pub(crate) fn qemu_path(&self) -> &Path {
         qemu_path(&self.fd_group, &self.pin, &self.source)
     }
 }
@@ -450,7 +453,7 @@ pub struct PortForward {
 impl PortForward {
     /// The rule QEMU's `hostfwd_add` takes: `tcp:127.0.0.1:2222-:22` (the guest address left
     /// empty: QEMU's default, the guest's DHCP address).
-    pub fn hostfwd_rule(&self) -> String {
+    pub(crate) fn hostfwd_rule(&self) -> String {
         format!(
             "{}:{}:{}-:{}",
             self.protocol, self.address, self.host_port, self.port

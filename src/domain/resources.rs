@@ -42,12 +42,12 @@ impl LiveVirtioMem {
 
 impl LiveResources {
     /// Guest memory asked for: the boot memory and what virtio-mem was asked to add.
-    pub fn requested_kib(&self) -> u64 {
+    pub(crate) fn requested_kib(&self) -> u64 {
         self.memory_at_boot_kib + self.virtio_mem.as_ref().map_or(0, |m| m.requested_kib)
     }
 
     /// Guest memory it has: the boot memory and what the guest plugged.
-    pub fn current_kib(&self) -> u64 {
+    pub(crate) fn current_kib(&self) -> u64 {
         self.memory_at_boot_kib + self.virtio_mem.as_ref().map_or(0, |m| m.current_kib)
     }
 }
@@ -59,7 +59,9 @@ pub fn live_resources(xml: &str) -> Result<LiveResources, LiveXmlError> {
 }
 
 /// [`live_resources`] of a document already parsed.
-pub fn live_resources_in(doc: &roxmltree::Document<'_>) -> Result<LiveResources, LiveXmlError> {
+pub(crate) fn live_resources_in(
+    doc: &roxmltree::Document<'_>,
+) -> Result<LiveResources, LiveXmlError> {
     let root = doc.root_element();
     let number = |node: roxmltree::Node, what: &'static str| -> Result<u64, LiveXmlError> {
         node.text()
@@ -152,7 +154,7 @@ pub fn live_resources_in(doc: &roxmltree::Document<'_>) -> Result<LiveResources,
 /// A domain definition (libvirt's, with the addresses it chose) with `count` empty PCIe root
 /// ports added after its PCI controllers: room for interfaces and other PCI devices plugged
 /// later, which libvirt's own placement would have filled with the boot devices.
-pub fn with_spare_root_ports(xml: &str, count: u32) -> Result<String, LiveXmlError> {
+pub(crate) fn with_spare_root_ports(xml: &str, count: u32) -> Result<String, LiveXmlError> {
     let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
     let devices = doc
         .root_element()

@@ -664,22 +664,18 @@ fn element_xml(write: impl FnOnce(&mut XmlWriter) -> io::Result<()>) -> String {
 
 impl InterfaceDef {
     /// The `<interface>` element alone, as sent to libvirt's attach call.
-    pub fn to_xml(&self) -> String {
+    pub(crate) fn to_xml(&self) -> String {
         element_xml(|w| write_interface(w, self))
     }
 
-    pub fn alias(&self) -> String {
+    pub(crate) fn alias(&self) -> String {
         format!("{USER_ALIAS_PREFIX}{}", self.name)
     }
 }
 
 impl DiskDef {
-    pub fn alias(&self) -> String {
-        format!("{USER_ALIAS_PREFIX}{}", self.volume)
-    }
-
     /// The `<disk>` element alone, as sent to libvirt's attach call.
-    pub fn to_xml(&self) -> String {
+    pub(crate) fn to_xml(&self) -> String {
         element_xml(|w| write_disk(w, self))
     }
 }

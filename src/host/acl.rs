@@ -51,7 +51,7 @@ pub fn grant_search(dir: &Path, uid: u32) -> io::Result<()> {
 
 /// Removes the named entries of every uid `drop` picks; the dir's mode is as it was before
 /// they were added once no named entry is left.
-pub fn revoke(dir: &Path, drop: impl Fn(u32) -> bool) -> io::Result<()> {
+pub(crate) fn revoke(dir: &Path, drop: impl Fn(u32) -> bool) -> io::Result<()> {
     let file = open_dir(dir)?;
     let mut entries = read(&file)?;
     let before = entries.len();
@@ -63,7 +63,8 @@ pub fn revoke(dir: &Path, drop: impl Fn(u32) -> bool) -> io::Result<()> {
 }
 
 /// The named uids of `dir`'s ACL (none when it has no ACL).
-pub fn named_users(dir: &Path) -> io::Result<Vec<u32>> {
+#[cfg(test)]
+pub(crate) fn named_users(dir: &Path) -> io::Result<Vec<u32>> {
     let file = open_dir(dir)?;
     Ok(read(&file)?
         .into_iter()
@@ -73,7 +74,7 @@ pub fn named_users(dir: &Path) -> io::Result<Vec<u32>> {
 }
 
 /// Whether `file` has an access ACL beyond its mode.
-pub fn has_acl(file: &fs::File) -> bool {
+pub(crate) fn has_acl(file: &fs::File) -> bool {
     get_xattr(file, &mut []).is_ok_and(|n| n > 0)
 }
 

@@ -17,7 +17,7 @@ use super::devnode::{DevNumber, NotGiven};
 const MAX_ENTRIES: usize = 4096;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum BlockAllowList {
+pub(crate) enum BlockAllowList {
     /// Any block device of the host (a local run that listed none).
     #[default]
     Any,
@@ -28,7 +28,10 @@ pub enum BlockAllowList {
 impl BlockAllowList {
     /// The list for a launcher: `listed` (from `--allow-block-device`) alone where any was
     /// listed or where the launcher runs in a container; any device otherwise.
-    pub fn new(listed: impl IntoIterator<Item = DevNumber>, in_container: bool) -> BlockAllowList {
+    pub(crate) fn new(
+        listed: impl IntoIterator<Item = DevNumber>,
+        in_container: bool,
+    ) -> BlockAllowList {
         let listed: BTreeSet<DevNumber> = listed.into_iter().collect();
         if listed.is_empty() && !in_container {
             BlockAllowList::Any
@@ -38,7 +41,7 @@ impl BlockAllowList {
     }
 
     /// `Ok` when `dev` may be attached.
-    pub fn check(&self, dev: DevNumber, hotplug_dir: &Path) -> Result<(), NotGiven> {
+    pub(crate) fn check(&self, dev: DevNumber, hotplug_dir: &Path) -> Result<(), NotGiven> {
         match self {
             BlockAllowList::Any => Ok(()),
             BlockAllowList::Given(listed) if listed.contains(&dev) => Ok(()),

@@ -28,7 +28,7 @@ pub enum CapsError {
 }
 
 /// What the launcher, its private libvirtd and QEMU use. Everything else is dropped.
-pub const NEEDED: [Capability; 23] = [
+pub(crate) const NEEDED: [Capability; 23] = [
     Capability::CAP_CHOWN,
     Capability::CAP_DAC_OVERRIDE,
     Capability::CAP_DAC_READ_SEARCH,
@@ -66,7 +66,11 @@ pub struct Unavailable {
 /// Which hotplug features the effective capabilities and the host's cgroups allow.
 /// `chown_needed`: the nodes go to another user or group than the launcher's own (giving a file
 /// one already owns to one's own ids needs no capability, as for a QEMU that runs as root).
-pub fn check(effective: &CapsHashSet, roots: &CgroupRoots, chown_needed: bool) -> Vec<Unavailable> {
+pub(crate) fn check(
+    effective: &CapsHashSet,
+    roots: &CgroupRoots,
+    chown_needed: bool,
+) -> Vec<Unavailable> {
     let mut missing = missing_capabilities(effective, roots, chown_needed);
     if roots.v1_devices.is_none() && roots.unified.is_none() {
         missing.push(Unavailable {
@@ -79,7 +83,7 @@ pub fn check(effective: &CapsHashSet, roots: &CgroupRoots, chown_needed: bool) -
 
 /// The capabilities block-device hotplug needs on this host and does not have: with any of them
 /// missing, a block volume is refused before its node is made.
-pub fn missing_capabilities(
+pub(crate) fn missing_capabilities(
     effective: &CapsHashSet,
     roots: &CgroupRoots,
     chown_needed: bool,
@@ -120,7 +124,7 @@ pub fn missing_capabilities(
 /// Kernels before 5.11 charge BPF programs to RLIMIT_MEMLOCK, not to the memory cgroup: with a
 /// low limit, loading a device program fails with EPERM. What to say about it, on such a kernel
 /// (`release` as `uname -r` gives it) with a soft limit of `memlock` bytes.
-pub fn memlock_warning(release: &str, memlock: u64) -> Option<String> {
+pub(crate) fn memlock_warning(release: &str, memlock: u64) -> Option<String> {
     /// A device program and its bookkeeping take a few pages; QEMU locks none of this limit
     /// (the launcher does not lock guest memory).
     const ENOUGH: u64 = 1 << 20;
@@ -143,7 +147,7 @@ pub fn memlock_warning(release: &str, memlock: u64) -> Option<String> {
 }
 
 /// [`memlock_warning`] for this host, when it uses cgroup v2 device programs.
-pub fn memlock_warning_here(roots: &CgroupRoots) -> Option<String> {
+pub(crate) fn memlock_warning_here(roots: &CgroupRoots) -> Option<String> {
     roots.unified.as_ref()?;
     let release = nix::sys::utsname::uname().ok()?;
     let (soft, _) =
@@ -152,7 +156,7 @@ pub fn memlock_warning_here(roots: &CgroupRoots) -> Option<String> {
 }
 
 /// This thread's effective set.
-pub fn effective() -> Result<CapsHashSet, CapsError> {
+pub(crate) fn effective() -> Result<CapsHashSet, CapsError> {
     caps::read(None, CapSet::Effective).map_err(|source| CapsError::Read {
         set: "effective",
         source,

@@ -14,7 +14,7 @@ use crate::spec::{
 
 /// The places no spec path may lead into, resolved, and the roots host disks are confined to.
 #[derive(Debug, Clone, Default)]
-pub struct HostPathPolicy {
+pub(crate) struct HostPathPolicy {
     /// `(dir, what it is, whether a kernel or an initrd may be there under a host disk root)`:
     /// the host's programs and boot files hold no disk, and a kernel there (one the host
     /// itself boots, say) only where the deployment named its dir with `--host-disk-root`.
@@ -31,7 +31,7 @@ impl HostPathPolicy {
     /// `launcher_dirs`: this launcher's own places (runtime dir, private dir, hotplug dir, QEMU's
     /// capability cache), wherever the command line put them. `host_disk_roots`: if any, the
     /// only directories a host disk may be under.
-    pub fn new(launcher_dirs: &[PathBuf], host_disk_roots: &[PathBuf]) -> HostPathPolicy {
+    pub(crate) fn new(launcher_dirs: &[PathBuf], host_disk_roots: &[PathBuf]) -> HostPathPolicy {
         let fixed = denied_places(true).map(|(dir, place)| {
             let rootable = place == Place::Programs;
             (PathBuf::from(dir), place, rootable)
@@ -56,20 +56,20 @@ impl HostPathPolicy {
 
     /// libvirtd is shared with other VMs (`--connect`): what it keeps by a spec-given identity
     /// (a persistent TPM's state, by the domain's UUID) may not be asked for.
-    pub fn on_shared_libvirt(mut self, shared: bool) -> HostPathPolicy {
+    pub(crate) fn on_shared_libvirt(mut self, shared: bool) -> HostPathPolicy {
         self.shared_libvirt = shared;
         self
     }
 
     /// Also refuses a path QEMU's (unprivileged) user cannot reach: QEMU would fail to open it
     /// after the VM was started, with a message that names neither the field nor the directory.
-    pub fn reached_by(mut self, qemu: &crate::host::qemu_user::QemuUser) -> HostPathPolicy {
+    pub(crate) fn reached_by(mut self, qemu: &crate::host::qemu_user::QemuUser) -> HostPathPolicy {
         self.qemu = qemu.clone();
         self
     }
 
     /// Every host path of `vmi`, each problem named with its field.
-    pub fn check(&self, vmi: &VirtualMachineInstance) -> Result<(), SpecErrors> {
+    pub(crate) fn check(&self, vmi: &VirtualMachineInstance) -> Result<(), SpecErrors> {
         let mut problems = Vec::new();
         for (i, volume) in vmi.spec.volumes.iter().enumerate() {
             if let Some(hd) = &volume.host_disk {
@@ -124,7 +124,7 @@ impl HostPathPolicy {
 
     /// One path; `disk` for a host disk (kept out of the host's programs too, and confined to
     /// the roots).
-    pub fn check_path(&self, text: &str, disk: bool) -> Result<(), HostPathError> {
+    pub(crate) fn check_path(&self, text: &str, disk: bool) -> Result<(), HostPathError> {
         let resolved = resolve(Path::new(text)).map_err(|link| HostPathError::DanglingLink {
             path: text.into(),
             link: link.display().to_string(),
@@ -181,7 +181,7 @@ impl HostPathPolicy {
 /// `DiskOrCreate` image, its directories) is its nearest existing ancestor, canonical, with the
 /// rest appended, which is where creating it would put it. A link on the way that leads nowhere
 /// is an error (the link): what creating through it would make cannot be known here.
-pub fn resolve(path: &Path) -> Result<PathBuf, PathBuf> {
+pub(crate) fn resolve(path: &Path) -> Result<PathBuf, PathBuf> {
     let mut rest = Vec::new();
     let mut at = path;
     loop {

@@ -1,6 +1,6 @@
 //! The host CPUs this process may run on: its scheduler affinity, which in a pod is the pod's
 //! cpuset (what the node's CPU manager granted). Dedicated vCPUs are pinned to these, and
-//! whether they are the VM's alone is judged here ([`not_exclusive_because`]).
+//! whether they are the VM's alone is judged here (`not_exclusive_because`).
 
 use std::path::Path;
 
@@ -37,7 +37,11 @@ pub fn own_cpus() -> Result<Vec<u32>, CpusError> {
 ///   gives a Guaranteed container exactly its exclusive CPUs; an operator a `taskset`) and is
 ///   taken as meant. From inside a container it cannot be told from the CPU manager's shared
 ///   pool, so that case is not flagged: flagging it would warn on the right set-up too.
-pub fn not_exclusive_because(own: &[u32], online: &[u32], exclusive: &[u32]) -> Option<String> {
+pub(crate) fn not_exclusive_because(
+    own: &[u32],
+    online: &[u32],
+    exclusive: &[u32],
+) -> Option<String> {
     if !own.is_empty() && own.iter().all(|cpu| exclusive.contains(cpu)) {
         return None;
     }
@@ -55,7 +59,7 @@ pub fn not_exclusive_because(own: &[u32], online: &[u32], exclusive: &[u32]) -> 
 /// [`not_exclusive_because`] for this process's CPUs `own` on this host: the online CPUs from
 /// `sys_cpu` (`/sys/devices/system/cpu`), the exclusive ones from the launcher's cgroup v2
 /// directory `cgroup` if it has one. What cannot be read counts as none.
-pub fn own_not_exclusive_because(
+pub(crate) fn own_not_exclusive_because(
     own: &[u32],
     sys_cpu: &Path,
     cgroup: Option<&Path>,

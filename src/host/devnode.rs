@@ -29,17 +29,24 @@ impl fmt::Display for DevNumber {
     }
 }
 
+/// Text that does not name a device number.
+#[derive(Debug, thiserror::Error)]
+#[error("{text:?} is not MAJOR:MINOR (e.g. 7:0)")]
+pub struct NotADevNumber {
+    text: String,
+}
+
 impl std::str::FromStr for DevNumber {
-    type Err = String;
+    type Err = NotADevNumber;
 
     /// `MAJOR:MINOR`, as `/sys/dev/block` and `ls -l` name a device.
-    fn from_str(text: &str) -> Result<DevNumber, String> {
+    fn from_str(text: &str) -> Result<DevNumber, NotADevNumber> {
         let parsed = text
             .split_once(':')
             .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)));
         match parsed {
             Some((major, minor)) => Ok(DevNumber { major, minor }),
-            None => Err(format!("{text:?} is not MAJOR:MINOR (e.g. 7:0)")),
+            None => Err(NotADevNumber { text: text.into() }),
         }
     }
 }
@@ -128,7 +135,7 @@ pub struct NotGiven {
 }
 
 /// A volume name becomes one path component inside the hotplug dir, nothing else.
-pub fn check_name(name: &str) -> Result<(), DevNodeError> {
+pub(crate) fn check_name(name: &str) -> Result<(), DevNodeError> {
     let why = if name.is_empty() {
         Some("it is empty")
     } else if name.contains('/') {
@@ -152,7 +159,7 @@ pub fn check_name(name: &str) -> Result<(), DevNodeError> {
 }
 
 /// The device number of the block device at `path` (a host path a node daemon names).
-pub fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
+pub(crate) fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -176,7 +183,7 @@ pub fn device_of(path: &Path) -> Result<DevNumber, DevNodeError> {
 /// disk goes (a loop device detached, a device-mapper table removed), a disk sequence never is,
 /// within one boot. For a partition, its disk's. `None` where it cannot be read (inside a
 /// container, whose sysfs lists no block devices; an older kernel).
-pub fn disk_sequence(known: &Path, dev: DevNumber) -> Option<u64> {
+pub(crate) fn disk_sequence(known: &Path, dev: DevNumber) -> Option<u64> {
     if !known.is_dir() {
         return None;
     }
@@ -189,7 +196,7 @@ pub fn disk_sequence(known: &Path, dev: DevNumber) -> Option<u64> {
 /// The kernel knows block device `dev`. `known` is either a sysfs directory of device numbers
 /// (`/sys/dev/block` on a host: `<major>:<minor>` exists) or a `/proc/partitions` table — inside
 /// a container sysfs lists no block devices, while `/proc/partitions` lists the host's.
-pub fn check_exists(known: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
+pub(crate) fn check_exists(known: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
     let missing = |sysfs: PathBuf| DevNodeError::NoSuchDevice { dev, sysfs };
     if known.is_dir() {
         let sysfs = known.join(dev.to_string());
@@ -218,7 +225,7 @@ pub fn check_exists(known: &Path, dev: DevNumber) -> Result<(), DevNodeError> {
 
 /// Where this machine lists its block devices: `/sys/dev/block`, or `/proc/partitions` where
 /// sysfs lists none (a container).
-pub fn block_device_list() -> PathBuf {
+pub(crate) fn block_device_list() -> PathBuf {
     let sys = Path::new("/sys/dev/block");
     let listed = std::fs::read_dir(sys).is_ok_and(|mut entries| entries.next().is_some());
     if listed {
@@ -237,7 +244,7 @@ pub fn block_device_list() -> PathBuf {
 /// Only where the launcher owns its mount namespace (`may_remount`: PID 1 of a container); on a
 /// host the bind would outlive the launcher, so a `nodev` dir is an error there. Returns whether
 /// it remounted.
-pub fn allow_device_nodes(dir: &Path, may_remount: bool) -> Result<bool, DevNodeError> {
+pub(crate) fn allow_device_nodes(dir: &Path, may_remount: bool) -> Result<bool, DevNodeError> {
     use nix::mount::{mount, MsFlags};
     use nix::sys::statvfs::{statvfs, FsFlags};
     let err = |step: &'static str| {
@@ -304,7 +311,7 @@ fn node_at(dirfd: &OwnedFd, name: &str) -> Result<Option<(SFlag, u64)>, Errno> {
 /// A node the launcher made; removed on drop unless `keep` is called (the undo of a failed attach).
 #[derive(Debug)]
 #[must_use = "dropping the guard removes the node"]
-pub struct NodeGuard {
+pub(crate) struct NodeGuard {
     dir: PathBuf,
     name: String,
     dev: DevNumber,
@@ -312,12 +319,12 @@ pub struct NodeGuard {
 }
 
 impl NodeGuard {
-    pub fn path(&self) -> PathBuf {
+    pub(crate) fn path(&self) -> PathBuf {
         self.dir.join(&self.name)
     }
 
     /// The attach succeeded: the node stays.
-    pub fn keep(mut self) {
+    pub(crate) fn keep(mut self) {
         self.armed = false;
     }
 }
@@ -335,7 +342,7 @@ impl Drop for NodeGuard {
 /// Makes the block node `<dir>/<name>` for `dev`, owned by `owner`, mode 0660. A node that is
 /// already there for the same device is taken as it is (a retried attach); anything else at that
 /// name is refused.
-pub fn make_node(
+pub(crate) fn make_node(
     dir: &Path,
     name: &str,
     dev: DevNumber,
@@ -409,7 +416,7 @@ pub fn make_node(
 
 /// Removes `<dir>/<name>` if it is the block node for `dev`; a node already gone is fine, and
 /// anything else at that name is left alone.
-pub fn remove_node(dir: &Path, name: &str, dev: DevNumber) -> Result<(), DevNodeError> {
+pub(crate) fn remove_node(dir: &Path, name: &str, dev: DevNumber) -> Result<(), DevNodeError> {
     check_name(name)?;
     let path = dir.join(name);
     let dirfd = match open(

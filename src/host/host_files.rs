@@ -30,13 +30,13 @@ use super::walk::{file_type, walk_to_parent};
 use super::{devnode::NodeOwner, HostError};
 
 /// The largest kernel or initrd copied (a distribution's initrd with every module is ~100 MiB).
-pub const MAX_BOOT_FILE: u64 = 512 << 20;
+pub(crate) const MAX_BOOT_FILE: u64 = 512 << 20;
 /// Whether QEMU's user (`qemu`) may open the hostDisk `file` (at `path`) as it will, by its
 /// path and as itself: where no descriptor reaches QEMU (a Sync's attach, which libvirt 9.0
 /// cannot give one; a migration target; `--connect`), the launcher changes no host file's
 /// owner, so the file's own mode must let QEMU in. A file with an ACL is left to the kernel's
 /// judgement when QEMU opens it.
-pub fn qemu_may_open(
+pub(crate) fn qemu_may_open(
     file: &fs::File,
     path: &Path,
     qemu: NodeOwner,
@@ -65,11 +65,11 @@ pub fn qemu_may_open(
 }
 
 /// The launcher's copies of kernels and initrds, in its private dir.
-pub const BOOT_DIR: &str = "boot";
+pub(crate) const BOOT_DIR: &str = "boot";
 
 /// What a host file is opened as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// A disk image or a block device; `create`: a sparse file of that many bytes where none is
     /// (`DiskOrCreate`), with the missing directories.
     Disk { writable: bool, create: Option<u64> },
@@ -79,7 +79,7 @@ pub enum Kind {
 
 /// Opens `path` as `kind` (see the module's paragraph): the open file, checked to be what
 /// `kind` asks for.
-pub fn open_host_file(path: &Path, kind: Kind) -> Result<fs::File, HostError> {
+pub(crate) fn open_host_file(path: &Path, kind: Kind) -> Result<fs::File, HostError> {
     let create = match kind {
         Kind::Disk { create, .. } => create,
         Kind::Boot => None,
@@ -179,7 +179,7 @@ fn check_dir(dir: &OwnedFd, path: &Path) -> Result<(), HostError> {
 /// Opens (making it if needed) the launcher's `boot` directory in `private_dir`: root's, 0711,
 /// so that QEMU's user reaches the copies by name and cannot add, remove or rename any. One
 /// that is not so (someone else made it) is refused.
-pub fn boot_dir(private_dir: &Path) -> Result<RootDir, HostError> {
+pub(crate) fn boot_dir(private_dir: &Path) -> Result<RootDir, HostError> {
     let path = private_dir.join(BOOT_DIR);
     let failed = |e: Errno| HostError::Inspect {
         path: path.clone(),
@@ -220,7 +220,7 @@ pub fn boot_dir(private_dir: &Path) -> Result<RootDir, HostError> {
 /// 0400, through its descriptor. Replaces an earlier copy by rename
 /// ([`RootDir::replace_with`]): what a running QEMU has open is never written. Returns the
 /// copy's path.
-pub fn copy_boot_file(
+pub(crate) fn copy_boot_file(
     source: &fs::File,
     dir: &RootDir,
     name: &str,

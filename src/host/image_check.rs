@@ -6,7 +6,7 @@
 //! requires. Pure: it reads a header the caller read.
 
 /// The largest virtual size accepted from an image: the largest capacity a spec may ask for.
-pub const MAX_VIRTUAL_SIZE: u64 = crate::spec::MAX_CAPACITY;
+pub(crate) const MAX_VIRTUAL_SIZE: u64 = crate::spec::MAX_CAPACITY;
 
 pub(super) const QCOW2_MAGIC: &[u8; 4] = b"QFI\xfb";
 /// Incompatible feature bits QEMU 7.2 knows: dirty, corrupt, external data file, compression
@@ -16,11 +16,11 @@ const INCOMPATIBLE_CORRUPT: u64 = 1 << 1;
 const INCOMPATIBLE_EXTERNAL_DATA: u64 = 1 << 2;
 
 /// How many bytes of an image [`container_disk_format`] needs.
-pub const HEADER_BYTES: usize = 104;
+pub(crate) const HEADER_BYTES: usize = 104;
 
 /// A container disk image's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Raw,
     Qcow2 { virtual_size: u64 },
 }
@@ -45,7 +45,7 @@ pub enum ImageProblem {
 
 /// The format of a container disk's image from its first [`HEADER_BYTES`] (fewer if the file is
 /// shorter): raw, or a qcow2 that refers to no other file.
-pub fn container_disk_format(header: &[u8]) -> Result<Format, ImageProblem> {
+pub(crate) fn container_disk_format(header: &[u8]) -> Result<Format, ImageProblem> {
     if header.len() < 4 || &header[..4] != QCOW2_MAGIC {
         return Ok(Format::Raw);
     }

@@ -43,13 +43,13 @@ pub enum LoopbackError {
 /// While held, QEMU's user cannot reach the loopback from `cgroup`; dropped (or the launcher
 /// gone), the rule is gone.
 #[derive(Debug)]
-pub struct LoopbackClosed {
+pub(crate) struct LoopbackClosed {
     _links: Vec<OwnedFd>,
     pub cgroup: PathBuf,
 }
 
 /// The annotation by which a VMI asks that its guest may reach the host's (the pod's) loopback.
-pub const OPEN_ANNOTATION: &str = "vmlauncher.io/guest-reaches-host-loopback";
+pub(crate) const OPEN_ANNOTATION: &str = "vmlauncher.io/guest-reaches-host-loopback";
 
 /// `--guest-loopback`: whether the guest reaches the host's loopback through QEMU's user-mode
 /// network.
@@ -62,7 +62,7 @@ pub enum GuestLoopback {
 impl GuestLoopback {
     /// The flag if given; else closed in a pod unless the VMI asks for it (`OPEN_ANNOTATION:
     /// "true"`), open on a host run (its loopback is the owner's own, as documented).
-    pub fn decide(
+    pub(crate) fn decide(
         flag: Option<GuestLoopback>,
         in_pod: bool,
         annotations: &std::collections::BTreeMap<String, String>,
@@ -82,7 +82,10 @@ impl GuestLoopback {
 /// Closes the loopback for QEMU's user in this process's own cgroup v2 (where its libvirtd and
 /// QEMU run). `mount_at`: where to mount the unified hierarchy if it is not mounted (a
 /// container's PID 1, whose mount namespace is its own); `None` on a host.
-pub fn close_here(qemu_uid: u32, mount_at: Option<&Path>) -> Result<LoopbackClosed, LoopbackError> {
+pub(crate) fn close_here(
+    qemu_uid: u32,
+    mount_at: Option<&Path>,
+) -> Result<LoopbackClosed, LoopbackError> {
     let mut roots =
         crate::host::cgroup::CgroupRoots::detect().map_err(|_| LoopbackError::NoCgroup2)?;
     if let Some(dir) = mount_at {
@@ -111,7 +114,7 @@ const HOOKS: [(&str, libbpf_sys::bpf_attach_type, bool); 4] = [
 
 /// Closes the loopback to `qemu_uid` for the processes of `cgroup` (a directory of the cgroup v2
 /// hierarchy) and its descendants.
-pub fn close(cgroup: &Path, qemu_uid: u32) -> Result<LoopbackClosed, LoopbackError> {
+pub(crate) fn close(cgroup: &Path, qemu_uid: u32) -> Result<LoopbackClosed, LoopbackError> {
     if qemu_uid == 0 {
         return Err(LoopbackError::RootQemu);
     }

@@ -16,25 +16,25 @@
 
 pub mod acl;
 pub(crate) mod block;
-pub mod block_allow;
+pub(crate) mod block_allow;
 pub mod caps;
 pub mod cgroup;
 mod cidata;
-pub mod confine;
+pub(crate) mod confine;
 pub mod cpus;
 pub(crate) mod devnode;
 pub mod fd_limit;
-pub mod host_files;
+pub(crate) mod host_files;
 pub(crate) mod image_check;
 pub mod loopback;
-pub mod pin;
+pub(crate) mod pin;
 pub mod private_dirs;
 mod qcow2;
 pub mod qemu_ids;
 pub mod qemu_user;
 pub(crate) mod records;
-pub mod root_dir;
-pub mod tpm_state;
+pub(crate) mod root_dir;
+pub(crate) mod tpm_state;
 mod walk;
 pub mod watch;
 
@@ -124,7 +124,7 @@ pub enum HostError {
 
 impl HostError {
     /// A CamelCase reason for volume status.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             HostError::Missing { .. } => "SourceNotFound",
             HostError::NotADisk { .. } | HostError::NotAFile { .. } => "NotADisk",
@@ -146,7 +146,8 @@ impl HostError {
 
 /// Makes sure a host disk image is there: an existing file or block device, or, when `create` gives
 /// a capacity, a new sparse file of that size (never truncating an existing one).
-pub fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostError> {
+#[cfg(test)]
+pub(crate) fn prepare_host_disk(path: &Path, create: Option<u64>) -> Result<(), HostError> {
     match fs::metadata(path) {
         Ok(meta) => {
             let kind = meta.file_type();
@@ -263,7 +264,7 @@ fn kernel_filesystem(kind: nix::sys::statfs::FsType) -> Option<&'static str> {
 /// every overlay's backing, to QEMU's user (`owner`) through the descriptor (`fchown`, no path
 /// followed), and reads a container disk's backing format from the file it opened. The checked
 /// files of disks to pin (`DiskDef::pin`) are returned too, by volume, for the caller to pin.
-pub fn open_for_qemu(
+pub(crate) fn open_for_qemu(
     disks: &mut [crate::domain::DiskDef],
     owner: devnode::NodeOwner,
 ) -> Result<ForQemu, (String, HostError)> {
@@ -322,7 +323,7 @@ pub fn open_for_qemu(
 
 /// The images `open_for_qemu` opened for QEMU.
 #[derive(Debug, Default)]
-pub struct ForQemu {
+pub(crate) struct ForQemu {
     /// Passed by `fdgroup`: (group, file).
     pub fds: Vec<(String, fs::File)>,
     /// To pin (`host::pin`) where QEMU will open them: (volume, the checked file).
@@ -347,7 +348,7 @@ fn give_to(file: &fs::File, path: &Path, owner: devnode::NodeOwner) -> Result<()
 }
 
 /// Does what a resolved volume needs before the domain can use it.
-pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
+pub(crate) fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
     let path = volume.path.as_path();
     match &volume.preparation {
         // A spec's hostDisk: walked as the host's own file, at every start and attach.
@@ -391,7 +392,7 @@ pub fn prepare_volume(volume: &ResolvedVolume) -> Result<(), HostError> {
 /// The volumes among `candidates` whose path is a block device; a link is followed only where
 /// the candidate says it may be (a spec's `hostDisk`), and otherwise is no block device (it is
 /// refused as a link when the volume is prepared).
-pub fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<String> {
+pub(crate) fn block_volumes(candidates: &[crate::volumes::BlockCandidate]) -> BTreeSet<String> {
     candidates
         .iter()
         .filter(|c| {

@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// The pins' directory under the launcher's runtime dir.
-pub const PIN_DIR: &str = "pins";
+pub(crate) const PIN_DIR: &str = "pins";
 
 /// What a pin could not do.
 #[derive(Debug, thiserror::Error)]
@@ -64,43 +64,44 @@ pub enum PinError {
 
 /// The pins of one launcher: `<dir>/<volume>.img`.
 #[derive(Debug, Clone)]
-pub struct Pins {
+pub(crate) struct Pins {
     dir: PathBuf,
 }
 
 impl Pins {
     /// The pins under `runtime_dir`.
-    pub fn under(runtime_dir: &Path) -> Pins {
+    #[cfg(test)]
+    pub(crate) fn under(runtime_dir: &Path) -> Pins {
         Pins {
             dir: runtime_dir.join(PIN_DIR),
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// The pins in `dir` itself.
-    pub fn in_dir(dir: &Path) -> Pins {
+    pub(crate) fn in_dir(dir: &Path) -> Pins {
         Pins { dir: dir.into() }
     }
 
     /// Where volume `volume` is pinned (`<dir>/<volume>.img`, the file name it has in the
     /// hotplug dir: a migration moves the one to the other by directory alone).
-    pub fn path(&self, volume: &str) -> PathBuf {
+    pub(crate) fn path(&self, volume: &str) -> PathBuf {
         path_in(&self.dir, volume)
     }
 
     /// Where the backing of volume `volume`'s overlay is pinned (`<dir>/<volume>.backing.img`:
     /// a volume's name has no dot, so the two never meet). Its pin name ([`Pins::pin`]) is
     /// `<volume>.backing`.
-    pub fn backing_path(&self, volume: &str) -> PathBuf {
+    pub(crate) fn backing_path(&self, volume: &str) -> PathBuf {
         path_in(&self.dir, &backing_name(volume))
     }
 
     /// Pins `image` (opened and checked by the launcher) as `volume`'s pin, in the mount
     /// namespace of process `namespace_of`. A pin left from before is replaced.
-    pub fn pin(
+    pub(crate) fn pin(
         &self,
         volume: &str,
         image: &fs::File,
@@ -131,13 +132,13 @@ impl Pins {
 
     /// Removes `volume`'s pin, in every namespace that has it (see the module doc). Only once
     /// QEMU let go of the disk: after libvirt's device-removed event, or with QEMU gone.
-    pub fn unpin(&self, volume: &str) -> io::Result<()> {
+    pub(crate) fn unpin(&self, volume: &str) -> io::Result<()> {
         remove_pin(&self.path(volume))
     }
 
     /// The pins there are, by pin name (a volume, or `<volume>.backing`): after a start's or a
     /// migration target's pinning, those made (a refused pin leaves no file).
-    pub fn list(&self) -> std::collections::BTreeMap<String, PathBuf> {
+    pub(crate) fn list(&self) -> std::collections::BTreeMap<String, PathBuf> {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return Default::default();
         };
@@ -154,7 +155,7 @@ impl Pins {
 
     /// Removes every pin but those of `keep` (a restarted launcher adopting a domain keeps the
     /// pins of the volumes it still has; `keep` empty at the VM's end).
-    pub fn keep_only(&self, keep: &std::collections::BTreeSet<String>) {
+    pub(crate) fn keep_only(&self, keep: &std::collections::BTreeSet<String>) {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return;
         };
@@ -195,7 +196,7 @@ fn path_in(dir: &Path, volume: &str) -> PathBuf {
 }
 
 /// The pin name of volume `volume`'s backing.
-pub fn backing_name(volume: &str) -> String {
+pub(crate) fn backing_name(volume: &str) -> String {
     format!("{volume}{BACKING}")
 }
 

@@ -24,7 +24,7 @@ use crate::volumes::{HostPaths, PRIVATE_SUBDIRS};
 
 /// Makes the private dir, its subdirectories, the console dir and QEMU's own dir as the module
 /// says, for QEMU running as `qemu`.
-pub fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
+pub(crate) fn prepare(paths: &HostPaths, qemu: NodeOwner) -> Result<(), HostError> {
     let root_dirs = std::iter::once(paths.private_dir.clone())
         .chain(PRIVATE_SUBDIRS.iter().map(|d| paths.private_dir.join(d)));
     for dir in root_dirs {
@@ -79,7 +79,7 @@ fn roots_log(console: &fs::File, paths: &HostPaths, gid: u32) -> Result<(), Host
     set_owner_mode(&fs::File::from(file), log, None, Some(gid), 0o640)
 }
 
-/// [`prepare`] for a host run's runtime dir (`HostPaths::local`).
+/// `prepare` for a host run's runtime dir (`HostPaths::local`).
 pub fn prepare_local(runtime_dir: &Path, qemu: NodeOwner) -> Result<(), HostError> {
     prepare(&HostPaths::local(runtime_dir), qemu)
 }
@@ -157,13 +157,13 @@ fn open_made(dir: &Path, mode: u32) -> Result<fs::File, HostError> {
 /// not in the target's runtime dir; no one else may list the dir or add to it, and a socket
 /// takes a connection only from its owner. Removed when dropped.
 #[derive(Debug)]
-pub struct MigrationSockets(PathBuf);
+pub(crate) struct MigrationSockets(PathBuf);
 
 /// The host's directory for every launcher's migration sockets.
-pub const MIGRATION_SOCKETS: &str = "/run/vmlauncher/migration";
+pub(crate) const MIGRATION_SOCKETS: &str = "/run/vmlauncher/migration";
 
 impl MigrationSockets {
-    pub fn make(qemu: NodeOwner) -> Result<MigrationSockets, HostError> {
+    pub(crate) fn make(qemu: NodeOwner) -> Result<MigrationSockets, HostError> {
         let parent = Path::new(MIGRATION_SOCKETS);
         for dir in [parent.parent().unwrap_or(parent), parent] {
             roots_dir(dir, None, 0o711)?;
@@ -177,7 +177,7 @@ impl MigrationSockets {
         Ok(MigrationSockets(dir))
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.0
     }
 }

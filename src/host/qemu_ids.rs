@@ -32,10 +32,10 @@ pub const DEFAULT_RANGE: QemuIdRange = QemuIdRange {
 };
 
 /// Where the per-id locks live: one host, one set of ids.
-pub const LOCK_DIR: &str = "/run/vmlauncher/qemu-ids";
+pub(crate) const LOCK_DIR: &str = "/run/vmlauncher/qemu-ids";
 
 /// The file in a runtime dir that records the id its QEMU runs as.
-pub const RECORD: &str = "qemu-id";
+pub(crate) const RECORD: &str = "qemu-id";
 
 /// A range of ids, both ends included.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ impl QemuIdRange {
 
 /// A QEMU identity held for this launcher's life.
 #[derive(Debug)]
-pub struct QemuId {
+pub(crate) struct QemuId {
     pub user: QemuUser,
     /// The id this runtime dir's VM ran as before, if another (what it was given may be
     /// taken back).
@@ -124,7 +124,7 @@ pub struct QemuId {
 /// Takes an id of `range` for the VM of `runtime_dir`: the one recorded there if it is free
 /// (or only its own QEMU runs as it), else the first free one from a point derived from the
 /// dir's path. Records the id taken.
-pub fn allocate(
+pub(crate) fn allocate(
     range: QemuIdRange,
     lock_dir: &Path,
     runtime_dir: &Path,

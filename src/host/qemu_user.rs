@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// The accounts QEMU runs as by default, the first that exists: Debian's and Ubuntu's
 /// (`libvirt-qemu`), then Fedora's and KubeVirt's images' (`qemu`).
-pub const DEFAULT_NAMES: [&str; 2] = ["libvirt-qemu", "qemu"];
+pub(crate) const DEFAULT_NAMES: [&str; 2] = ["libvirt-qemu", "qemu"];
 
 /// `Default` is root: what a daemon that only judges XML, or a `--qemu-user root` run, uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +76,7 @@ impl QemuUser {
 
 /// Whether `meta`'s mode gives the user `uid` with `groups` all of `wanted`, by the class the
 /// kernel picks: owner, else group, else others ([`QemuUser::permits`]).
-pub fn mode_permits(meta: &fs::Metadata, uid: u32, groups: &[u32], wanted: u32) -> bool {
+pub(crate) fn mode_permits(meta: &fs::Metadata, uid: u32, groups: &[u32], wanted: u32) -> bool {
     let shift = if meta.uid() == uid {
         6
     } else if groups.contains(&meta.gid()) {
@@ -89,7 +89,7 @@ pub fn mode_permits(meta: &fs::Metadata, uid: u32, groups: &[u32], wanted: u32) 
 
 /// A directory on a path that QEMU's user cannot pass through.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blocked {
+pub(crate) struct Blocked {
     pub dir: PathBuf,
     pub mode: u32,
     pub owner: u32,
@@ -99,7 +99,7 @@ pub struct Blocked {
 impl QemuUser {
     /// The first directory on the way to `path` (which need not exist yet) that this user may
     /// not search; `None` where it may reach it (root reaches everything).
-    pub fn blocked_on_the_way(&self, path: &Path) -> Option<Blocked> {
+    pub(crate) fn blocked_on_the_way(&self, path: &Path) -> Option<Blocked> {
         if self.is_root() {
             return None;
         }
@@ -120,12 +120,12 @@ impl QemuUser {
     /// Whether the file's mode gives this user all of `wanted` (`0o4` read, `0o2` write, `0o1`
     /// search or execute), by the class the kernel picks: owner, else group (`groups`, from
     /// [`Self::groups`]), else others.
-    pub fn permits(&self, meta: &fs::Metadata, groups: &[u32], wanted: u32) -> bool {
+    pub(crate) fn permits(&self, meta: &fs::Metadata, groups: &[u32], wanted: u32) -> bool {
         mode_permits(meta, self.uid, groups, wanted)
     }
 
     /// Its primary and supplementary groups (libvirt gives QEMU both).
-    pub fn groups(&self) -> Vec<u32> {
+    pub(crate) fn groups(&self) -> Vec<u32> {
         let mut groups = vec![self.gid];
         if let Ok(name) = std::ffi::CString::new(self.name.as_str()) {
             if let Ok(more) = nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(self.gid))

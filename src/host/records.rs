@@ -39,17 +39,17 @@ pub enum RecordsError {
 
 /// One node the launcher made.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NodeRecord {
+pub(crate) struct NodeRecord {
     pub path: PathBuf,
     pub dev: DevNumber,
 }
 
 /// A record per hot-plugged block volume, a few per cgroup: far below this for 256 volumes.
-pub const MAX_RECORDS_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_RECORDS_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Records {
+pub(crate) struct Records {
     /// Hot-plugged block volumes by name.
     pub nodes: BTreeMap<String, NodeRecord>,
     /// The cgroups whose device rules the launcher keeps, and the block devices it allowed there.
@@ -60,7 +60,7 @@ pub struct Records {
 
 impl Records {
     /// The records at `path`; none yet is an empty record.
-    pub fn load(path: &Path) -> Result<Records, RecordsError> {
+    pub(crate) fn load(path: &Path) -> Result<Records, RecordsError> {
         let read_err = |source| RecordsError::Read {
             path: path.into(),
             source,
@@ -77,7 +77,7 @@ impl Records {
     }
 
     /// The records in `text`, unvetted.
-    pub fn parse(text: &[u8]) -> Result<Records, serde_json::Error> {
+    pub(crate) fn parse(text: &[u8]) -> Result<Records, serde_json::Error> {
         serde_json::from_slice(text)
     }
 
@@ -86,7 +86,7 @@ impl Records {
     /// unlink `/dev/sda`), a cgroup only if `owned` vouches for it (under a detected cgroup root,
     /// not the root, QEMU's), a program only for a kept cgroup v2. The rest is returned apart, for
     /// the log.
-    pub fn vetted(
+    pub(crate) fn vetted(
         self,
         hotplug_dir: &Path,
         owned: impl Fn(&DeviceCgroup) -> bool,
@@ -133,7 +133,7 @@ impl Records {
         (kept, dropped)
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), RecordsError> {
+    pub(crate) fn save(&self, path: &Path) -> Result<(), RecordsError> {
         let write_err = |source| RecordsError::Write {
             path: path.into(),
             source,

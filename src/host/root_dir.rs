@@ -24,7 +24,7 @@ const MADE_DIR_MODE: u32 = 0o711;
 
 /// An opened directory of the launcher's own (see the module).
 #[derive(Debug)]
-pub struct RootDir {
+pub(crate) struct RootDir {
     fd: OwnedFd,
     path: PathBuf,
 }
@@ -34,7 +34,7 @@ impl RootDir {
     /// `/` one component at a time (a link only where root alone writes), opened without
     /// following a link, and refused unless it is the launcher's user's and writable by no one
     /// else.
-    pub fn open(dir: &Path) -> Result<RootDir, HostError> {
+    pub(crate) fn open(dir: &Path) -> Result<RootDir, HostError> {
         let mode = Mode::from_bits_truncate(MADE_DIR_MODE);
         let (parent, name) = super::walk::walk_to_parent(dir, Some(mode))?;
         match mkdirat(&parent, name.as_os_str(), mode) {
@@ -77,7 +77,7 @@ impl RootDir {
     }
 
     /// The directory of `file` opened as [`RootDir::open`] does, and `file`'s name in it.
-    pub fn of_file(file: &Path) -> Result<(RootDir, &OsStr), HostError> {
+    pub(crate) fn of_file(file: &Path) -> Result<(RootDir, &OsStr), HostError> {
         match (file.parent(), file.file_name()) {
             (Some(dir), Some(name)) => Ok((RootDir::open(dir)?, name)),
             _ => Err(HostError::Create {
@@ -87,12 +87,12 @@ impl RootDir {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// What `name` in this directory is, itself (a link is a link): `None` when nothing is.
-    pub fn kind_of(&self, name: &OsStr) -> Result<Option<SFlag>, HostError> {
+    pub(crate) fn kind_of(&self, name: &OsStr) -> Result<Option<SFlag>, HostError> {
         match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => Ok(Some(file_type(&st))),
             Err(Errno::ENOENT) => Ok(None),
@@ -106,7 +106,7 @@ impl RootDir {
     /// (as `durable::write_atomically`): a launcher killed part-way leaves the old file or the
     /// new, and the images made here are remade at every start or read only while this kernel
     /// runs. Returns the new file, open for reading and writing.
-    pub fn replace_with(
+    pub(crate) fn replace_with(
         &self,
         name: &OsStr,
         mode: u32,
@@ -144,7 +144,7 @@ impl RootDir {
     }
 
     /// Removes the file `name` if it is there (a link is removed, never followed).
-    pub fn remove(&self, name: &OsStr) -> Result<(), HostError> {
+    pub(crate) fn remove(&self, name: &OsStr) -> Result<(), HostError> {
         match unlinkat(&self.fd, name, UnlinkatFlags::NoRemoveDir) {
             Ok(()) | Err(Errno::ENOENT) => Ok(()),
             Err(e) => Err(HostError::Create {

@@ -24,7 +24,7 @@ const TPM2: &str = "tpm2";
 /// Removes every entry of the domain `uuid`'s TPM state dir under `swtpm_dir` (libvirt's
 /// `/var/lib/libvirt/swtpm`) that is not a regular file or a directory, and returns their
 /// names. No state dir (a first start, a TPM that keeps none) is nothing to do.
-pub fn remove_planted(swtpm_dir: &Path, uuid: &str) -> Result<Vec<OsString>, HostError> {
+pub(crate) fn remove_planted(swtpm_dir: &Path, uuid: &str) -> Result<Vec<OsString>, HostError> {
     let state = swtpm_dir.join(uuid).join(TPM2);
     let failed = |e: Errno| HostError::Inspect {
         path: state.clone(),

@@ -12,7 +12,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 
 #[derive(Debug, thiserror::Error)]
-pub enum WatchError {
+pub(crate) enum WatchError {
     #[error("cannot watch {path}")]
     Watch {
         path: PathBuf,
@@ -23,7 +23,7 @@ pub enum WatchError {
 
 /// An inotify instance watching the directories in which `paths` will appear.
 #[derive(Debug)]
-pub struct PathWatch {
+pub(crate) struct PathWatch {
     fd: AsyncFd<OwnedInotify>,
 }
 
@@ -44,7 +44,7 @@ fn nearest_existing_dir(path: &Path) -> Option<&Path> {
 
 impl PathWatch {
     /// Must be called from within a tokio runtime.
-    pub fn new(paths: &[PathBuf]) -> Result<PathWatch, WatchError> {
+    pub(crate) fn new(paths: &[PathBuf]) -> Result<PathWatch, WatchError> {
         let err = |path: &Path, e: nix::Error| WatchError::Watch {
             path: path.into(),
             source: e.into(),
@@ -76,7 +76,7 @@ impl PathWatch {
     }
 
     /// Waits until something is created, moved in or changed in a watched directory.
-    pub async fn changed(&mut self) -> Result<(), WatchError> {
+    pub(crate) async fn changed(&mut self) -> Result<(), WatchError> {
         loop {
             let mut ready = self
                 .fd
@@ -102,7 +102,7 @@ impl PathWatch {
 
 /// Blocks until `done` holds, checking it now and again each time something in one of `dirs`
 /// changes (a file created, written, truncated, renamed or removed), until `deadline`. Returns
-/// whether it held. The blocking counterpart of [`PathWatch`], for waiting on files another
+/// whether it held. The blocking counterpart of `PathWatch`, for waiting on files another
 /// process or thread changes (the tests wait on the log bound with it).
 pub fn wait_for_change_in(
     dirs: &[&Path],

@@ -26,9 +26,9 @@ use resources::{cpu_json, max_memory_json, memory_device_json, memory_json, vcpu
 pub use stats::{device_aliases, domain_stats_json, StatValue, MAX_STAT_INDEX};
 
 /// libvirt's live XML of a vmlauncher domain is a few KB; anything near this is not ours.
-pub const MAX_XML_BYTES: usize = 4 << 20;
+pub(crate) const MAX_XML_BYTES: usize = 4 << 20;
 /// Elements under `<devices>`: a VM has tens; KubeVirt caps hotplug volumes far below this.
-pub const MAX_DEVICES: usize = 1024;
+pub(crate) const MAX_DEVICES: usize = 1024;
 /// XML nodes of the whole document, so that parsing itself is bounded, not only what we read.
 const MAX_XML_NODES: u32 = 100_000;
 
@@ -114,7 +114,7 @@ pub enum DomainJsonError {
 /// other state's reason is `Unknown` (a running domain is `Running`/`Unknown`, not "booted"). A
 /// reason its tables lack (libvirt's `daemon`, `api-error`...) is a Go map miss, the empty
 /// string; we send the same so that virt-handler sees exactly what it would from KubeVirt.
-pub fn lifecycle(power: Option<&PowerState>) -> (&'static str, &'static str) {
+pub(crate) fn lifecycle(power: Option<&PowerState>) -> (&'static str, &'static str) {
     let Some(power) = power else {
         return ("NoState", "NonExistent");
     };
@@ -175,7 +175,7 @@ pub fn lifecycle(power: Option<&PowerState>) -> (&'static str, &'static str) {
 
 /// KubeVirt's JSON of an `api.Alias` (its `MarshalJSON` writes `userAliasMarshal`): libvirt's
 /// `ua-<name>` is the user's `<name>`, any other alias is libvirt's own, kept whole.
-pub fn alias_json(libvirt_alias: &str) -> Value {
+pub(crate) fn alias_json(libvirt_alias: &str) -> Value {
     match libvirt_alias.strip_prefix(USER_ALIAS_PREFIX) {
         Some(name) => json!({"Name": name, "UserDefined": true}),
         None => json!({"Name": libvirt_alias, "UserDefined": false}),

@@ -28,9 +28,9 @@ use crate::run::{self, HostRequest, RuntimeDir, SetupError};
 use crate::volumes::HostPaths;
 
 /// Socket names of KubeVirt's handler/launcher contract.
-pub const INIT_SOCKET: &str = "launcher-init-sock";
+pub(crate) const INIT_SOCKET: &str = "launcher-init-sock";
 pub const READY_SOCKET: &str = "launcher-sock";
-pub const NOTIFY_SOCKET: &str = "domain-notify-pipe.sock";
+pub(crate) const NOTIFY_SOCKET: &str = "domain-notify-pipe.sock";
 /// How long a VM that is over waits for virt-handler's Delete before the launcher exits anyway
 /// (KubeVirt's launcher waits for its final notification about as long).
 const FINAL_DELETE_WAIT: Duration = Duration::from_secs(30);
@@ -436,7 +436,7 @@ fn k8s_events(notifier: &Notifier, vmi: &DomainMeta, kind: &EventKind) {
     }
 }
 
-/// The binary was invoked by one of KubeVirt's names for its launcher (argv[0]): the image links
+/// The binary was invoked by one of KubeVirt's names for its launcher (argv\[0\]): the image links
 /// both to vmlauncher. The monitor's own flag, `--keep-after-failure`, is one virt-launcher
 /// accepts too.
 pub fn invoked_as_virt_launcher(argv0: &str) -> bool {

@@ -2,6 +2,7 @@
 //! ([`FrontError`]), and the migration and resize calls' own. Apart from the calls, so that each
 //! call's module imports them and `front` imports none of the calls.
 
+use super::domain_json::DomainJsonError;
 use super::migration::sockets::SocketError;
 use super::migration::wire::WireError;
 use super::vmi::VmiError;
@@ -9,7 +10,7 @@ use crate::launcher::LauncherError;
 
 /// A call's failure, as the Go launcher reports it: `Response{success: false, message}`.
 #[derive(Debug, thiserror::Error)]
-pub enum FrontError {
+pub(crate) enum FrontError {
     #[error(transparent)]
     Vmi(#[from] VmiError),
     #[error("vmi.vmiJson: metadata: this launcher runs {expected}, the VMI is {got}")]
@@ -22,19 +23,25 @@ pub enum FrontError {
     Launcher(#[from] LauncherError),
     #[error("volume(s) failed: {0}")]
     Volumes(String),
-    #[error("the domain's JSON: {0}")]
-    DomainJson(String),
+    #[error("the domain's JSON: {}", crate::error_chain(.0))]
+    DomainJson(#[source] DomainJsonError),
     #[error(transparent)]
     Migration(#[from] MigrationError),
     #[error(transparent)]
     Resize(#[from] ResizeError),
-    /// The guest agent's answer did not do (a freeze or thaw).
-    #[error("{0}")]
-    Agent(String),
+    /// The guest agent answered a command with something other than what it returns.
+    #[error("{command} answered {answer:?}")]
+    AgentAnswer {
+        command: &'static str,
+        answer: String,
+    },
+    /// A freeze asked while the guest moves: KubeVirt's own refusal, in its words.
+    #[error("failed to freeze VMI, VMI is currently during migration")]
+    FreezeDuringMigration,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum MigrationError {
+pub(crate) enum MigrationError {
     #[error(transparent)]
     Wire(#[from] WireError),
     #[error(transparent)]
@@ -69,7 +76,7 @@ impl From<SocketError> for FrontError {
 
 /// Why a CPU or memory sync did not reach the guest.
 #[derive(Debug, thiserror::Error)]
-pub enum ResizeError {
+pub(crate) enum ResizeError {
     #[error("failed to update {what}: the VM is not running")]
     NotRunning { what: &'static str },
     #[error("failed to update {what}: {message}")]

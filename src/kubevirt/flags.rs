@@ -277,7 +277,7 @@ fn set(
 impl VirtLauncherFlags {
     /// What the VM runs on: `--emulation` when given; else KVM, or TCG where KVM is missing
     /// only when `--allow-emulation` says so (KubeVirt's rule).
-    pub fn emulation(&self) -> Emulation {
+    pub(crate) fn emulation(&self) -> Emulation {
         match (self.emulation, self.allow_emulation) {
             (Some(e), _) => e,
             (None, true) => Emulation::Auto,
@@ -286,7 +286,7 @@ impl VirtLauncherFlags {
     }
 
     /// `<namespace>_<name>`, KubeVirt's domain name.
-    pub fn domain_name(&self) -> String {
+    pub(crate) fn domain_name(&self) -> String {
         format!("{}_{}", self.namespace, self.name)
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 
 use super::domain_json::{self, DomainMeta};
-pub use super::errors::FrontError;
+pub(crate) use super::errors::FrontError;
 use super::errors::MigrationError;
 use super::flags::VirtLauncherFlags;
 use super::guest_agent;
@@ -31,7 +31,7 @@ const AGENT_BUDGET: Duration = Duration::from_secs(4);
 
 /// What the launcher tells virt-handler about the VMI beyond libvirt's XML.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Meta {
+pub(crate) struct Meta {
     pub domain: DomainMeta,
     /// Paused by `PauseVirtualMachine`: a Sync does not resume it.
     pub user_paused: bool,
@@ -41,7 +41,7 @@ pub struct Meta {
 
 /// The state behind the cmd server.
 #[derive(Debug)]
-pub struct Front {
+pub(crate) struct Front {
     pub flags: VirtLauncherFlags,
     base: LaunchBase,
     connector: Arc<Connector>,
@@ -63,7 +63,7 @@ pub struct Front {
 }
 
 impl Front {
-    pub fn new(
+    pub(crate) fn new(
         flags: VirtLauncherFlags,
         base: LaunchBase,
         connector: Arc<Connector>,
@@ -96,24 +96,24 @@ impl Front {
         }
     }
 
-    pub fn launcher(&self) -> Option<&Arc<Launcher>> {
+    pub(crate) fn launcher(&self) -> Option<&Arc<Launcher>> {
         self.launcher.get()
     }
 
-    pub fn connector(&self) -> &Arc<Connector> {
+    pub(crate) fn connector(&self) -> &Arc<Connector> {
         &self.connector
     }
 
-    pub fn meta(&self) -> Meta {
+    pub(crate) fn meta(&self) -> Meta {
         self.meta.borrow().clone()
     }
 
     /// Sees every change of [`Meta`] (and the launcher's creation, which changes it).
-    pub fn subscribe_meta(&self) -> watch::Receiver<Meta> {
+    pub(crate) fn subscribe_meta(&self) -> watch::Receiver<Meta> {
         self.meta.subscribe()
     }
 
-    pub fn update_meta(&self, change: impl FnOnce(&mut Meta)) {
+    pub(crate) fn update_meta(&self, change: impl FnOnce(&mut Meta)) {
         self.meta.send_modify(change);
     }
 
@@ -131,7 +131,7 @@ impl Front {
     }
 
     /// `SyncVirtualMachine`: the first creates the domain, later ones hot-plug.
-    pub async fn sync(&self, vmi_json: &[u8]) -> Result<(), FrontError> {
+    pub(crate) async fn sync(&self, vmi_json: &[u8]) -> Result<(), FrontError> {
         let sync = self.handler_vmi(vmi_json)?;
         if !sync.not_mounted.is_empty() {
             tracing::info!(volumes = ?sync.not_mounted, "hotplug volumes not mounted into the pod yet; left for a later Sync");
@@ -315,7 +315,7 @@ impl Front {
     }
 
     /// An owner's command on the VM.
-    pub async fn command(&self, command: Command) -> Result<(), FrontError> {
+    pub(crate) async fn command(&self, command: Command) -> Result<(), FrontError> {
         // Killing what does not exist or is already off leaves it as asked, as KubeVirt's
         // launcher answers (virt-handler's kill after the grace period may meet a guest that
         // powered off a moment before).
@@ -343,7 +343,7 @@ impl Front {
     /// the guest. virt-handler keeps the grace period: it presses again every few seconds until
     /// it sees the guest off, and kills it once the period is over. A VM already down is left as
     /// it is, successfully.
-    pub async fn shutdown(&self) -> Result<(), FrontError> {
+    pub(crate) async fn shutdown(&self) -> Result<(), FrontError> {
         if self.nothing_to_stop() {
             return Ok(());
         }
@@ -368,7 +368,7 @@ impl Front {
     /// domain that is already gone (deleted, or the launcher is ending) is deleted: KubeVirt's
     /// launcher answers success when it cannot find the domain, and virt-handler's final
     /// cleanup depends on it.
-    pub async fn delete(&self) -> Result<(), FrontError> {
+    pub(crate) async fn delete(&self) -> Result<(), FrontError> {
         if self.meta.borrow().deleted {
             return Ok(());
         }
@@ -384,7 +384,7 @@ impl Front {
     }
 
     /// `stats.DomainStats` of the domain as JSON, or `None` when there is no domain.
-    pub async fn domain_stats(&self) -> Result<Option<serde_json::Value>, FrontError> {
+    pub(crate) async fn domain_stats(&self) -> Result<Option<serde_json::Value>, FrontError> {
         // The domain's JSON first: the stats name interfaces and disks by its aliases.
         let Some(domain) = self.domain().await? else {
             return Ok(None);
@@ -411,7 +411,7 @@ impl Front {
     /// The guest agent's answers to `commands` (each one's `return`), asked only when libvirt
     /// says the agent is connected; empty when there is no domain or no agent. A command that
     /// fails or answers nonsense is left out: the agent's data is a courtesy, not vital.
-    pub async fn guest_agent(&self, commands: &[&str]) -> guest_agent::Answers {
+    pub(crate) async fn guest_agent(&self, commands: &[&str]) -> guest_agent::Answers {
         let mut answers = guest_agent::Answers::new();
         let Some(launcher) = self.launcher.get() else {
             return answers;
@@ -454,7 +454,7 @@ impl Front {
     }
 
     /// The domain as virt-handler decodes it, or `None` when there is none.
-    pub async fn domain(&self) -> Result<Option<serde_json::Value>, FrontError> {
+    pub(crate) async fn domain(&self) -> Result<Option<serde_json::Value>, FrontError> {
         let meta = self.meta();
         let Some(launcher) = self.launcher.get() else {
             return Ok(None);
@@ -494,7 +494,7 @@ impl Front {
         };
         domain_json::domain_json(&xml, &meta.domain, power.as_ref())
             .map(Some)
-            .map_err(|e| FrontError::DomainJson(crate::error_chain(&e)))
+            .map_err(FrontError::DomainJson)
     }
 }
 
@@ -551,14 +551,14 @@ fn lend_events(
 }
 
 /// Now, as Kubernetes writes a `metav1.Time`.
-pub fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
 }
 
 /// The armed safety thaw, aborted by a thaw or a new freeze; and the turn that freezes and
 /// thaws take one at a time (a safety thaw must not interleave with a freeze asked meanwhile).
 #[derive(Debug, Default)]
-pub struct SafetyThaw(
+pub(crate) struct SafetyThaw(
     Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(super) tokio::sync::Mutex<()>,
 );

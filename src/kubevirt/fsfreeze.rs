@@ -11,8 +11,8 @@ use super::front::{Front, FrontError};
 use crate::launcher::Launcher;
 
 /// The agent's filesystem states, KubeVirt's `api.FSFrozen` / `api.FSThawed`.
-pub const FROZEN: &str = "frozen";
-pub const THAWED: &str = "thawed";
+pub(crate) const FROZEN: &str = "frozen";
+pub(crate) const THAWED: &str = "thawed";
 
 /// libvirt's agent timeout for the freeze itself: a guest flushes its filesystems first
 /// (virt-handler waits 60 s for the call).
@@ -27,12 +27,15 @@ async fn status(launcher: &Launcher) -> Result<String, FrontError> {
         .await?;
     super::guest_agent::agent_return(&answer, crate::libvirt::MAX_AGENT_ANSWER)
         .and_then(|v| v.as_str().map(str::to_string))
-        .ok_or_else(|| FrontError::Agent(format!("guest-fsfreeze-status answered {answer:?}")))
+        .ok_or_else(|| FrontError::AgentAnswer {
+            command: "guest-fsfreeze-status",
+            answer,
+        })
 }
 
 impl Front {
     /// `FreezeVirtualMachine`.
-    pub async fn freeze(
+    pub(crate) async fn freeze(
         self: &std::sync::Arc<Self>,
         unfreeze_timeout: Duration,
     ) -> Result<(), FrontError> {
@@ -43,9 +46,7 @@ impl Front {
             .migration
             .is_some_and(|m| !m.state.is_over());
         if migrating {
-            return Err(FrontError::Agent(
-                "failed to freeze VMI, VMI is currently during migration".into(),
-            ));
+            return Err(FrontError::FreezeDuringMigration);
         }
         if status(&launcher).await? == FROZEN {
             return Ok(());
@@ -75,7 +76,7 @@ impl Front {
     }
 
     /// `UnfreezeVirtualMachine` (and the safety thaw, which must not cancel itself).
-    pub async fn thaw(&self, cancel_safety: bool) -> Result<(), FrontError> {
+    pub(crate) async fn thaw(&self, cancel_safety: bool) -> Result<(), FrontError> {
         let _turn = self.safety_thaw.1.lock().await;
         if cancel_safety {
             self.safety_thaw.cancel();

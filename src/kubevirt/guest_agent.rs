@@ -13,10 +13,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
-pub use crate::domain::AGENT_CHANNEL;
-
 /// The agent commands behind `GetGuestInfo`.
-pub const GUEST_INFO_COMMANDS: &[&str] = &[
+pub(crate) const GUEST_INFO_COMMANDS: &[&str] = &[
     "guest-info",
     "guest-get-osinfo",
     "guest-get-host-name",
@@ -27,7 +25,7 @@ pub const GUEST_INFO_COMMANDS: &[&str] = &[
 
 /// How many users and filesystems `GetGuestInfo` lists (KubeVirt's `GetUsers(10)`/`GetFS(10)`);
 /// `GetUsers` and `GetFilesystems` list all.
-pub const GUEST_INFO_LIST_LIMIT: usize = 10;
+pub(crate) const GUEST_INFO_LIST_LIMIT: usize = 10;
 
 /// The live XML's libvirt-managed nodes are a few hundred; the same bound as the domain's JSON.
 const MAX_XML_NODES: u32 = 100_000;
@@ -35,7 +33,7 @@ const MAX_XML_NODES: u32 = 100_000;
 /// Whether libvirt says the agent is connected: its channel's `<target state='connected'/>`
 /// (libvirt tracks the guest opening the port). Without it an agent command only waits for its
 /// timeout, so none is sent.
-pub fn agent_connected(live_xml: &str) -> bool {
+pub(crate) fn agent_connected(live_xml: &str) -> bool {
     if live_xml.len() > super::domain_json::MAX_XML_BYTES {
         return false;
     }
@@ -51,7 +49,7 @@ pub fn agent_connected(live_xml: &str) -> bool {
 
 /// The `return` of an agent's answer (`{"return": ...}`), or `None` for an error, an answer that
 /// does not parse, or one over `max` bytes.
-pub fn agent_return(answer: &str, max: usize) -> Option<Value> {
+pub(crate) fn agent_return(answer: &str, max: usize) -> Option<Value> {
     if answer.len() > max {
         return None;
     }
@@ -60,7 +58,7 @@ pub fn agent_return(answer: &str, max: usize) -> Option<Value> {
 }
 
 /// The agent's answers by command: each command's `return`, missing when it did not answer.
-pub type Answers = BTreeMap<String, Value>;
+pub(crate) type Answers = BTreeMap<String, Value>;
 
 fn text(v: &Value, key: &str) -> String {
     v.get(key).and_then(Value::as_str).unwrap_or("").to_string()
@@ -92,7 +90,7 @@ fn list(v: Option<&Value>) -> &[Value] {
 ///
 /// libvirt hands KubeVirt the login time in whole milliseconds and KubeVirt turns it back into
 /// seconds, so the fraction keeps three digits.
-pub fn users_json(users: Option<&Value>, limit: usize) -> Value {
+pub(crate) fn users_json(users: Option<&Value>, limit: usize) -> Value {
     let users = list(users)
         .iter()
         .filter(|u| u.is_object())
@@ -117,7 +115,7 @@ pub fn users_json(users: Option<&Value>, limit: usize) -> Value {
 }
 
 /// `guest-get-fsinfo` as `[]VirtualMachineInstanceFileSystem`, at most `limit` of them.
-pub fn filesystems_json(filesystems: Option<&Value>, limit: usize) -> Value {
+pub(crate) fn filesystems_json(filesystems: Option<&Value>, limit: usize) -> Value {
     let filesystems = list(filesystems)
         .iter()
         .filter(|f| f.is_object())
@@ -149,7 +147,7 @@ pub fn filesystems_json(filesystems: Option<&Value>, limit: usize) -> Value {
 
 /// `VirtualMachineInstanceGuestAgentInfo` from the answers to [`GUEST_INFO_COMMANDS`]; `{}`
 /// when the agent answered none (no agent: what the caller sends without asking).
-pub fn guest_info_json(answers: &Answers) -> Value {
+pub(crate) fn guest_info_json(answers: &Answers) -> Value {
     if answers.is_empty() {
         return json!({});
     }

@@ -10,17 +10,14 @@ mod errors;
 pub mod flags;
 mod front;
 mod fsfreeze;
-pub mod guest_agent;
+pub(crate) mod guest_agent;
 mod migration;
-pub mod notify;
+pub(crate) mod notify;
 mod resize;
 mod server;
-pub mod vmi;
+pub(crate) mod vmi;
 
-pub use entry::{
-    invoked_as_virt_launcher, virt_launcher, VirtLauncherError, INIT_SOCKET, NOTIFY_SOCKET,
-    READY_SOCKET,
-};
+pub use entry::{invoked_as_virt_launcher, virt_launcher, VirtLauncherError, READY_SOCKET};
 
 /// The generated protobuf and gRPC types of KubeVirt's protocol.
 #[allow(missing_debug_implementations, clippy::all)]

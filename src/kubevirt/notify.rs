@@ -31,7 +31,7 @@ const MAX_K8S_EVENTS: usize = 64;
 
 /// `watch.EventType` as the handler's notify server reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DomainEvent {
+pub(crate) enum DomainEvent {
     Added,
     Modified,
 }
@@ -70,13 +70,13 @@ struct Inner {
 
 /// The handle the launcher posts events through; cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Notifier {
+pub(crate) struct Notifier {
     inner: Arc<Inner>,
 }
 
 impl Notifier {
     /// Starts the sender for the notify socket `socket`.
-    pub fn start(socket: PathBuf) -> Notifier {
+    pub(crate) fn start(socket: PathBuf) -> Notifier {
         let inner = Arc::new(Inner {
             socket,
             mailbox: Mutex::default(),
@@ -88,7 +88,7 @@ impl Notifier {
     }
 
     /// Posts the domain as it is now; replaces a domain not sent yet.
-    pub fn domain(&self, event: DomainEvent, domain: Value) {
+    pub(crate) fn domain(&self, event: DomainEvent, domain: Value) {
         let mut mailbox = self.inner.mailbox.lock().expect("mailbox lock");
         let event = match &mailbox.domain {
             Some((DomainEvent::Added, _)) => DomainEvent::Added,
@@ -112,7 +112,7 @@ impl Notifier {
     }
 
     /// Waits until everything posted has been sent, or `timeout`; true if it was.
-    pub async fn flush(&self, timeout: Duration) -> bool {
+    pub(crate) async fn flush(&self, timeout: Duration) -> bool {
         let mut drained = self.inner.drained.subscribe();
         let done = async {
             loop {

@@ -48,7 +48,7 @@ impl Front {
     /// `SyncVirtualMachineCPUs` (`part` Cpu) or `SyncVirtualMachineMemory` (Memory): the VMI
     /// synced into the running VM. No domain yet, or a VM that is down: refused, as KubeVirt's
     /// launcher fails to find or change the domain; it never starts one.
-    pub async fn sync_resource(
+    pub(crate) async fn sync_resource(
         &self,
         vmi_json: &[u8],
         part: ResourcePart,

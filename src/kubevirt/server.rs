@@ -26,7 +26,7 @@ use crate::lifecycle::Command;
 const ANSWER_WITHIN: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Clone)]
-pub struct CmdService {
+pub(crate) struct CmdService {
     pub front: Arc<Front>,
 }
 
@@ -57,7 +57,7 @@ fn answer(what: &'static str, result: Result<(), FrontError>) -> cmd::Response {
 
 /// The generated `Response` type, named apart from tonic's.
 mod cmd {
-    pub use super::super::proto::cmd::Response;
+    pub(crate) use super::super::proto::cmd::Response;
 }
 
 impl CmdService {
@@ -477,7 +477,7 @@ impl Cmd for CmdService {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct InfoService;
+pub(crate) struct InfoService;
 
 #[tonic::async_trait]
 impl CmdInfo for InfoService {

@@ -25,7 +25,7 @@ const MOUNTED: &[&str] = &["MountedToPod", "Ready"];
 
 /// What a Sync from virt-handler asks for.
 #[derive(Debug, Clone)]
-pub struct HandlerSync {
+pub(crate) struct HandlerSync {
     /// The spec without the status and without hotplug volumes not mounted yet: the text the
     /// launcher keeps as its last Sync.
     pub spec_text: String,
@@ -40,7 +40,7 @@ pub struct HandlerSync {
 
 /// Why virt-handler's VMI was refused (before anything changes).
 #[derive(Debug, thiserror::Error)]
-pub enum VmiError {
+pub(crate) enum VmiError {
     #[error("vmi.vmiJson: {0}")]
     Spec(#[from] SpecErrors),
     #[error("vmi.vmiJson: {field}: {why}")]
@@ -51,7 +51,7 @@ pub enum VmiError {
 }
 
 /// Reads virt-handler's VMI (bounded as every spec is) and makes the Sync's spec text.
-pub fn from_handler(bytes: &[u8]) -> Result<HandlerSync, VmiError> {
+pub(crate) fn from_handler(bytes: &[u8]) -> Result<HandlerSync, VmiError> {
     spec::check_document_size(bytes.len())?;
     let text = std::str::from_utf8(bytes).map_err(|_| VmiError::Shape {
         field: "(document)",

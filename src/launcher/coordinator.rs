@@ -1,5 +1,5 @@
 //! The launcher's fields: the parts it coordinates, and the VM's `State` under its one lock.
-//! Defined here, below the jobs (`tasks`, `sync`, `migration`, `reconciler`, ...) that extend
+//! Defined here, below the jobs (`tasks`, `sync`, `migration_source`, `reconciler`, ...) that extend
 //! it with `impl Launcher`, so that they import it from a sibling, never from `mod.rs`.
 
 use std::collections::BTreeMap;
@@ -139,7 +139,7 @@ impl State {
 /// inside `State`, moved only inside `update`, its marker file only with the task slot held)
 /// and the pins (`pins`, files made and removed only with the task slot held or at the end).
 #[derive(Debug)]
-pub struct Launcher {
+pub(crate) struct Launcher {
     pub(super) link: Link,
     pub(super) domain_name: String,
     pub(super) options: LaunchOptions,

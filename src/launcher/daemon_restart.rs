@@ -9,7 +9,7 @@ use super::error::LauncherError;
 impl Launcher {
     /// Starts the private libvirtd again without its TLS listener; false if it had none. The
     /// caller made sure no one still needs it (`run/incoming.rs`: the source's libvirtd gone).
-    pub async fn close_tls_listener(&self) -> Result<bool, LauncherError> {
+    pub(crate) async fn close_tls_listener(&self) -> Result<bool, LauncherError> {
         // In this order, the launcher's: the task slot, then the link, then the reads.
         let _slot = self.tasks.take().await;
         let planned = self.link.planned().await;

@@ -18,7 +18,7 @@ pub(super) struct IoErrorReport {
 
 impl IoErrorReport {
     /// The event's detail: the error, and the count of those folded into it.
-    pub fn detail(&self) -> String {
+    pub(crate) fn detail(&self) -> String {
         match self.suppressed {
             0 => self.message.clone(),
             n => format!("{} ({n} more since the last report)", self.message),
@@ -36,7 +36,7 @@ pub(super) struct IoErrorReports {
 
 impl IoErrorReports {
     /// One more error: the report to make now, if one is due.
-    pub fn record(&mut self, message: String, now: Instant) -> Option<IoErrorReport> {
+    pub(crate) fn record(&mut self, message: String, now: Instant) -> Option<IoErrorReport> {
         let quiet = self
             .last_report
             .is_none_or(|t| now.duration_since(t) >= REPORT_INTERVAL);
@@ -55,13 +55,13 @@ impl IoErrorReports {
     }
 
     /// When the errors held back must be reported, if any are.
-    pub fn due(&self) -> Option<Instant> {
+    pub(crate) fn due(&self) -> Option<Instant> {
         self.latest.as_ref()?;
         self.last_report.map(|t| t + REPORT_INTERVAL)
     }
 
     /// The errors held back, as one report, once their interval is over.
-    pub fn flush(&mut self, now: Instant) -> Option<IoErrorReport> {
+    pub(crate) fn flush(&mut self, now: Instant) -> Option<IoErrorReport> {
         if self.due().is_none_or(|due| now < due) {
             return None;
         }

@@ -73,7 +73,7 @@ impl SyncInput {
     /// it was accepted with (`now`: a number's disk sequence now), and those volumes' names:
     /// the kernel reuses a number once its disk is gone, and a restored request must not
     /// attach whatever disk has it next.
-    pub fn without_replaced_devices(
+    pub(crate) fn without_replaced_devices(
         mut self,
         now: impl Fn(DevNumber) -> Option<u64>,
     ) -> (SyncInput, Vec<String>) {

@@ -4,8 +4,8 @@
 //! Preparing or Waiting), Migrating, then one end — Completed, Failed or Cancelled — that
 //! stands; a new migration may begin after an end. The source's marker file (`Marker`: "my
 //! guest may be leaving for ...", read by a restarted launcher) is its file on disk. The jobs
-//! that run a migration (`migration`: the source's task, the target's preparation and its
-//! following of the incoming guest) change it only through these moves.
+//! that run a migration (`migration_source`: the source's task; `migration_target`: the
+//! target's preparation and its following of the incoming guest) change it only through these moves.
 //!
 //! Lock rule: the value lives inside the launcher's `State`, under its one lock, because it is
 //! part of the status, published in one snapshot with the phase it decides (Migrated,

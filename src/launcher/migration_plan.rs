@@ -1,8 +1,8 @@
 //! What a migration's two ends agree on before the guest moves: the source's offer (its last
 //! accepted Sync and where its files are), the target's plan (its libvirt, the streams' sockets
 //! or ports, its dirs and pins), how the source checks the plan against how it dialled the
-//! target, and why a target did not do ([`TargetError`]). Pure: the job that uses them is
-//! `migration.rs`.
+//! target, and why a target did not do ([`TargetError`]). Pure: the jobs that use them are
+//! `migration_source.rs` and `migration_target.rs`.
 
 use super::types::SyncInput;
 use std::future::Future;
@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 /// What the source hands the target: enough to prepare the same VM.
 #[derive(Debug, Clone)]
-pub struct IncomingOffer {
+pub(crate) struct IncomingOffer {
     pub input: SyncInput,
     pub domain_name: String,
     pub source_runtime_dir: PathBuf,
@@ -20,7 +20,7 @@ pub struct IncomingOffer {
 
 /// Where the target takes the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IncomingPlan {
+pub(crate) struct IncomingPlan {
     pub libvirt_uri: String,
     pub migration_uri: String,
     pub disks_uri: String,
@@ -66,7 +66,11 @@ impl IncomingPlan {
     /// where the source dialled it, on the four fixed ports, whatever its answer names. The
     /// answer is another machine's: only its dirs, its pins and the address its QEMU listens
     /// on (an IP address) are taken from it, and it must be one for TCP.
-    pub fn dialled_over_tcp(mut self, host: &str, port: u16) -> Result<IncomingPlan, TargetError> {
+    pub(crate) fn dialled_over_tcp(
+        mut self,
+        host: &str,
+        port: u16,
+    ) -> Result<IncomingPlan, TargetError> {
         if !self.migration_uri.starts_with("tcp://") {
             return Err(TargetError::NotOverTcp {
                 target: format!("{host}:{port}"),
@@ -89,7 +93,7 @@ impl IncomingPlan {
 
     /// A target dialled by its unix socket, on this machine: its answer must name unix
     /// sockets only, the local kind of migration.
-    pub fn dialled_locally(self) -> Result<IncomingPlan, TargetError> {
+    pub(crate) fn dialled_locally(self) -> Result<IncomingPlan, TargetError> {
         let local = self.libvirt_uri.starts_with("qemu+unix:///")
             && self.migration_uri.starts_with("unix:///")
             && self.disks_uri.starts_with("unix:///")
@@ -104,7 +108,7 @@ impl IncomingPlan {
     }
 
     /// Whether the target takes the guest over TCP (between machines), not unix sockets.
-    pub fn over_tcp(&self) -> bool {
+    pub(crate) fn over_tcp(&self) -> bool {
         self.migration_uri.starts_with("tcp://")
     }
 }
@@ -150,7 +154,7 @@ pub(super) fn pinned_sources<'a>(
 }
 
 /// Asks the target to get ready (the API's client call: the launcher knows no gRPC).
-pub type PrepareTarget = Box<
+pub(crate) type PrepareTarget = Box<
     dyn FnOnce(
             IncomingOffer,
         ) -> Pin<Box<dyn Future<Output = Result<IncomingPlan, TargetError>> + Send>>
@@ -159,7 +163,7 @@ pub type PrepareTarget = Box<
 
 /// The target's plan for a migration into `runtime_dir`: its libvirt, and two sockets in
 /// `qemu_dir`, the one dir its QEMU may create files in.
-pub fn incoming_plan(
+pub(crate) fn incoming_plan(
     libvirt_uri: String,
     runtime_dir: PathBuf,
     qemu_dir: &std::path::Path,
@@ -179,7 +183,7 @@ pub fn incoming_plan(
 
 /// [`incoming_plan`] for a target listening at `listen`
 /// (`crate::migration_tls::TARGET_PORTS`).
-pub fn incoming_plan_tcp(
+pub(crate) fn incoming_plan_tcp(
     listen: std::net::SocketAddr,
     runtime_dir: PathBuf,
     hotplug_dir: PathBuf,

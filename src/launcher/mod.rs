@@ -27,9 +27,10 @@ mod last_sync;
 mod life;
 mod link;
 mod live_view;
-mod migration;
 mod migration_part;
 mod migration_plan;
+mod migration_source;
+mod migration_target;
 mod nics;
 mod pending;
 mod pins;
@@ -76,21 +77,21 @@ use status::placeholder_status;
 use status_hub::StatusHub;
 use task_slot::TaskSlot;
 
-pub use coordinator::Launcher;
+pub(crate) use coordinator::Launcher;
 pub use error::LauncherError;
-pub use migration::MigrateRequest;
-pub use migration_plan::{
+pub(crate) use migration_plan::{
     incoming_plan, incoming_plan_tcp, IncomingOffer, IncomingPlan, PrepareTarget, TargetError,
 };
-pub use status::waiting_status;
-pub use types::{
+pub(crate) use migration_source::MigrateRequest;
+pub(crate) use status::waiting_status;
+pub(crate) use types::{
     BlockSource, EventKind, HotplugOptions, LaunchOptions, LauncherEvent, MigrationRole,
     MigrationState, MigrationStatus, PlannedAction, ResourceChange, ResourcePart, StartKind,
     Status, SyncInput, SyncOutcome, TaskOutcome, VolumePhase, VolumeStatus,
 };
 
 /// The last accepted Sync a launcher kept at `base` (`HotplugOptions::last_sync`), if any.
-pub fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
+pub(crate) fn saved_sync(base: &std::path::Path) -> Option<SyncInput> {
     SavedSyncs::read(base)
 }
 
@@ -98,7 +99,7 @@ impl Launcher {
     /// Connects, then creates the domain from `vmi` (or adopts a running one of the same name,
     /// rebuilding the volume statuses from its live XML), unless the run strategy waits for a
     /// Start call. `events` must be the receiving end of the connector's channel.
-    pub async fn start(
+    pub(crate) async fn start(
         connector: Arc<Connector>,
         vmi: Validated,
         mut options: LaunchOptions,
@@ -344,18 +345,18 @@ impl Launcher {
         true
     }
 
-    pub fn domain_name(&self) -> &str {
+    pub(crate) fn domain_name(&self) -> &str {
         &self.domain_name
     }
 
     /// What this launcher presents to migrate over TCP (`run --tls-dir`), if anything.
-    pub fn migration_credentials(&self) -> Option<crate::migration_tls::MigrationTls> {
+    pub(crate) fn migration_credentials(&self) -> Option<crate::migration_tls::MigrationTls> {
         let installed = self.options.migration_tls.as_ref()?;
         Some(installed.credentials.clone())
     }
 
     /// libvirt's live XML of the domain, or `None` when it is not defined.
-    pub async fn live_xml(&self) -> Result<Option<String>, LauncherError> {
+    pub(crate) async fn live_xml(&self) -> Result<Option<String>, LauncherError> {
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.live_xml(&n)) {
             Ok(xml) => Ok(Some(xml)),
@@ -365,7 +366,7 @@ impl Launcher {
     }
 
     /// The hypervisor's version (QEMU's, `7.2.0`).
-    pub fn hypervisor_version(&self) -> Result<String, LauncherError> {
+    pub(crate) fn hypervisor_version(&self) -> Result<String, LauncherError> {
         // The running QEMU answers at once; libvirt's own answer may first probe QEMU.
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.qemu_version(&n)) {
@@ -375,7 +376,7 @@ impl Launcher {
     }
 
     /// libvirt's bulk stats of the domain, or `None` when it is not defined.
-    pub async fn domain_stats(&self) -> Result<Option<DomainStats>, LauncherError> {
+    pub(crate) async fn domain_stats(&self) -> Result<Option<DomainStats>, LauncherError> {
         let n = self.domain_name.clone();
         match self.call(move |hv| hv.domain_stats(&n)) {
             Ok(stats) => Ok(Some(stats)),
@@ -390,7 +391,7 @@ impl Launcher {
     /// A guest that powered itself off between the owner's look and the press (libvirt answers
     /// "domain is not running" before its stop event reaches the status) is what the press
     /// asked for: libvirt's own state, read after the refusal, decides.
-    pub async fn press_power_button(&self) -> Result<(), LauncherError> {
+    pub(crate) async fn press_power_button(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
         self.call(move |hv| match hv.shutdown_acpi(&n) {
             Err(refused) => match hv.power_state(&n) {
@@ -403,7 +404,7 @@ impl Launcher {
 
     /// One guest agent command's JSON answer (bounded, see [`Hypervisor::agent_command`]),
     /// waiting at most `timeout_secs`: the guest's word, for the caller to parse with care.
-    pub async fn agent_command(
+    pub(crate) async fn agent_command(
         &self,
         command: &str,
         timeout_secs: i32,
@@ -413,32 +414,32 @@ impl Launcher {
     }
 
     /// A receiver that sees every status change (the latest one, at least).
-    pub fn subscribe(&self) -> watch::Receiver<Status> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Status> {
         self.hub.subscribe()
     }
 
     /// A receiver that sees the status when the VM's course changes (phase, printable status,
     /// power state, phase reason, finished), not at each change of a volume or a task.
-    pub fn subscribe_course(&self) -> watch::Receiver<Status> {
+    pub(crate) fn subscribe_course(&self) -> watch::Receiver<Status> {
         self.hub.subscribe_course()
     }
 
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         self.hub.current()
     }
 
     /// The event stream: a resync with the current status first, then every event after it.
-    pub fn watch_events(&self) -> (LauncherEvent, broadcast::Receiver<LauncherEvent>) {
+    pub(crate) fn watch_events(&self) -> (LauncherEvent, broadcast::Receiver<LauncherEvent>) {
         self.hub.watch_events()
     }
 
     /// Resolves when the launcher is going away (event streams end then).
-    pub fn closing(&self) -> watch::Receiver<bool> {
+    pub(crate) fn closing(&self) -> watch::Receiver<bool> {
         self.signals.subscribe_closing()
     }
 
     /// A resync for a subscriber that fell behind.
-    pub fn resync_event(&self) -> LauncherEvent {
+    pub(crate) fn resync_event(&self) -> LauncherEvent {
         self.hub.resync_event()
     }
 

@@ -20,7 +20,7 @@ use crate::tricks::{enabled, Trick};
 
 /// What a Sync does to vCPUs and memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ResizePlan {
+pub(crate) struct ResizePlan {
     /// What the reply reports, CPUs first.
     pub changes: Vec<ResourceChange>,
     /// The spec asks again for the vCPUs the guest has while a decrease waits in the persistent

@@ -83,7 +83,7 @@ struct SavedSync {
 /// The two slots of the last Sync, and the generation written last. Writes happen under the
 /// launcher's task slot; the lock (a leaf) only makes the generation and its slot one step.
 #[derive(Debug)]
-pub struct SavedSyncs {
+pub(crate) struct SavedSyncs {
     slots: [PathBuf; 2],
     generation: Mutex<u64>,
 }
@@ -94,11 +94,11 @@ impl SavedSyncs {
     /// exists, an error when none is whole), and the writer, which goes on after the newest
     /// generation found, into the other slot.
     /// The last accepted Sync kept at `base`, if one can be read.
-    pub fn read(base: &Path) -> Option<SyncInput> {
+    pub(crate) fn read(base: &Path) -> Option<SyncInput> {
         Self::open(base).1.ok().flatten()
     }
 
-    pub fn open(base: &Path) -> (SavedSyncs, Result<Option<SyncInput>, SavedSyncError>) {
+    pub(crate) fn open(base: &Path) -> (SavedSyncs, Result<Option<SyncInput>, SavedSyncError>) {
         let slots = [0, 1].map(|i| base.with_extension(format!("{i}.json")));
         let read = [read_slot(&slots[0], 0), read_slot(&slots[1], 1)];
         let newest = read
@@ -126,7 +126,7 @@ impl SavedSyncs {
     }
 
     /// Saves `input` as the newest generation, in the slot that holds the older one.
-    pub fn save(&self, input: &SyncInput) -> Result<(), SavedSyncError> {
+    pub(crate) fn save(&self, input: &SyncInput) -> Result<(), SavedSyncError> {
         let mut last = self.generation.lock().expect("saved generation lock");
         let generation = *last + 1;
         let saved = SavedSync {

@@ -187,7 +187,7 @@ pub(super) fn placeholder_status(domain_name: &str, uri: &str, strategy: RunStra
 }
 
 /// What a migration target shows before a source has come: no VM, waiting for one.
-pub fn waiting_status(uri: &str) -> Status {
+pub(crate) fn waiting_status(uri: &str) -> Status {
     Status {
         printable_status: PrintableStatus::WaitingForMigration,
         migration: Some(super::types::MigrationStatus::new(

@@ -87,7 +87,7 @@ impl Work for PreparedSync {
 
 impl Launcher {
     /// The spec, block devices and persisted volumes of the last Sync (or the start spec).
-    pub fn last_input(&self) -> SyncInput {
+    pub(crate) fn last_input(&self) -> SyncInput {
         let mut input = self.last_sync.get();
         // Block volumes the launcher holds, also when the last Sync did not repeat them.
         for (name, dev) in self.block.nodes() {
@@ -102,14 +102,14 @@ impl Launcher {
     /// Applies a whole new spec: validate, plan, then attach and detach scsi disks. Invalid
     /// input, and every block device, is checked before anything is touched (and before the
     /// task slot is taken); a failure of one volume does not stop the others.
-    pub async fn sync(&self, input: SyncInput) -> Result<SyncOutcome, LauncherError> {
+    pub(crate) async fn sync(&self, input: SyncInput) -> Result<SyncOutcome, LauncherError> {
         let prepared = self.prepare_sync(input)?;
         self.run(prepared).await.map(|(_, outcome)| outcome)
     }
 
     /// [`Launcher::sync`] of a request whose spec the caller has parsed and validated already
     /// (`vmi`, from `input.spec`'s document): not parsed a second time.
-    pub async fn sync_validated(
+    pub(crate) async fn sync_validated(
         &self,
         input: SyncInput,
         vmi: Validated,

@@ -186,7 +186,7 @@ impl Launcher {
 
     /// Runs an owner's command as a task. `grace` overrides the grace period of a Shutdown.
     /// Returns the task id.
-    pub async fn command(
+    pub(crate) async fn command(
         &self,
         command: Command,
         grace: Option<Duration>,
@@ -252,7 +252,7 @@ impl Launcher {
     }
 
     /// The spec's grace period, or KubeVirt's default.
-    pub fn grace_period(&self) -> Duration {
+    pub(crate) fn grace_period(&self) -> Duration {
         let s = self.state.lock().expect("state lock");
         s.spec
             .spec
@@ -397,7 +397,7 @@ impl Launcher {
     }
 
     /// SIGTERM: stop the guest gracefully and mark the VM final, whatever the run strategy.
-    pub async fn terminate(&self) {
+    pub(crate) async fn terminate(&self) {
         self.update(|s| {
             s.life = s.life.terminate();
             s.restart_at = None;
@@ -420,7 +420,7 @@ impl Launcher {
     /// Removes the domain's definition, the VM stopped first if it still runs (KubeVirt's
     /// `DeleteVirtualMachine`); the launcher and its libvirtd stay, so that the owner reads the
     /// domain gone. True when there was a definition to remove.
-    pub async fn delete_domain(&self) -> Result<bool, LauncherError> {
+    pub(crate) async fn delete_domain(&self) -> Result<bool, LauncherError> {
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         if active {
             self.command(Command::Kill, None).await?;
@@ -437,7 +437,7 @@ impl Launcher {
 
     /// Removes the stopped domain's definition and stops a private libvirtd: the launcher
     /// leaves nothing behind.
-    pub async fn shut_down(&self) {
+    pub(crate) async fn shut_down(&self) {
         self.signals.close();
         if self
             .state

@@ -17,14 +17,14 @@ use crate::lifecycle::{
 };
 
 /// How long a detach may take before the volume is reported stuck in `Detaching`.
-pub const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// KubeVirt's default grace period.
-pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(30);
 /// How long libvirt may take to report a destroyed domain as stopped.
 pub(super) const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone)]
-pub struct LaunchOptions {
+pub(crate) struct LaunchOptions {
     pub strategy: RunStrategy,
     pub convert: ConvertOptions,
     /// The periodic safety-net re-read of the real state.
@@ -51,7 +51,7 @@ pub struct LaunchOptions {
 /// Where the host side of block-device hotplug happens. The hotplug dir itself is
 /// `convert.paths.hotplug_dir`.
 #[derive(Debug, Clone)]
-pub struct HotplugOptions {
+pub(crate) struct HotplugOptions {
     /// Owner of the nodes: the user and group QEMU runs as.
     pub node_owner: NodeOwner,
     pub cgroup_roots: CgroupRoots,
@@ -75,7 +75,7 @@ pub struct HotplugOptions {
 
 /// What `start` did with the domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StartKind {
+pub(crate) enum StartKind {
     Created,
     /// A running domain taken over; `last_sync`: with the last Sync its predecessor accepted,
     /// which stands over the spec file.
@@ -93,20 +93,20 @@ pub enum StartKind {
 // ---- what a Sync asks and what it plans and did
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PlannedAction {
+pub(crate) enum PlannedAction {
     Attach,
     Detach,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlannedChange {
+pub(crate) struct PlannedChange {
     pub action: PlannedAction,
     pub volume: String,
     pub target: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SyncOutcome {
+pub(crate) struct SyncOutcome {
     pub plan: Vec<PlannedChange>,
     pub volumes: Vec<VolumeStatus>,
     /// The vCPU and memory changes, planned (dry run) or done, each with its own result.
@@ -119,14 +119,14 @@ pub struct SyncOutcome {
 /// the saved Sync's file (`launcher::saved`): a renamed variant is a new file version.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
-pub enum BlockSource {
+pub(crate) enum BlockSource {
     Path(PathBuf),
     Number(DevNumber),
 }
 
 /// One Sync request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SyncInput {
+pub(crate) struct SyncInput {
     pub spec: String,
     pub dry_run: bool,
     pub block_devices: BTreeMap<String, BlockSource>,
@@ -140,7 +140,7 @@ pub struct SyncInput {
 
 /// A part of the guest a Sync resizes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResourcePart {
+pub(crate) enum ResourcePart {
     /// Enabled vCPUs.
     Cpu,
     /// Guest memory, in KiB.
@@ -148,7 +148,7 @@ pub enum ResourcePart {
 }
 
 impl ResourcePart {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ResourcePart::Cpu => "cpu",
             ResourcePart::Memory => "memory",
@@ -160,7 +160,7 @@ impl ResourcePart {
 /// the spec asks; `error` is libvirt's words when it refused. `at_restart`: the running guest
 /// keeps `from` and boots next with `to` (a vCPU decrease).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ResourceChange {
+pub(crate) struct ResourceChange {
     pub part: ResourcePart,
     pub from: u64,
     pub to: u64,
@@ -169,7 +169,7 @@ pub struct ResourceChange {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NicAction {
+pub(crate) enum NicAction {
     Attach,
     Detach,
     LinkUp,
@@ -177,7 +177,7 @@ pub enum NicAction {
 }
 
 impl NicAction {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NicAction::Attach => "attach",
             NicAction::Detach => "detach",
@@ -189,7 +189,7 @@ impl NicAction {
 
 /// One interface change a Sync plans or did; `error` is why it failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NicChange {
+pub(crate) struct NicChange {
     pub name: String,
     pub action: NicAction,
     pub error: Option<String>,
@@ -234,7 +234,7 @@ pub(super) fn volume_changes(old: &[VolumeStatus], new: &[VolumeStatus]) -> Vec<
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum VolumePhase {
+pub(crate) enum VolumePhase {
     Pending,
     Attaching,
     Ready,
@@ -242,20 +242,8 @@ pub enum VolumePhase {
     Failed,
 }
 
-impl VolumePhase {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            VolumePhase::Pending => "Pending",
-            VolumePhase::Attaching => "Attaching",
-            VolumePhase::Ready => "Ready",
-            VolumePhase::Detaching => "Detaching",
-            VolumePhase::Failed => "Failed",
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VolumeStatus {
+pub(crate) struct VolumeStatus {
     pub name: String,
     pub target: String,
     pub serial: String,
@@ -269,7 +257,7 @@ pub struct VolumeStatus {
 
 /// A network interface as libvirt runs it (read from the live XML at every start and adoption).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterfaceStatus {
+pub(crate) struct InterfaceStatus {
     pub name: String,
     pub mac: String,
     /// Empty when unknown (QEMU's user-mode network does not report its DHCP leases).
@@ -279,7 +267,7 @@ pub struct InterfaceStatus {
 
 /// A guest port published on the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishedPort {
+pub(crate) struct PublishedPort {
     /// `TCP` or `UDP`, as KubeVirt spells them.
     pub protocol: String,
     pub port: u16,
@@ -289,7 +277,7 @@ pub struct PublishedPort {
 
 /// The vCPUs: the topology the spec asks for, and what the guest has enabled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CpuStatus {
+pub(crate) struct CpuStatus {
     pub sockets: u32,
     pub cores: u32,
     pub threads: u32,
@@ -301,7 +289,7 @@ pub struct CpuStatus {
 
 /// Guest memory in bytes: booted with, asked for, plugged by the guest, and the room.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryStatus {
+pub(crate) struct MemoryStatus {
     pub guest_at_boot: u64,
     pub requested: u64,
     pub current: u64,
@@ -309,18 +297,18 @@ pub struct MemoryStatus {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TaskInfo {
+pub(crate) struct TaskInfo {
     pub id: u64,
     pub command: Command,
 }
 
 /// The condition shown while libvirt says the guest agent is connected (KubeVirt's
 /// `VirtualMachineInstanceAgentConnected`).
-pub const AGENT_CONNECTED: &str = "AgentConnected";
+pub(crate) const AGENT_CONNECTED: &str = "AgentConnected";
 
 /// A condition, KubeVirt style.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Condition {
+pub(crate) struct Condition {
     pub kind: &'static str,
     pub status: bool,
     pub reason: String,
@@ -329,7 +317,7 @@ pub struct Condition {
 
 /// Everything `GetStatus` reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     pub phase: Phase,
     pub phase_reason: Option<PhaseReason>,
     pub printable_status: PrintableStatus,
@@ -409,7 +397,7 @@ impl Status {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TaskOutcome {
+pub(crate) enum TaskOutcome {
     Started,
     Succeeded,
     Failed(String),
@@ -421,7 +409,7 @@ pub enum TaskOutcome {
 /// allocated and written when the launcher starts (with a volume's status inline, 184 bytes a
 /// slot: 184 KiB of heap for the launcher's whole life).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EventKind {
+pub(crate) enum EventKind {
     /// The whole current status: first on every stream, and instead of anything a slow
     /// subscriber missed.
     Resync(Box<Status>),
@@ -442,20 +430,20 @@ pub enum EventKind {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LauncherEvent {
+pub(crate) struct LauncherEvent {
     /// Strictly increasing, without gaps on a stream that was not resynced.
     pub seq: u64,
     pub kind: EventKind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationRole {
+pub(crate) enum MigrationRole {
     Source,
     Target,
 }
 
 impl MigrationRole {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MigrationRole::Source => "source",
             MigrationRole::Target => "target",
@@ -464,7 +452,7 @@ impl MigrationRole {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationState {
+pub(crate) enum MigrationState {
     /// A target no source has come to yet.
     Waiting,
     /// The source asks the target to get ready; the target makes its disks.
@@ -477,7 +465,7 @@ pub enum MigrationState {
 }
 
 impl MigrationState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MigrationState::Waiting => "Waiting",
             MigrationState::Preparing => "Preparing",
@@ -498,7 +486,7 @@ impl MigrationState {
 
 /// The migration in flight or last ended, as status shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigrationStatus {
+pub(crate) struct MigrationStatus {
     pub role: MigrationRole,
     pub state: MigrationState,
     /// The target's API socket (on the source), the source's libvirt (on the target).
@@ -511,7 +499,7 @@ pub struct MigrationStatus {
 }
 
 impl MigrationStatus {
-    pub fn new(role: MigrationRole, state: MigrationState, peer: String) -> Self {
+    pub(crate) fn new(role: MigrationRole, state: MigrationState, peer: String) -> Self {
         MigrationStatus {
             role,
             state,
@@ -533,7 +521,7 @@ impl MigrationStatus {
         self.role == MigrationRole::Source && !self.state.is_over()
     }
 
-    pub fn elapsed(&self) -> Duration {
+    pub(crate) fn elapsed(&self) -> Duration {
         self.took.unwrap_or_else(|| self.started.elapsed())
     }
 

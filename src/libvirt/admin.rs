@@ -19,7 +19,7 @@ const X509_DNAME: &str = "tls_x509_dname";
 const NO_IDENTITY: &str = "No identity information available for client";
 
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     #[error("cannot run virt-admin (is libvirt-clients installed?)")]
     Spawn(#[source] std::io::Error),
     #[error("virt-admin {command} on {uri} failed: {stderr}")]
@@ -32,7 +32,7 @@ pub enum AdminError {
 
 /// The clients of a libvirtd's TLS listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TlsClients {
+pub(crate) struct TlsClients {
     /// Through their handshake, with a certificate libvirtd checked: a libvirtd driving a
     /// migration, or a person with a launcher's certificate.
     pub authenticated: usize,
@@ -41,7 +41,7 @@ pub struct TlsClients {
 }
 
 /// The admin URI of the libvirtd whose sockets are in `sock_dir`.
-pub fn admin_uri(sock_dir: &Path) -> String {
+pub(crate) fn admin_uri(sock_dir: &Path) -> String {
     format!(
         "libvirtd:///system?socket={}",
         sock_dir.join("libvirt-admin-sock").display()
@@ -69,7 +69,7 @@ fn virt_admin(uri: &str, command: &'static str, args: &[&str]) -> Result<String,
 /// Counts the TLS clients of the libvirtd at admin `uri`. A client libvirt cannot describe
 /// (it left between the list and the question, or anything else) counts as authenticated: it
 /// may be the source's libvirtd, and the next look, which will not list one that left, decides.
-pub fn tls_clients(uri: &str) -> Result<TlsClients, AdminError> {
+pub(crate) fn tls_clients(uri: &str) -> Result<TlsClients, AdminError> {
     let list = virt_admin(uri, "srv-clients-list", &[SERVER])?;
     let mut counted = TlsClients::default();
     for id in tls_client_ids(&list) {

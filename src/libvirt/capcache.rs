@@ -37,14 +37,14 @@ pub const DEFAULT_DIR: &str = "/var/cache/vmlauncher/qemu-capabilities";
 
 /// The private libvirtd's cache directory, relative to its libvirt dir (`/var/cache/libvirt` is
 /// its `cache` subdirectory, see `daemon.rs`).
-pub const PRIVATE_SUBDIR: &str = "cache/qemu/capabilities";
+pub(crate) const PRIVATE_SUBDIR: &str = "cache/qemu/capabilities";
 
 /// The largest capability file read: libvirt's are about 200 KiB (209 468 bytes for Debian 12's
 /// QEMU 7.2), so this leaves room for far larger QEMUs and still stops a planted giant.
 const MAX_FILE: u64 = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CapCacheError {
+pub(crate) enum CapCacheError {
     #[error("cannot read the capability cache {path}")]
     Read {
         path: PathBuf,
@@ -122,7 +122,7 @@ fn put(
 
 /// Copies every shared cache file into the private cache `private` (made if missing). Returns
 /// how many were copied; none from a shared dir that is not the launcher's own.
-pub fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
+pub(crate) fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
     match fs::symlink_metadata(shared) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
         _ => check_shared(shared)?,
@@ -133,7 +133,7 @@ pub fn seed(shared: &Path, private: &Path) -> Result<usize, CapCacheError> {
 /// Publishes every private cache file that the shared cache lacks or holds differently.
 /// Returns how many were written; none into a shared dir that is not the launcher's own (checked
 /// above it before it is made, and itself once it exists).
-pub fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
+pub(crate) fn publish(private: &Path, shared: &Path) -> Result<usize, CapCacheError> {
     owned_dir::check_ancestors(shared).map_err(|source| CapCacheError::Unsafe {
         dir: shared.into(),
         source,
@@ -198,7 +198,7 @@ fn copy_files(from: &Path, to: &Path, which: Which) -> Result<usize, CapCacheErr
 
 /// Has libvirtd on `conn` load QEMU's capabilities (probing QEMU if its cache has no valid file),
 /// through the domain capabilities every start asks for anyway.
-pub fn load_capabilities(conn: &virt::connect::Connect) -> Result<(), virt::error::Error> {
+pub(crate) fn load_capabilities(conn: &virt::connect::Connect) -> Result<(), virt::error::Error> {
     // One cache file per QEMU binary, whatever the virt type: "qemu" is always available.
     conn.domain_capabilities(None, Some("x86_64"), None, Some("qemu"), 0)
         .map(drop)

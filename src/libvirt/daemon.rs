@@ -10,7 +10,7 @@
 //! console log itself, and the launcher keeps them bounded (`crate::logs`).
 //!
 //! The daemon the launcher starts is watched by a thread blocked in `wait()`: when it exits, the
-//! launcher hears of it at once (no polling) and [`PrivateDaemon::ensure_running`] starts it again.
+//! launcher hears of it at once (no polling) and `PrivateDaemon::ensure_running` starts it again.
 
 use std::ffi::CString;
 use std::fs;
@@ -39,7 +39,7 @@ use super::start_pin;
 use crate::tricks::{enabled, Trick};
 
 /// How long a fresh daemon may take to answer (the first libvirtd start probes QEMU).
-pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a daemon may take to stop on SIGTERM before it gets SIGKILL.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -86,7 +86,7 @@ pub enum DaemonError {
 }
 
 /// Told the name of a daemon the launcher started when it exits.
-pub type ExitNotifier = Arc<dyn Fn(&'static str) + Send + Sync>;
+pub(crate) type ExitNotifier = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 /// One daemon process: started by us (watched by a thread) or adopted from its pid file.
 #[derive(Debug)]
@@ -178,7 +178,7 @@ impl PrivateDaemon {
     }
 
     /// The client socket of the libvirtd whose files live in `dir`.
-    pub fn socket_for(dir: &Path) -> PathBuf {
+    pub(crate) fn socket_for(dir: &Path) -> PathBuf {
         dir.join("sock/libvirt-sock")
     }
 
@@ -190,7 +190,7 @@ impl PrivateDaemon {
     /// Reuses the daemons of `dir` that still run (an earlier launcher's, after it died) and
     /// starts the others. `on_exit` hears of every daemon this call (or a later
     /// [`ensure_running`](Self::ensure_running)) starts when it exits.
-    pub fn adopt_or_start(
+    pub(crate) fn adopt_or_start(
         dir: &Path,
         options: DaemonOptions,
         on_exit: Option<ExitNotifier>,
@@ -235,7 +235,7 @@ impl PrivateDaemon {
     }
 
     /// Starts libvirtd if it is not running, and waits until it answers.
-    pub fn ensure_running(&mut self) -> Result<(), DaemonError> {
+    pub(crate) fn ensure_running(&mut self) -> Result<(), DaemonError> {
         self.prepare()?;
         if !self.libvirtd.as_ref().is_some_and(DaemonProcess::is_alive) {
             if self.libvirtd.is_some() {
@@ -255,13 +255,13 @@ impl PrivateDaemon {
 
     /// The connection that found the daemon answering at its last start, if nobody took it:
     /// the caller's own from now on.
-    pub fn take_connection(&mut self) -> Option<virt::connect::Connect> {
+    pub(crate) fn take_connection(&mut self) -> Option<virt::connect::Connect> {
         self.answered.take()
     }
 
     /// Waits until QEMU's capabilities started loading at the last start are loaded and
     /// published (`warm-cache` exits then).
-    pub fn wait_capabilities(&mut self) {
+    pub(crate) fn wait_capabilities(&mut self) {
         if let Some(publishing) = self.publishing.take() {
             let _ = publishing.join();
         }
@@ -333,11 +333,6 @@ impl PrivateDaemon {
         &self.uri
     }
 
-    /// libvirtd runs.
-    pub fn is_alive(&mut self) -> bool {
-        self.libvirtd.as_ref().is_some_and(DaemonProcess::is_alive)
-    }
-
     /// libvirtd's pid.
     pub fn pid(&self) -> Option<i32> {
         self.libvirtd.as_ref().map(|p| p.pid)
@@ -365,7 +360,7 @@ impl PrivateDaemon {
     /// client limits, which stop every socket accepting, the unix one too, and leave the port in
     /// LISTEN). QEMU runs on and the new daemon takes it back, as after a crash; the exit of the
     /// old one is not reported (it is planned). False if there was no listener.
-    pub fn close_tls_listener(&mut self) -> Result<bool, DaemonError> {
+    pub(crate) fn close_tls_listener(&mut self) -> Result<bool, DaemonError> {
         let Some(tls) = self
             .options
             .migration_tls
@@ -385,12 +380,12 @@ impl PrivateDaemon {
     }
 
     /// Where libvirtd writes each domain's QEMU log (`/var/log/libvirt/qemu` in its namespace).
-    pub fn qemu_log_dir(dir: &Path) -> PathBuf {
+    pub(crate) fn qemu_log_dir(dir: &Path) -> PathBuf {
         dir.join("log/qemu")
     }
 
     /// Where libvirtd keeps swtpm's state (`/var/lib/libvirt/swtpm` in its namespace).
-    pub fn swtpm_dir(dir: &Path) -> PathBuf {
+    pub(crate) fn swtpm_dir(dir: &Path) -> PathBuf {
         dir.join("lib/swtpm")
     }
 

@@ -14,7 +14,7 @@ use std::sync::{Mutex, PoisonError};
 
 /// What a delivered event may have changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// The device of `alias` is gone from `domain`, and nothing else changed.
     DeviceRemoved { domain: String, alias: String },
     /// The device of `alias` was added to `domain`: what it is, only a read of the domain
@@ -30,7 +30,7 @@ pub enum Change {
 impl Change {
     /// A device came or went, or the guest did something inside: the domain's power state is
     /// as it was.
-    pub fn keeps_power_state(&self) -> bool {
+    pub(crate) fn keeps_power_state(&self) -> bool {
         !matches!(self, Change::Other)
     }
 }
@@ -42,7 +42,7 @@ static COUNT: AtomicU64 = AtomicU64::new(0);
 static LOG: Mutex<Log> = Mutex::new(Log::new());
 
 /// The number of events delivered so far.
-pub fn count() -> u64 {
+pub(crate) fn count() -> u64 {
     COUNT.load(Ordering::SeqCst)
 }
 
@@ -58,7 +58,7 @@ pub(super) fn deliver(change: Change) -> u64 {
 
 /// What the events after count `after`, up to and with count `upto`, changed, in order; `None`
 /// when the log no longer reaches back that far.
-pub fn between(after: u64, upto: u64) -> Option<Vec<Change>> {
+pub(crate) fn between(after: u64, upto: u64) -> Option<Vec<Change>> {
     LOG.lock()
         .unwrap_or_else(PoisonError::into_inner)
         .between(after, upto)

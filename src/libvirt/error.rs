@@ -6,7 +6,7 @@ use super::events;
 
 /// The most of a guest agent's answer we take: the agent is the guest's, its answers untrusted;
 /// the largest real one (`guest-get-fsinfo` of a guest with many mounts) is some tens of KB.
-pub const MAX_AGENT_ANSWER: usize = 1 << 20;
+pub(crate) const MAX_AGENT_ANSWER: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LibvirtError {
@@ -54,18 +54,18 @@ pub(super) fn code_is(e: &virt::error::Error, n: ErrorNumber) -> bool {
 impl LibvirtError {
     /// libvirt found no such device in the domain (`VIR_ERR_DEVICE_MISSING`): for a detach, the
     /// device is gone already.
-    pub fn is_device_missing(&self) -> bool {
+    pub(crate) fn is_device_missing(&self) -> bool {
         matches!(self, LibvirtError::Call { source, .. } if code_is(source, ErrorNumber::DeviceMissing))
     }
 
     /// libvirt gave up waiting (`VIR_ERR_OPERATION_TIMEOUT`): for a call that takes the domain's
     /// job (an attach, a detach), another job held it past libvirt's 30 s wait.
-    pub fn is_operation_timeout(&self) -> bool {
+    pub(crate) fn is_operation_timeout(&self) -> bool {
         matches!(self, LibvirtError::Call { source, .. } if code_is(source, ErrorNumber::OperationTimeout))
     }
 
     /// libvirt's own message, for status reports that show one line.
-    pub fn libvirt_message(&self) -> String {
+    pub(crate) fn libvirt_message(&self) -> String {
         match self {
             LibvirtError::Connect { source, .. } | LibvirtError::Call { source, .. } => {
                 source.message().to_string()
@@ -75,7 +75,7 @@ impl LibvirtError {
     }
 
     /// The failure is about reaching libvirt, not about the request.
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         match self {
             LibvirtError::Connect { .. } => true,
             LibvirtError::Call { source, .. } => matches!(

@@ -10,7 +10,7 @@
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int, c_void};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc::UnboundedSender;
 use virt::connect::Connect;
@@ -58,12 +58,12 @@ pub enum HypervisorEvent {
     ConnectionClosed { reason: i32 },
 }
 
-pub use super::states::{lifecycle_event, lifecycle_names};
+pub(crate) use super::states::{lifecycle_event, lifecycle_names};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EventError {
-    #[error("cannot register libvirt's default event loop: {0}")]
-    EventLoop(String),
+    #[error("cannot register libvirt's default event loop")]
+    EventLoop(#[source] Arc<EventLoopError>),
     #[error("cannot register for libvirt event {event_id}")]
     Register {
         event_id: i32,
@@ -72,15 +72,25 @@ pub enum EventError {
     },
 }
 
+/// Why libvirt's event loop did not start: kept once, for every later call to return.
+#[derive(Debug, thiserror::Error)]
+pub enum EventLoopError {
+    #[error(transparent)]
+    Register(virt::error::Error),
+    #[error("cannot start its thread")]
+    Thread(#[source] std::io::Error),
+}
+
 /// Registers libvirt's default event loop implementation and runs it on a thread of its own.
 /// Must run before the first connection is opened (libvirt's rule); later calls do nothing.
 pub fn ensure_event_loop() -> Result<(), EventError> {
-    static LOOP: OnceLock<Result<(), String>> = OnceLock::new();
+    static LOOP: OnceLock<Result<(), Arc<EventLoopError>>> = OnceLock::new();
     LOOP.get_or_init(|| {
         super::skip_unused_ssh_crypto_setup();
         // libvirt prints every error to stderr by default; vmlauncher reports them itself.
         virt::error::clear_error_callback();
-        virt::event::event_register_default_impl().map_err(|e| e.to_string())?;
+        virt::event::event_register_default_impl()
+            .map_err(|e| Arc::new(EventLoopError::Register(e)))?;
         std::thread::Builder::new()
             .name("libvirt-events".into())
             .spawn(|| loop {
@@ -88,7 +98,7 @@ pub fn ensure_event_loop() -> Result<(), EventError> {
                     tracing::error!(error = %e, "libvirt event loop iteration failed");
                 }
             })
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Arc::new(EventLoopError::Thread(e)))?;
         Ok(())
     })
     .clone()
@@ -155,7 +165,7 @@ type DiskChangeCallback = unsafe extern "C" fn(
 impl EventRegistration {
     /// Subscribes to lifecycle, reboot, control-error, I/O-error, device-added, device-removed,
     /// guest-agent lifecycle and memory-device-size events of every domain on `conn`, to the connection-close callback, and, only to count
-    /// them (see [`delivered`](super::delivered)), to the events that tell of a disk changed by
+    /// them (see `delivered`), to the events that tell of a disk changed by
     /// someone else: a block job's end (a pivot changes a source), a tray moved, a medium
     /// changed.
     pub fn register(conn: &Connect, tx: Sender) -> Result<Self, EventError> {

@@ -8,7 +8,7 @@ use super::{Hypervisor, LibvirtError};
 
 /// Where and how a guest goes.
 #[derive(Debug, Clone, Default)]
-pub struct MigrateTo {
+pub(crate) struct MigrateTo {
     /// The target's libvirt (`qemu+unix:///system?socket=...`).
     pub libvirt_uri: String,
     /// Where the target's QEMU takes the memory stream (`unix:///...`).
@@ -61,7 +61,7 @@ pub fn completed_job_of(dom: &Domain) -> Result<Option<JobProgress>, virt::error
 
 impl Hypervisor {
     /// The domain's XML as another host can define it (`VIR_DOMAIN_XML_MIGRATABLE`).
-    pub fn migratable_xml(&self, name: &str) -> Result<String, LibvirtError> {
+    pub(crate) fn migratable_xml(&self, name: &str) -> Result<String, LibvirtError> {
         self.on_domain(name, "get migratable XML", |dom| {
             dom.xml_desc(sys::VIR_DOMAIN_XML_MIGRATABLE | sys::VIR_DOMAIN_XML_SECURE)
         })
@@ -70,7 +70,7 @@ impl Hypervisor {
     /// Moves the running (or paused) domain to `to`; returns once it runs there and is gone
     /// here. Blocks for the whole migration: call it off the async runtime. A paused guest
     /// stays paused (libvirt resumes only a guest that ran).
-    pub fn migrate(&self, name: &str, to: &MigrateTo) -> Result<(), LibvirtError> {
+    pub(crate) fn migrate(&self, name: &str, to: &MigrateTo) -> Result<(), LibvirtError> {
         let mut flags = MIGRATE_FLAGS;
         if !to.copy_disks.is_empty() {
             // Incremental: a copied overlay's backing (a container disk's image) is on both sides.
@@ -95,19 +95,19 @@ impl Hypervisor {
     }
 
     /// The migration job's progress now; `None` when no job runs.
-    pub fn job_progress(&self, name: &str) -> Result<Option<JobProgress>, LibvirtError> {
+    pub(crate) fn job_progress(&self, name: &str) -> Result<Option<JobProgress>, LibvirtError> {
         self.on_domain(name, "get job stats", |dom| job_stats(dom, 0))
             .map(|(kind, stats)| (kind != sys::VIR_DOMAIN_JOB_NONE as i32).then_some(stats))
     }
 
     /// The statistics of the migration that just completed ([`completed_job_of`]): on the
     /// target, where the domain stays (the source's are gone with its domain).
-    pub fn completed_job(&self, name: &str) -> Result<Option<JobProgress>, LibvirtError> {
+    pub(crate) fn completed_job(&self, name: &str) -> Result<Option<JobProgress>, LibvirtError> {
         self.on_domain(name, "get completed job stats", completed_job_of)
     }
 
     /// Aborts the domain's job (the migration in flight): the guest stays here.
-    pub fn abort_job(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn abort_job(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "abort job", |dom: &Domain| {
             // SAFETY: a valid domain handle; the call takes no pointers of ours.
             let rc = unsafe { sys::virDomainAbortJob(dom.as_ptr()) };
@@ -121,13 +121,13 @@ impl Hypervisor {
 
     /// Whether libvirt keeps a definition of the domain (a migrated-in domain becomes persistent
     /// only when the migration finished).
-    pub fn is_persistent(&self, name: &str) -> Result<bool, LibvirtError> {
+    pub(crate) fn is_persistent(&self, name: &str) -> Result<bool, LibvirtError> {
         self.on_domain(name, "is persistent", |dom| dom.is_persistent())
     }
 
     /// Publishes the domain's ports now (a guest that came by migration: its source's QEMU held
     /// them until it ended).
-    pub fn publish_ports(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn publish_ports(&self, name: &str) -> Result<(), LibvirtError> {
         let dom = self.domain(name)?;
         super::publish_ports(&dom, name, None)
     }

@@ -4,11 +4,11 @@
 //! Every call here blocks: async callers run them under `block_in_place` (the launcher's `call`)
 //! or with `spawn_blocking`, never on an async worker as it is.
 
-pub mod admin;
+pub(crate) mod admin;
 pub mod capcache;
 pub mod daemon;
 mod daemon_conf;
-pub mod delivered;
+pub(crate) mod delivered;
 mod error;
 pub mod events;
 mod kvm_node;
@@ -19,7 +19,7 @@ mod ports;
 pub mod process;
 mod start_pin;
 mod states;
-pub mod stats;
+pub(crate) mod stats;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -39,9 +39,9 @@ use ports::publish_ports;
 /// index per attach in flight when it died; libvirt runs one at a time).
 const ATTACH_NODE_NAME_RETRIES: u32 = 3;
 use error::code_is;
-pub use error::{LibvirtError, MAX_AGENT_ANSWER};
-pub use states::power_state_from_raw;
-pub use stats::{DomainStats, TypedValue};
+pub(crate) use error::{LibvirtError, MAX_AGENT_ANSWER};
+pub(crate) use states::power_state_from_raw;
+pub(crate) use stats::{DomainStats, TypedValue};
 
 /// Opens a connection to `uri`, with libvirt's process-wide set-up trimmed first.
 pub(crate) fn connect(uri: &str) -> Result<Connect, virt::error::Error> {
@@ -98,7 +98,7 @@ impl Hypervisor {
     }
 
     /// [`Hypervisor::open`] on `conn`, a connection to `uri` open already, if given.
-    pub fn open_on(
+    pub(crate) fn open_on(
         uri: &str,
         conn: Option<Connect>,
         events: UnboundedSender<HypervisorEvent>,
@@ -123,12 +123,8 @@ impl Hypervisor {
         })
     }
 
-    pub fn uri(&self) -> &str {
-        &self.uri
-    }
-
     /// The connection still works (libvirt's keepalive and socket state).
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.conn.is_alive().unwrap_or(false)
     }
 
@@ -194,7 +190,7 @@ impl Hypervisor {
     }
 
     /// Whether libvirt has `name` now: always asked, never answered from the kept handle.
-    pub fn exists(&self, name: &str) -> Result<bool, LibvirtError> {
+    pub(crate) fn exists(&self, name: &str) -> Result<bool, LibvirtError> {
         match self.domain(name) {
             Ok(_) => Ok(true),
             Err(LibvirtError::NoDomain { .. }) => Ok(false),
@@ -210,7 +206,7 @@ impl Hypervisor {
     /// devices, then again with that many empty root ports after its own (`DomainDef`).
     /// `ports`: the definition forwards host ports (`hostfwd_add`, which needs the live XML);
     /// without, that read is skipped.
-    pub fn define_and_start(
+    pub(crate) fn define_and_start(
         &self,
         name: &str,
         xml: &str,
@@ -270,7 +266,7 @@ impl Hypervisor {
     }
 
     /// State and reason, with libvirt errors reported (the `virt` crate's `state()` hides them).
-    pub fn power_state(&self, name: &str) -> Result<PowerState, LibvirtError> {
+    pub(crate) fn power_state(&self, name: &str) -> Result<PowerState, LibvirtError> {
         self.on_domain(name, "get state", |dom| {
             let (mut state, mut reason) = (-1, -1);
             // SAFETY: `dom` is a valid domain for the duration of the call; both out-pointers
@@ -293,7 +289,7 @@ impl Hypervisor {
 
     /// The versioned machine an alias such as `q35` stands for on this host (`pc-q35-7.2`), from
     /// the domain capabilities of the one emulator that would run it.
-    pub fn canonical_machine(
+    pub(crate) fn canonical_machine(
         &self,
         alias: &str,
         virt_type: crate::domain::VirtType,
@@ -311,12 +307,12 @@ impl Hypervisor {
         Ok(crate::domain::domain_capabilities_machine(&xml))
     }
 
-    pub fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
+    pub(crate) fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
         self.on_domain(name, "get XML", |d| d.xml_desc(0))
     }
 
     /// Attaches a disk; `fds` as for [`Self::define_and_start`].
-    pub fn attach(
+    pub(crate) fn attach(
         &self,
         name: &str,
         disk_xml: &str,
@@ -362,7 +358,12 @@ impl Hypervisor {
     /// Asks for a detach; the device is gone only when libvirt sends DEVICE_REMOVED.
     /// The live detach; a disk that an attach also wrote to the persistent definition (a user
     /// alias there) leaves that definition too, so a later start does not bring it back.
-    pub fn detach(&self, name: &str, disk_xml: &str, alias: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn detach(
+        &self,
+        name: &str,
+        disk_xml: &str,
+        alias: &str,
+    ) -> Result<(), LibvirtError> {
         let inactive = self.on_domain(name, "get inactive XML", |dom| {
             dom.xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
         })?;
@@ -378,7 +379,7 @@ impl Hypervisor {
 
     /// Plugs a network interface into the running guest and its persistent definition, then
     /// publishes its ports (a user-mode one's), as a start does.
-    pub fn attach_interface(
+    pub(crate) fn attach_interface(
         &self,
         name: &str,
         interface_xml: &str,
@@ -394,7 +395,7 @@ impl Hypervisor {
 
     /// Sets how many vCPUs are enabled, in the running guest and in the persistent definition.
     /// libvirt plugs or unplugs them one by one; an unplug waits for the guest to let go.
-    pub fn set_vcpus(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
+    pub(crate) fn set_vcpus(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
         let flags = sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG;
         self.on_domain(name, "set vCPUs", |d| d.set_vcpus_flags(count, flags))
     }
@@ -402,7 +403,11 @@ impl Hypervisor {
     /// Sets how many vCPUs the persistent definition enables, leaving the running guest as it
     /// is: a decrease waits for the next boot (a live unplug does not complete under QEMU 7.2),
     /// and a Sync that asks again what the guest has takes a waiting decrease back.
-    pub fn set_vcpus_at_next_boot(&self, name: &str, count: u32) -> Result<(), LibvirtError> {
+    pub(crate) fn set_vcpus_at_next_boot(
+        &self,
+        name: &str,
+        count: u32,
+    ) -> Result<(), LibvirtError> {
         self.on_domain(name, "set vCPUs of the persistent definition", |d| {
             d.set_vcpus_flags(count, sys::VIR_DOMAIN_AFFECT_CONFIG)
         })
@@ -417,7 +422,7 @@ impl Hypervisor {
     }
 
     /// How many vCPUs the persistent definition enables (what the next boot gets).
-    pub fn vcpus_at_next_boot(&self, name: &str) -> Result<u32, LibvirtError> {
+    pub(crate) fn vcpus_at_next_boot(&self, name: &str) -> Result<u32, LibvirtError> {
         self.on_domain(name, "get vCPUs of the persistent definition", |d| {
             d.vcpus_flags(sys::VIR_DOMAIN_AFFECT_CONFIG)
         })
@@ -425,7 +430,7 @@ impl Hypervisor {
 
     /// Changes a device of the running guest and of the persistent definition (virtio-mem's
     /// requested size: the only change libvirt takes for it).
-    pub fn update_device(&self, name: &str, device_xml: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn update_device(&self, name: &str, device_xml: &str) -> Result<(), LibvirtError> {
         let flags = sys::VIR_DOMAIN_AFFECT_LIVE | sys::VIR_DOMAIN_AFFECT_CONFIG;
         self.on_domain(name, "update device", |d| {
             d.update_device_flags(device_xml, flags)
@@ -433,33 +438,33 @@ impl Hypervisor {
     }
 
     /// Presses the ACPI power button.
-    pub fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn shutdown_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "shutdown", |d| {
             d.shutdown_flags(sys::VIR_DOMAIN_SHUTDOWN_ACPI_POWER_BTN)
         })
     }
 
-    pub fn destroy(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn destroy(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "destroy", Domain::destroy)
     }
 
-    pub fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn suspend(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "suspend", Domain::suspend)
     }
 
-    pub fn resume(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn resume(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "resume", Domain::resume)
     }
 
     /// Asks the guest to reboot through ACPI (libvirt powers it back on when it powers off).
-    pub fn reboot_acpi(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn reboot_acpi(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "reboot", |d| {
             d.reboot(sys::VIR_DOMAIN_REBOOT_ACPI_POWER_BTN)
         })
     }
 
     /// The reset button: immediate, no guest cooperation.
-    pub fn reset(&self, name: &str) -> Result<(), LibvirtError> {
+    pub(crate) fn reset(&self, name: &str) -> Result<(), LibvirtError> {
         self.on_domain(name, "reset", Domain::reset)
     }
 
@@ -467,7 +472,7 @@ impl Hypervisor {
     /// The version of the QEMU that runs `name` (QMP `query-version`), `major.minor.micro`;
     /// `None` when the reply does not say. Asked of the running QEMU because libvirt's
     /// hypervisor version probes QEMU's capabilities the first time it is asked (4.7 s here).
-    pub fn qemu_version(&self, name: &str) -> Result<Option<String>, LibvirtError> {
+    pub(crate) fn qemu_version(&self, name: &str) -> Result<Option<String>, LibvirtError> {
         let reply = self.on_domain(name, "query-version", |dom| {
             dom.qemu_monitor_command(r#"{"execute":"query-version"}"#, 0)
         })?;
@@ -486,19 +491,19 @@ impl Hypervisor {
     }
 
     /// The hypervisor's version, `major.minor.release`.
-    pub fn version(&self) -> Result<String, LibvirtError> {
+    pub(crate) fn version(&self) -> Result<String, LibvirtError> {
         version_of(&self.conn)
     }
 
     /// libvirt's bulk stats of the domain (see [`stats::STATS`] for the groups).
-    pub fn domain_stats(&self, name: &str) -> Result<DomainStats, LibvirtError> {
+    pub(crate) fn domain_stats(&self, name: &str) -> Result<DomainStats, LibvirtError> {
         self.on_domain(name, "get stats", stats::domain_stats)
     }
 
     /// One command to the QEMU guest agent (`{"execute":"guest-info"}`), its JSON answer as the
     /// agent gave it, waiting at most `timeout_secs`. An answer over [`MAX_AGENT_ANSWER`] bytes
     /// is refused (an error), so that callers never parse what a guest inflated.
-    pub fn agent_command(
+    pub(crate) fn agent_command(
         &self,
         name: &str,
         command: &str,
@@ -518,7 +523,7 @@ impl Hypervisor {
 
     /// Removes the definition. libvirt refuses a plain undefine of a domain whose EFI variables
     /// file exists: the caller says whether the variables go with it.
-    pub fn undefine(&self, name: &str, nvram: Nvram) -> Result<(), LibvirtError> {
+    pub(crate) fn undefine(&self, name: &str, nvram: Nvram) -> Result<(), LibvirtError> {
         let undefined = self.on_domain(name, "undefine", |d| d.undefine_flags(nvram.flags()));
         self.forget_domain();
         undefined
@@ -527,7 +532,7 @@ impl Hypervisor {
 
 /// What an undefine does with an EFI VM's variables file (`<nvram>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Nvram {
+pub(crate) enum Nvram {
     /// Kept: a restart boots with the variables the guest set (boot entries, Secure Boot's
     /// keys), as KubeVirt's `DeleteVMI` keeps them.
     Keep,
@@ -546,7 +551,7 @@ impl Nvram {
 
 /// The hypervisor's version at `uri` (QEMU's: `7.2.0`), on a connection of its own that follows
 /// no events: for a question asked before the launcher has its connection.
-pub fn hypervisor_version(uri: &str) -> Result<String, LibvirtError> {
+pub(crate) fn hypervisor_version(uri: &str) -> Result<String, LibvirtError> {
     let conn = connect(uri).map_err(|source| LibvirtError::Connect {
         uri: uri.into(),
         source,
@@ -572,7 +577,7 @@ fn version_of(conn: &Connect) -> Result<String, LibvirtError> {
 
 /// Where the launcher's hypervisor is.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// Any libvirt, by URI (`--connect`).
     Uri(String),
     /// A private libvirtd with everything under `dir`, started (and restarted) by the launcher.
@@ -595,7 +600,7 @@ pub enum ConnectError {
 /// Opens connections to the backend, the first time and after every loss: a private daemon that
 /// died is started again (QEMU keeps running meanwhile and the new daemon finds it).
 #[derive(Debug)]
-pub struct Connector {
+pub(crate) struct Connector {
     backend: Backend,
     daemon: Mutex<Option<daemon::PrivateDaemon>>,
     events: UnboundedSender<HypervisorEvent>,
@@ -604,7 +609,7 @@ pub struct Connector {
 }
 
 impl Connector {
-    pub fn new(backend: Backend, events: UnboundedSender<HypervisorEvent>) -> Self {
+    pub(crate) fn new(backend: Backend, events: UnboundedSender<HypervisorEvent>) -> Self {
         Connector {
             backend,
             daemon: Mutex::new(None),
@@ -613,7 +618,7 @@ impl Connector {
         }
     }
 
-    pub fn uri(&self) -> String {
+    pub(crate) fn uri(&self) -> String {
         match &self.backend {
             Backend::Uri(uri) => uri.clone(),
             Backend::Private { dir, .. } => daemon::PrivateDaemon::uri_for(dir),
@@ -622,7 +627,7 @@ impl Connector {
 
     /// Blocking. Makes sure the private daemons run (adopting, starting or restarting them),
     /// then connects; every domain event of the new connection goes to the connector's channel.
-    pub fn connect(&self) -> Result<Hypervisor, ConnectError> {
+    pub(crate) fn connect(&self) -> Result<Hypervisor, ConnectError> {
         self.ensure_daemons()?;
         // The connection that saw a daemon just started answer, if there is one: no second
         // handshake.
@@ -636,7 +641,7 @@ impl Connector {
     }
 
     /// Blocking. Starts whichever private daemon is not running; nothing for a `--connect` URI.
-    pub fn ensure_daemons(&self) -> Result<(), ConnectError> {
+    pub(crate) fn ensure_daemons(&self) -> Result<(), ConnectError> {
         let Backend::Private { dir, options } = &self.backend else {
             return Ok(());
         };
@@ -663,13 +668,13 @@ impl Connector {
 
     /// Whether QEMU runs in the private libvirtd's own mount namespace (libvirt gives it none
     /// of its own: in a container, `DaemonOptions::domain_namespace` off).
-    pub fn qemu_in_daemon_namespace(&self) -> bool {
+    pub(crate) fn qemu_in_daemon_namespace(&self) -> bool {
         matches!(&self.backend, Backend::Private { options, .. } if !options.domain_namespace)
     }
 
     /// Where the private daemon keeps swtpm's state (its `/var/lib/libvirt/swtpm`); `None`
     /// for a `--connect`ed libvirt, whose state is that daemon's own.
-    pub fn swtpm_dir(&self) -> Option<std::path::PathBuf> {
+    pub(crate) fn swtpm_dir(&self) -> Option<std::path::PathBuf> {
         match &self.backend {
             Backend::Private { dir, .. } => Some(daemon::PrivateDaemon::swtpm_dir(dir)),
             Backend::Uri(_) => None,
@@ -677,12 +682,12 @@ impl Connector {
     }
 
     /// The private daemon's pid, if the launcher runs one.
-    pub fn daemon_pid(&self) -> Option<i32> {
+    pub(crate) fn daemon_pid(&self) -> Option<i32> {
         self.daemon.lock().expect("daemon lock").as_ref()?.pid()
     }
 
     /// Blocking. The clients of the private libvirtd's TLS listener (a migration target's).
-    pub fn tls_clients(&self) -> Result<admin::TlsClients, admin::AdminError> {
+    pub(crate) fn tls_clients(&self) -> Result<admin::TlsClients, admin::AdminError> {
         let dir = match &self.backend {
             Backend::Private { dir, .. } => dir,
             Backend::Uri(_) => return Ok(admin::TlsClients::default()),
@@ -693,7 +698,7 @@ impl Connector {
     /// Blocking. Starts the private libvirtd again without its TLS listener (see
     /// [`daemon::PrivateDaemon::close_tls_listener`]); false if it had none. The caller's
     /// connection is closed by it: the caller opens another.
-    pub fn close_tls_listener(&self) -> Result<bool, ConnectError> {
+    pub(crate) fn close_tls_listener(&self) -> Result<bool, ConnectError> {
         let mut slot = self.daemon.lock().expect("daemon lock");
         if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(ConnectError::Stopped);
@@ -705,7 +710,7 @@ impl Connector {
     }
 
     /// Stops the private daemon, if any (at exit).
-    pub fn stop_daemon(&self) {
+    pub(crate) fn stop_daemon(&self) {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(mut d) = self.daemon.lock().expect("daemon lock").take() {
@@ -716,7 +721,7 @@ impl Connector {
 
 /// Whether the libvirt this launcher is built with passes disk images as descriptors
 /// (`fdgroup`, `virDomainFDAssociate`: libvirt 9.0.0).
-pub fn supports_fd_groups() -> bool {
+pub(crate) fn supports_fd_groups() -> bool {
     // This may be the process's first libvirt call (`run` asks before any connection), and
     // every call runs libvirt's global set-up first.
     skip_unused_ssh_crypto_setup();

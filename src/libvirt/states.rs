@@ -220,7 +220,7 @@ fn find<T: Copy>(table: &[(u32, T)], raw: i32) -> Option<T> {
 
 /// libvirt's numeric state and reason (`virDomainGetState`), in libvirt's own words. A number
 /// this binding does not know reads as `nostate (unknown)` or `<state> (unknown)`.
-pub fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
+pub(crate) fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
     let entry = u32::try_from(state)
         .ok()
         .and_then(|s| STATES.iter().find(|(code, _, _)| *code == s));
@@ -235,15 +235,15 @@ pub fn power_state_from_raw(state: i32, reason: i32) -> PowerState {
 }
 
 /// The lifecycle events the launcher tells apart (`virDomainEventType`).
-pub mod lifecycle_event {
+pub(crate) mod lifecycle_event {
     use virt::sys;
 
-    pub const DEFINED: i32 = sys::VIR_DOMAIN_EVENT_DEFINED as i32;
-    pub const UNDEFINED: i32 = sys::VIR_DOMAIN_EVENT_UNDEFINED as i32;
+    pub(crate) const DEFINED: i32 = sys::VIR_DOMAIN_EVENT_DEFINED as i32;
+    pub(crate) const UNDEFINED: i32 = sys::VIR_DOMAIN_EVENT_UNDEFINED as i32;
 }
 
 /// A lifecycle event and its detail in libvirt's words (`virsh event --event lifecycle`).
-pub fn lifecycle_names(event: i32, detail: i32) -> (&'static str, &'static str) {
+pub(crate) fn lifecycle_names(event: i32, detail: i32) -> (&'static str, &'static str) {
     let entry = u32::try_from(event)
         .ok()
         .and_then(|e| EVENTS.iter().find(|(code, _, _)| *code == e));

@@ -11,7 +11,7 @@ use virt::sys;
 /// The value of one typed parameter, as libvirt typed it (`int` and `long long` are both
 /// signed, `uint` and `unsigned long long` both unsigned).
 #[derive(Debug, Clone, PartialEq)]
-pub enum TypedValue {
+pub(crate) enum TypedValue {
     Int(i64),
     UInt(u64),
     Float(f64),
@@ -22,7 +22,7 @@ pub enum TypedValue {
 /// One domain's bulk stats: its UUID and libvirt's parameters (`cpu.time`, `vcpu.0.state`...)
 /// in libvirt's order.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DomainStats {
+pub(crate) struct DomainStats {
     pub uuid: String,
     pub params: Vec<(String, TypedValue)>,
 }
@@ -32,7 +32,7 @@ pub struct DomainStats {
 const MAX_PARAMS: usize = 65_536;
 
 /// The groups KubeVirt's launcher asks for: state, cpu-total, balloon, vcpu, interface, block.
-pub const STATS: u32 = sys::VIR_DOMAIN_STATS_STATE
+pub(crate) const STATS: u32 = sys::VIR_DOMAIN_STATS_STATE
     | sys::VIR_DOMAIN_STATS_CPU_TOTAL
     | sys::VIR_DOMAIN_STATS_BALLOON
     | sys::VIR_DOMAIN_STATS_VCPU
@@ -41,7 +41,7 @@ pub const STATS: u32 = sys::VIR_DOMAIN_STATS_STATE
 
 /// The bulk stats of `dom`. NOWAIT: a stat that needs the domain's job (balloon, block) is
 /// skipped while another job holds it (a long attach), rather than making a poll wait for it.
-pub fn domain_stats(dom: &Domain) -> Result<DomainStats, virt::error::Error> {
+pub(crate) fn domain_stats(dom: &Domain) -> Result<DomainStats, virt::error::Error> {
     let uuid = dom.uuid_string()?;
     // SAFETY: `dom` is valid for the call; the list is null-terminated as libvirt requires.
     let mut doms = [unsafe { dom.as_ptr() }, std::ptr::null_mut()];

@@ -1,13 +1,13 @@
 //! The VM's state model (`docs/DESIGN.md` §3), all pure functions with no I/O:
 //! - power state: what libvirt says ([`PowerState`], from the `libvirt` module);
-//! - vm_state: the stable state the owner asked for, changed only when a task ends ([`settle`]);
-//! - task_state: the one transition in flight ([`TaskKind`]), admitted by [`admit`];
-//! - the KubeVirt phase, *derived* by a total function ([`phase`]), so there is never a gap;
-//! - what to do about an observation when no task runs ([`reconcile`]) and after a stop
-//!   ([`after_stop`]), by the run strategy, with the reboot window and the back-off
-//!   ([`after_unasked_stop`], [`after_failed_restart`]);
-//! - which stops are final ([`owner_stop_is_final`]) and what a pause is called
-//!   ([`pause_reason`]).
+//! - vm_state: the stable state the owner asked for, changed only when a task ends (`settle`);
+//! - task_state: the one transition in flight (`TaskKind`), admitted by `admit`;
+//! - the KubeVirt phase, *derived* by a total function (`phase`), so there is never a gap;
+//! - what to do about an observation when no task runs (`reconcile`) and after a stop
+//!   (`after_stop`), by the run strategy, with the reboot window and the back-off
+//!   (`after_unasked_stop`, `after_failed_restart`);
+//! - which stops are final (`owner_stop_is_final`) and what a pause is called
+//!   (`pause_reason`).
 //!
 //! `tasks` holds what an owner asks (commands, admission, settling), `strategy` what the
 //! launcher does by itself (run strategies, restarts).
@@ -17,11 +17,12 @@ mod tasks;
 
 use std::fmt;
 
-pub use strategy::{
-    after_failed_restart, after_stop, after_unasked_stop, reconcile, AfterStop, Reaction, Restarts,
-    RunStrategy, BACKOFF_MAX, BACKOFF_START, REBOOT_WINDOW, STABLE_RUN,
+pub use strategy::RunStrategy;
+pub(crate) use strategy::{
+    after_failed_restart, after_unasked_stop, reconcile, Reaction, Restarts, REBOOT_WINDOW,
 };
-pub use tasks::{admit, owner_stop_is_final, settle, Command, Refusal, TaskKind, VmState};
+pub(crate) use tasks::{admit, owner_stop_is_final, settle, TaskKind, VmState};
+pub use tasks::{Command, Refusal};
 
 /// libvirt's domain state (`virDomainState`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub enum DomainState {
 }
 
 impl DomainState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DomainState::NoState => "nostate",
             DomainState::Running => "running",
@@ -51,7 +52,7 @@ impl DomainState {
     }
 
     /// QEMU is there and the guest can run or resume.
-    pub fn is_active(self) -> bool {
+    pub(crate) fn is_active(self) -> bool {
         !matches!(
             self,
             DomainState::Shutoff | DomainState::Crashed | DomainState::NoState
@@ -75,7 +76,7 @@ impl fmt::Display for PowerState {
 
 /// What the launcher currently knows about its domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Observation {
+pub(crate) enum Observation {
     /// The launcher is up; the domain is not created yet.
     NotCreated,
     /// libvirt cannot be reached: the truth is unknown until it answers again.
@@ -96,7 +97,7 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Phase::Scheduled => "Scheduled",
             Phase::Running => "Running",
@@ -107,7 +108,7 @@ impl Phase {
     }
 
     /// The VM has ended; nothing will bring it back by itself.
-    pub fn is_final(self) -> bool {
+    pub(crate) fn is_final(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed)
     }
 }
@@ -120,7 +121,7 @@ impl fmt::Display for Phase {
 
 /// The phase for an observation (`DESIGN.md` §3). `destroyed_after_grace` says that the launcher
 /// itself destroyed the domain because the guest did not stop within its grace period.
-pub fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
+pub(crate) fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
     let power = match observation {
         Observation::NotCreated => return Phase::Scheduled,
         Observation::Unreachable => return Phase::Unknown,
@@ -149,15 +150,15 @@ pub fn phase(observation: &Observation, destroyed_after_grace: bool) -> Phase {
 /// `Display` give the name, so that the string the API, `status` and `run`'s lines show cannot
 /// drift from the variant the code matches on.
 macro_rules! wire_names {
-    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident,)* }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-        pub enum $name {
+        $vis enum $name {
             $($(#[$doc])* $variant,)*
         }
 
         impl $name {
-            pub fn as_str(self) -> &'static str {
+            pub(crate) fn as_str(self) -> &'static str {
                 match self {
                     $($name::$variant => stringify!($variant),)*
                 }
@@ -197,7 +198,10 @@ wire_names! {
 
 /// The reason that goes with the phase of an observation; `None` for a domain not created or one
 /// that runs.
-pub fn phase_reason(observation: &Observation, destroyed_after_grace: bool) -> Option<PhaseReason> {
+pub(crate) fn phase_reason(
+    observation: &Observation,
+    destroyed_after_grace: bool,
+) -> Option<PhaseReason> {
     match observation {
         Observation::Vanished => Some(PhaseReason::DomainLost),
         Observation::Unreachable => Some(PhaseReason::HypervisorUnreachable),
@@ -220,7 +224,7 @@ pub fn phase_reason(observation: &Observation, destroyed_after_grace: bool) -> O
 
 /// What, beside the phase, decides the printable status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     pub vm_state: VmState,
     pub task: Option<TaskKind>,
     /// The launcher itself is shutting down (SIGTERM).
@@ -233,7 +237,7 @@ pub struct Progress {
 
 wire_names! {
     /// What a person reads in `status`: the phase, refined by what the launcher is doing.
-    pub enum PrintableStatus {
+    pub(crate) enum PrintableStatus {
         Starting,
         CrashLoopBackOff,
         /// The launcher itself is shutting down (SIGTERM).
@@ -252,7 +256,11 @@ wire_names! {
 }
 
 /// The printable status of an observation in `phase`, given what the launcher is doing.
-pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) -> PrintableStatus {
+pub(crate) fn printable_status(
+    observation: &Observation,
+    phase: Phase,
+    p: Progress,
+) -> PrintableStatus {
     use PrintableStatus as S;
     if p.task == Some(TaskKind::Starting) {
         return S::Starting;
@@ -285,7 +293,7 @@ pub fn printable_status(observation: &Observation, phase: Phase, p: Progress) ->
 }
 
 /// KubeVirt's reason for the `Paused` condition, from libvirt's pause reason.
-pub fn pause_reason(libvirt_reason: &str) -> &'static str {
+pub(crate) fn pause_reason(libvirt_reason: &str) -> &'static str {
     match libvirt_reason {
         "user" => "PausedByUser",
         "ioerror" => "PausedIOError",

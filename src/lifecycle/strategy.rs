@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use super::{phase, DomainState, Observation, Phase, VmState};
 
 /// A stop followed by a start within this window is a reboot, not a stop.
-pub const REBOOT_WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const REBOOT_WINDOW: Duration = Duration::from_secs(1);
 /// A VM that ran this long since its last (re)start has its back-off reset.
-pub const STABLE_RUN: Duration = Duration::from_secs(60);
+pub(crate) const STABLE_RUN: Duration = Duration::from_secs(60);
 
 /// KubeVirt's run strategies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -26,7 +26,7 @@ pub enum RunStrategy {
 }
 
 impl RunStrategy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RunStrategy::Always => "Always",
             RunStrategy::RerunOnFailure => "RerunOnFailure",
@@ -37,14 +37,14 @@ impl RunStrategy {
     }
 
     /// Boot at launch, or wait for a Start call.
-    pub fn starts_at_launch(self) -> bool {
+    pub(crate) fn starts_at_launch(self) -> bool {
         !matches!(self, RunStrategy::Manual | RunStrategy::Halted)
     }
 }
 
 /// What the reconciler does about an observation while no task runs (`docs/DESIGN.md` §3).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reaction {
+pub(crate) enum Reaction {
     Nothing,
     /// The VM stopped by itself: apply the run strategy ([`after_stop`]).
     Stopped {
@@ -62,7 +62,7 @@ pub enum Reaction {
     Lost,
 }
 
-pub fn reconcile(vm_state: VmState, observation: &Observation) -> Reaction {
+pub(crate) fn reconcile(vm_state: VmState, observation: &Observation) -> Reaction {
     let power = match observation {
         Observation::Vanished => return Reaction::Lost,
         Observation::NotCreated | Observation::Unreachable => return Reaction::Nothing,
@@ -84,7 +84,7 @@ pub fn reconcile(vm_state: VmState, observation: &Observation) -> Reaction {
 
 /// What follows a stop the owner did not ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AfterStop {
+pub(crate) enum AfterStop {
     /// Start again after `delay` (shown as CrashLoopBackOff).
     Restart { delay: Duration },
     /// Stay stopped; a Start call may come.
@@ -93,11 +93,11 @@ pub enum AfterStop {
     Finish,
 }
 
-pub const BACKOFF_START: Duration = Duration::from_secs(1);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+pub(crate) const BACKOFF_START: Duration = Duration::from_secs(1);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// `restarts` counts the restarts before this one since the VM last ran stably.
-pub fn after_stop(strategy: RunStrategy, failed: bool, restarts: u32) -> AfterStop {
+pub(crate) fn after_stop(strategy: RunStrategy, failed: bool, restarts: u32) -> AfterStop {
     let restart = || AfterStop::Restart {
         delay: BACKOFF_START
             .saturating_mul(1u32.checked_shl(restarts).unwrap_or(u32::MAX))
@@ -113,7 +113,7 @@ pub fn after_stop(strategy: RunStrategy, failed: bool, restarts: u32) -> AfterSt
 
 /// What the launcher keeps about restarts: the part of its state the rules below change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Restarts {
+pub(crate) struct Restarts {
     pub vm_state: VmState,
     /// When the domain was first seen stopped without a task (the reboot window's start).
     pub stop_seen: Option<Instant>,
@@ -128,7 +128,7 @@ pub struct Restarts {
 
 /// The VM stopped without a task, seen at `now`: wait out the reboot window, then apply the run
 /// strategy, with the back-off reset if the VM had run for [`STABLE_RUN`].
-pub fn after_unasked_stop(
+pub(crate) fn after_unasked_stop(
     strategy: RunStrategy,
     failed: bool,
     before: Restarts,
@@ -173,7 +173,7 @@ pub fn after_unasked_stop(
 
 /// A run-strategy restart failed at `now`: the next one backs off further, if the strategy
 /// restarts at all. Returns the new restart count and when to try again.
-pub fn after_failed_restart(
+pub(crate) fn after_failed_restart(
     strategy: RunStrategy,
     restarts: u32,
     now: Instant,

@@ -5,7 +5,7 @@ use super::{DomainState, Observation, RunStrategy};
 
 /// The stable state the owner asked for (Nova's vm_state). Changes only when a task ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VmState {
+pub(crate) enum VmState {
     /// Not started yet.
     Building,
     Active,
@@ -15,7 +15,8 @@ pub enum VmState {
 }
 
 impl VmState {
-    pub const ALL: [VmState; 5] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [VmState; 5] = [
         VmState::Building,
         VmState::Active,
         VmState::Paused,
@@ -23,7 +24,7 @@ impl VmState {
         VmState::Error,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             VmState::Building => "Building",
             VmState::Active => "Active",
@@ -36,7 +37,7 @@ impl VmState {
 
 /// The transition in flight (Nova's task_state). One at a time; only a kill pre-empts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskKind {
+pub(crate) enum TaskKind {
     Starting,
     Pausing,
     Unpausing,
@@ -47,7 +48,7 @@ pub enum TaskKind {
 }
 
 impl TaskKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TaskKind::Starting => "Starting",
             TaskKind::Pausing => "Pausing",
@@ -81,7 +82,8 @@ pub enum Command {
 }
 
 impl Command {
-    pub const ALL: [Command; 9] = [
+    #[cfg(test)]
+    pub(crate) const ALL: [Command; 9] = [
         Command::Start,
         Command::Pause,
         Command::Unpause,
@@ -93,7 +95,7 @@ impl Command {
         Command::Migrate,
     ];
 
-    pub fn task(self) -> TaskKind {
+    pub(crate) fn task(self) -> TaskKind {
         match self {
             Command::Start => TaskKind::Starting,
             Command::Pause => TaskKind::Pausing,
@@ -105,7 +107,7 @@ impl Command {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Command::Start => "Start",
             Command::Pause => "Pause",
@@ -134,7 +136,7 @@ pub enum Refusal {
 
 /// Checks a command against the *observed* power state, before any side effect, and names the
 /// task it becomes.
-pub fn admit(command: Command, observation: &Observation) -> Result<TaskKind, Refusal> {
+pub(crate) fn admit(command: Command, observation: &Observation) -> Result<TaskKind, Refusal> {
     use DomainState::*;
     let power = match observation {
         Observation::Unreachable => {
@@ -174,7 +176,7 @@ pub fn admit(command: Command, observation: &Observation) -> Result<TaskKind, Re
 }
 
 /// The vm_state after a task ends.
-pub fn settle(before: VmState, command: Command, succeeded: bool) -> VmState {
+pub(crate) fn settle(before: VmState, command: Command, succeeded: bool) -> VmState {
     if !succeeded {
         return match command {
             Command::Start => VmState::Error,
@@ -191,7 +193,11 @@ pub fn settle(before: VmState, command: Command, succeeded: bool) -> VmState {
 
 /// An owner's stop is final for a VM its run strategy would never start again: a pod's launcher
 /// then exits, as KubeVirt's does when its VMI is stopped.
-pub fn owner_stop_is_final(command: Command, succeeded: bool, strategy: RunStrategy) -> bool {
+pub(crate) fn owner_stop_is_final(
+    command: Command,
+    succeeded: bool,
+    strategy: RunStrategy,
+) -> bool {
     succeeded
         && matches!(command, Command::Shutdown | Command::Kill)
         && matches!(strategy, RunStrategy::Once | RunStrategy::RerunOnFailure)

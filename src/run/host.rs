@@ -42,7 +42,7 @@ pub enum SetupError {
 
 /// What the host side is asked for.
 #[derive(Debug)]
-pub struct HostRequest<'a> {
+pub(crate) struct HostRequest<'a> {
     pub rt: &'a RuntimeDir,
     /// A libvirt URI to use instead of a private libvirtd.
     pub connect: Option<String>,
@@ -69,7 +69,7 @@ pub struct HostRequest<'a> {
 
 /// The user QEMU runs as: the one `--qemu-user` names, else the distribution's QEMU account;
 /// root only when asked for, or (said once) when the host has no such account.
-pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
+pub(crate) fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
     let user = QemuUser::resolve(requested)?;
     Ok(user.unwrap_or_else(|| {
         say(format_args!(
@@ -83,7 +83,7 @@ pub fn qemu_user(requested: Option<&str>) -> Result<QemuUser, QemuUserError> {
 /// Who QEMU runs as on a host run: the user `--qemu-user` names if any; with a libvirt of its
 /// own outside a pod (`shared` false), an id of its own from `ids`, held while the returned
 /// hold lives (`host::qemu_ids`); else the distribution's account, as [`qemu_user`] finds it.
-pub fn qemu_identity(
+pub(crate) fn qemu_identity(
     requested: Option<&str>,
     ids: crate::host::qemu_ids::QemuIdRange,
     rt: &RuntimeDir,
@@ -156,7 +156,7 @@ fn give_qemu_its_dirs(
 /// QEMU's search through directories that are not the launcher's alone, for as long as it
 /// lives.
 #[derive(Debug)]
-pub struct QemuReach {
+pub(crate) struct QemuReach {
     uid: u32,
     dirs: Vec<PathBuf>,
 }
@@ -202,7 +202,7 @@ impl Drop for QemuReach {
 /// The host, ready for a launcher: give [`Prepared::events`] and the options of
 /// [`LaunchBase::for_spec`] to `Launcher::start`.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub connector: Arc<Connector>,
     /// The receiving end of the connector's event channel.
     pub events: mpsc::UnboundedReceiver<HypervisorEvent>,
@@ -216,7 +216,7 @@ pub struct Prepared {
 
 /// Launch options without a spec.
 #[derive(Debug, Clone)]
-pub struct LaunchBase {
+pub(crate) struct LaunchBase {
     convert: ConvertOptions,
     hotplug: HotplugOptions,
     resync_interval: Duration,
@@ -229,29 +229,29 @@ pub struct LaunchBase {
 impl LaunchBase {
     /// Where hot-plugged files are pinned (`host::pin`) and the hotplug dir they come from;
     /// `None` when files go to QEMU by path.
-    pub fn pins(&self) -> Option<(PathBuf, PathBuf)> {
+    pub(crate) fn pins(&self) -> Option<(PathBuf, PathBuf)> {
         let dir = self.convert.pin_dir.clone()?;
         Some((dir, self.convert.paths.hotplug_dir.clone()))
     }
 
     /// Who QEMU runs as: what the launcher gives it is given to this owner.
-    pub fn qemu_owner(&self) -> crate::host::devnode::NodeOwner {
+    pub(crate) fn qemu_owner(&self) -> crate::host::devnode::NodeOwner {
         self.hotplug.node_owner
     }
 
     /// Where a launcher keeps its last accepted Sync.
-    pub fn last_sync(&self) -> &Path {
+    pub(crate) fn last_sync(&self) -> &Path {
         &self.hotplug.last_sync
     }
 
     /// Migrating over TCP: the credentials and where they were installed (`run --tls-dir`).
-    pub fn migration_tls(&self) -> Option<&InstalledTls> {
+    pub(crate) fn migration_tls(&self) -> Option<&InstalledTls> {
         self.migration_tls.as_ref()
     }
 
     /// The launch options for `spec`: which of its volumes are block devices is read from the
     /// host now.
-    pub fn for_spec(
+    pub(crate) fn for_spec(
         &self,
         spec: &Validated,
         spec_text: String,
@@ -279,7 +279,7 @@ impl LaunchBase {
 /// Where a spec's host paths may lead: never into the launcher's own places (its runtime dir with
 /// the saved Sync, records, libvirt's and the vTPM's state; the private and hotplug dirs; the
 /// capability cache), and only under `host_disk_roots` when any are named.
-pub fn host_path_policy(
+pub(crate) fn host_path_policy(
     rt: &RuntimeDir,
     paths: &HostPaths,
     qemu_cache_dir: Option<&Path>,
@@ -299,7 +299,7 @@ pub fn host_path_policy(
 
 /// Prepares the host side; problems that only take features away (block hotplug) are said on
 /// standard output, once each, and do not stop the launcher.
-pub fn prepare(request: HostRequest<'_>) -> Prepared {
+pub(crate) fn prepare(request: HostRequest<'_>) -> Prepared {
     let HostRequest {
         rt,
         connect,

@@ -31,7 +31,7 @@ pub(super) struct Target<'a> {
 }
 
 impl Target<'_> {
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
         started: Instant,

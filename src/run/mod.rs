@@ -16,16 +16,14 @@ use crate::ended::Ended;
 use crate::launcher::{Launcher, StartKind};
 use crate::libvirt::daemon::DaemonOptions;
 use crate::lifecycle::{Phase, PrintableStatus, RunStrategy};
-pub use crate::runtime_dir::RuntimeDir;
+pub(crate) use crate::runtime_dir::RuntimeDir;
 
 use crate::spec::{self, Validated};
 
 mod host;
 mod incoming;
-pub use host::{
-    host_path_policy, prepare, qemu_identity, qemu_user, HostRequest, LaunchBase, Prepared,
-    SetupError,
-};
+pub use host::SetupError;
+pub(crate) use host::{host_path_policy, prepare, qemu_user, HostRequest, LaunchBase, Prepared};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {

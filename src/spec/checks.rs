@@ -2,11 +2,11 @@
 //! returning a typed error that carries the value.
 
 /// QEMU 7.2 silently truncates scsi serials past this length (newer QEMU refuses to start).
-pub const MAX_SCSI_SERIAL_LEN: usize = 36;
+pub(crate) const MAX_SCSI_SERIAL_LEN: usize = 36;
 /// Linux reports at most 20 bytes of a virtio-blk serial.
-pub const MAX_VIRTIO_SERIAL_LEN: usize = 20;
+pub(crate) const MAX_VIRTIO_SERIAL_LEN: usize = 20;
 /// An ATA serial number is 20 bytes (QEMU's ide-hd refuses longer ones).
-pub const MAX_SATA_SERIAL_LEN: usize = 20;
+pub(crate) const MAX_SATA_SERIAL_LEN: usize = 20;
 
 /// A Kubernetes name that is not one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +48,7 @@ pub enum Base64Error {
 }
 
 /// `8-4-4-4-12` hex digits.
-pub fn looks_like_uuid(s: &str) -> bool {
+pub(crate) fn looks_like_uuid(s: &str) -> bool {
     let groups: Vec<&str> = s.split('-').collect();
     groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
         && groups
@@ -59,7 +59,7 @@ pub fn looks_like_uuid(s: &str) -> bool {
 /// Whether `value` is non-empty and only of ASCII letters, digits and the bytes in `also`: the
 /// names handed on to libvirt and QEMU as they are (CPU models and features, time zones) are
 /// held to their own such alphabet.
-pub fn is_word(value: &str, also: &[u8]) -> bool {
+pub(crate) fn is_word(value: &str, also: &[u8]) -> bool {
     !value.is_empty()
         && value
             .bytes()
@@ -67,7 +67,7 @@ pub fn is_word(value: &str, also: &[u8]) -> bool {
 }
 
 /// Kubernetes names: at most 63 of `[a-z0-9-]`, starting and ending alphanumeric.
-pub fn check_dns1123_label(name: &str) -> Result<(), NameError> {
+pub(crate) fn check_dns1123_label(name: &str) -> Result<(), NameError> {
     let ok_chars = name
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
@@ -83,7 +83,7 @@ pub fn check_dns1123_label(name: &str) -> Result<(), NameError> {
 }
 
 /// Object names such as claims: dot-separated DNS-1123 labels, at most 253 characters.
-pub fn check_dns1123_subdomain(name: &str) -> Result<(), NameError> {
+pub(crate) fn check_dns1123_subdomain(name: &str) -> Result<(), NameError> {
     if name.is_empty()
         || name.len() > 253
         || name.split('.').any(|l| check_dns1123_label(l).is_err())
@@ -95,7 +95,7 @@ pub fn check_dns1123_subdomain(name: &str) -> Result<(), NameError> {
 
 /// Volume names become libvirt aliases (`ua-<name>`) and file names in the hotplug directory,
 /// so they must be DNS-1123 labels: never `/`, `..` or anything path-like.
-pub fn check_volume_name(name: &str) -> Result<(), NameError> {
+pub(crate) fn check_volume_name(name: &str) -> Result<(), NameError> {
     if name.contains('/') || name.contains("..") {
         return Err(NameError::PathLike { name: name.into() });
     }
@@ -103,7 +103,7 @@ pub fn check_volume_name(name: &str) -> Result<(), NameError> {
 }
 
 /// Serials keep their case; only `[A-Za-z0-9_.+-]` reaches the guest unchanged.
-pub fn check_serial(serial: &str, bus: &str, max: usize) -> Result<(), SerialError> {
+pub(crate) fn check_serial(serial: &str, bus: &str, max: usize) -> Result<(), SerialError> {
     if serial.is_empty() {
         return Err(SerialError::Empty);
     }
@@ -127,7 +127,7 @@ pub fn check_serial(serial: &str, bus: &str, max: usize) -> Result<(), SerialErr
 }
 
 /// A unicast MAC address, `xx:xx:xx:xx:xx:xx` (or with `-`).
-pub fn check_mac(mac: &str) -> Result<(), MacError> {
+pub(crate) fn check_mac(mac: &str) -> Result<(), MacError> {
     let octets: Vec<&str> = mac.split([':', '-']).collect();
     let hex = octets.len() == 6
         && octets
@@ -144,7 +144,7 @@ pub fn check_mac(mac: &str) -> Result<(), MacError> {
 }
 
 /// Standard base64 (RFC 4648, padding optional, whitespace ignored), as Kubernetes writes it.
-pub fn decode_base64(text: &str) -> Result<Vec<u8>, Base64Error> {
+pub(crate) fn decode_base64(text: &str) -> Result<Vec<u8>, Base64Error> {
     let mut out = Vec::with_capacity(text.len() * 3 / 4);
     let mut acc = 0u32;
     let mut bits = 0;
@@ -405,11 +405,11 @@ pub enum HostPathError {
 }
 
 /// Where no spec may point: the kernel's and the host's configuration and secrets.
-pub const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/root"];
+pub(crate) const SYSTEM_DIRS: &[&str] = &["/proc", "/sys", "/dev", "/etc", "/root"];
 /// Where no disk image belongs either: the host's programs and boot files.
-pub const PROGRAM_DIRS: &[&str] = &["/boot", "/bin", "/sbin", "/lib", "/lib64", "/usr"];
+pub(crate) const PROGRAM_DIRS: &[&str] = &["/boot", "/bin", "/sbin", "/lib", "/lib64", "/usr"];
 /// Secrets a pod or a node keeps: a guest given one as a disk or an initrd reads it.
-pub const SECRET_DIRS: &[&str] = &[
+pub(crate) const SECRET_DIRS: &[&str] = &[
     "/run/secrets",
     "/var/run/secrets",
     "/var/lib/kubelet",
@@ -418,7 +418,7 @@ pub const SECRET_DIRS: &[&str] = &[
 /// The launcher's own places where their defaults put them (in a pod, and the default runtime
 /// dir and cache of a host run); the places a launcher actually uses are checked again, resolved,
 /// when it starts a VM (`host::confine`).
-pub const LAUNCHER_DIRS: &[&str] = &[
+pub(crate) const LAUNCHER_DIRS: &[&str] = &[
     "/run/vmlauncher",
     "/var/run/vmlauncher",
     "/var/cache/vmlauncher/qemu-capabilities",
@@ -430,7 +430,7 @@ pub const LAUNCHER_DIRS: &[&str] = &[
 
 /// The places no host path from a spec may be under; `disk` adds the host's programs (a kernel
 /// or an initrd is only read, a disk is written too).
-pub fn denied_places(disk: bool) -> impl Iterator<Item = (&'static str, Place)> {
+pub(crate) fn denied_places(disk: bool) -> impl Iterator<Item = (&'static str, Place)> {
     let of = |dirs: &'static [&'static str], place| dirs.iter().map(move |d| (*d, place));
     of(SYSTEM_DIRS, Place::System)
         .chain(of(if disk { PROGRAM_DIRS } else { &[] }, Place::Programs))
@@ -439,7 +439,7 @@ pub fn denied_places(disk: bool) -> impl Iterator<Item = (&'static str, Place)> 
 }
 
 /// An absolute host path, as written, that stays out of [`denied_places`].
-pub fn check_host_path(path: &str, disk: bool) -> Result<(), HostPathError> {
+pub(crate) fn check_host_path(path: &str, disk: bool) -> Result<(), HostPathError> {
     let p = std::path::Path::new(path);
     if p.components().any(|c| c == std::path::Component::ParentDir) {
         return Err(HostPathError::Parent { path: path.into() });

@@ -11,16 +11,16 @@ use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
 /// A VMI with 256 disks and volumes is about 40 KiB; KubeVirt's API server takes 3 MiB requests.
-pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 /// Values after alias expansion; a large valid VMI has a few thousand.
-pub const MAX_VALUES: usize = 200_000;
+pub(crate) const MAX_VALUES: usize = 200_000;
 /// Bytes of strings and keys after alias expansion. Without aliases a document expands to at
 /// most its own size (escapes only shrink), so this only ever refuses what aliases multiplied.
-pub const MAX_EXPANDED_BYTES: usize = 4 * MAX_DOCUMENT_BYTES;
+pub(crate) const MAX_EXPANDED_BYTES: usize = 4 * MAX_DOCUMENT_BYTES;
 
 /// Why a document could not be read; `path` is the field it is about (`(document)` for the whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DocumentProblem {
+pub(crate) struct DocumentProblem {
     pub path: String,
     pub message: String,
 }
@@ -41,7 +41,7 @@ impl From<DocumentProblem> for super::SpecErrors {
 }
 
 /// The document's text: at most [`MAX_DOCUMENT_BYTES`], UTF-8.
-pub fn text_of(bytes: &[u8]) -> Result<&str, DocumentProblem> {
+pub(crate) fn text_of(bytes: &[u8]) -> Result<&str, DocumentProblem> {
     check_size(bytes.len())?;
     std::str::from_utf8(bytes).map_err(|e| {
         DocumentProblem::whole(format!(
@@ -52,7 +52,7 @@ pub fn text_of(bytes: &[u8]) -> Result<&str, DocumentProblem> {
 }
 
 /// A document of `len` bytes is within [`MAX_DOCUMENT_BYTES`]: checked before reading a file.
-pub fn check_size(len: usize) -> Result<(), DocumentProblem> {
+pub(crate) fn check_size(len: usize) -> Result<(), DocumentProblem> {
     if len > MAX_DOCUMENT_BYTES {
         return Err(DocumentProblem::whole(format!(
             "{len} bytes, at most {MAX_DOCUMENT_BYTES}"
@@ -63,7 +63,7 @@ pub fn check_size(len: usize) -> Result<(), DocumentProblem> {
 
 /// Parses JSON (text starting with `{`) or YAML into a value, within the bounds above. Nesting is
 /// bounded by the parsers' own recursion limits (128 levels).
-pub fn read(text: &str) -> Result<Value, DocumentProblem> {
+pub(crate) fn read(text: &str) -> Result<Value, DocumentProblem> {
     check_size(text.len())?;
     let is_json = text.trim_start().starts_with('{');
     let mut budget = Budget {

@@ -4,11 +4,11 @@
 //! its `spec.runStrategy` is kept for the lifecycle.
 //!
 //! Parsing rejects any field KubeVirt does not have, naming it, so a manifest is never half
-//! understood. KubeVirt fields outside the subset parse (as [`Unsupported`]) and validation names
+//! understood. KubeVirt fields outside the subset parse (as `Unsupported`) and validation names
 //! them as unsupported; a few pure scheduling fields are accepted and ignored, each with its reason
 //! in the README. This module does no I/O and knows nothing of libvirt.
 //!
-//! - [`model`]: the serde types, by area of the manifest.
+//! - `model`: the serde types, by area of the manifest.
 //! - `parse`: text → instance (YAML/JSON, VMI/VM, defaulting).
 //! - `quantity`: `128Mi` and friends.
 //! - `validate`: what serde cannot check, by area; problems are [`Problem`] values.
@@ -17,7 +17,7 @@
 
 mod checks;
 mod document;
-pub mod model;
+pub(crate) mod model;
 mod parse;
 mod problem;
 mod quantity;
@@ -26,28 +26,21 @@ mod validate;
 
 use std::ops::Deref;
 
-pub use checks::{
-    check_dns1123_label, check_dns1123_subdomain, check_host_path, check_mac, check_serial,
-    check_volume_name, decode_base64, denied_places, looks_like_uuid, Base64Error, HostPathError,
-    MacError, NameError, Place, SerialError, MAX_SATA_SERIAL_LEN, MAX_SCSI_SERIAL_LEN,
-    MAX_VIRTIO_SERIAL_LEN,
-};
-pub use document::{MAX_DOCUMENT_BYTES, MAX_VALUES};
-pub use model::*;
+pub(crate) use checks::{decode_base64, denied_places, looks_like_uuid, HostPathError, Place};
+pub(crate) use document::MAX_DOCUMENT_BYTES;
+pub(crate) use model::*;
 pub use problem::{FieldError, Problem, SpecErrors};
-pub use quantity::{Quantity, QuantityError};
-pub use validate::{
-    guest_memory, is_known_machine, resource_cpus, validate, HOTPLUG_BLOCK_BYTES, MAX_CAPACITY,
-    MAX_DISKS, MAX_VCPUS, MAX_VOLUMES,
-};
+pub(crate) use quantity::Quantity;
+pub(crate) use validate::{resource_cpus, HOTPLUG_BLOCK_BYTES, MAX_CAPACITY};
 
 /// The namespace a VMI without one is taken to be in (Kubernetes' own default).
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
 #[cfg(test)]
 mod tests;
 
-/// An instance that passed [`validate`]: built only by [`parse`] and [`Validated::new`], so code
+/// An instance that passed validation (`validate/`): built only by [`parse`] (and, in unit tests,
+/// `Validated::new`), so code
 /// that holds one (`convert`, the launcher) relies on the rules without checking them again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Validated {
@@ -57,22 +50,24 @@ pub struct Validated {
 
 impl Validated {
     /// Validates an instance built in code (a spec read from text goes through [`parse`]).
-    pub fn new(vmi: VirtualMachineInstance) -> Result<Validated, SpecErrors> {
+    #[cfg(test)]
+    pub(crate) fn new(vmi: VirtualMachineInstance) -> Result<Validated, SpecErrors> {
         let facts = validate::check(&vmi)?;
         Ok(Validated { vmi, facts })
     }
 
-    pub fn into_inner(self) -> VirtualMachineInstance {
+    #[cfg(test)]
+    pub(crate) fn into_inner(self) -> VirtualMachineInstance {
         self.vmi
     }
 
     /// Guest memory in bytes.
-    pub fn guest_memory(&self) -> u64 {
+    pub(crate) fn guest_memory(&self) -> u64 {
         self.facts.memory_bytes
     }
 
     /// Each disk with its index, its volume and that volume's source.
-    pub fn disks(&self) -> impl Iterator<Item = (usize, &Disk, &Volume, VolumeSource<'_>)> {
+    pub(crate) fn disks(&self) -> impl Iterator<Item = (usize, &Disk, &Volume, VolumeSource<'_>)> {
         let disks = &self.vmi.spec.domain.devices.disks;
         let volumes = &self.vmi.spec.volumes;
         // Validation found a volume with a source for every disk; filter_map never drops one.
@@ -95,12 +90,12 @@ impl Deref for Validated {
 }
 
 /// A document of `len` bytes is not too large to read.
-pub fn check_document_size(len: usize) -> Result<(), SpecErrors> {
+pub(crate) fn check_document_size(len: usize) -> Result<(), SpecErrors> {
     Ok(document::check_size(len)?)
 }
 
 /// [`parse`] of bytes from outside: at most [`MAX_DOCUMENT_BYTES`] of UTF-8.
-pub fn parse_bytes(bytes: &[u8]) -> Result<Validated, SpecErrors> {
+pub(crate) fn parse_bytes(bytes: &[u8]) -> Result<Validated, SpecErrors> {
     parse(document::text_of(bytes)?)
 }
 
@@ -111,12 +106,12 @@ pub fn parse(text: &str) -> Result<Validated, SpecErrors> {
 
 /// Reads YAML or JSON text into a document, within the bounds every spec has (size, values,
 /// strings, no key twice): for a caller that edits the document before [`from_document`].
-pub fn read_document(text: &str) -> Result<serde_json::Value, SpecErrors> {
+pub(crate) fn read_document(text: &str) -> Result<serde_json::Value, SpecErrors> {
     Ok(document::read(text)?)
 }
 
 /// [`parse`] of a document already read with [`read_document`]: the text is not parsed again.
-pub fn from_document(document: serde_json::Value) -> Result<Validated, SpecErrors> {
+pub(crate) fn from_document(document: serde_json::Value) -> Result<Validated, SpecErrors> {
     validated(parse::manifest_of(document)?)
 }
 

@@ -225,7 +225,7 @@ pub struct FieldError {
 }
 
 impl FieldError {
-    pub fn new(path: impl Into<String>, problem: impl Into<Problem>) -> FieldError {
+    pub(crate) fn new(path: impl Into<String>, problem: impl Into<Problem>) -> FieldError {
         FieldError {
             path: path.into(),
             problem: problem.into(),
@@ -233,7 +233,8 @@ impl FieldError {
     }
 
     /// The problem as the user reads it, without the path.
-    pub fn message(&self) -> String {
+    #[cfg(test)]
+    pub(crate) fn message(&self) -> String {
         self.problem.to_string()
     }
 }

@@ -36,7 +36,7 @@ impl<'de> Deserialize<'de> for Quantity {
 
 impl Quantity {
     /// The quantity as a number of units (bytes for memory, cores for CPU).
-    pub fn value(&self) -> Result<f64, QuantityError> {
+    pub(crate) fn value(&self) -> Result<f64, QuantityError> {
         let text = self.0.trim();
         let split = text
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -76,7 +76,7 @@ impl Quantity {
     }
 
     /// The quantity in bytes (or plain units), rounded up to a whole number.
-    pub fn to_bytes(&self) -> Result<u64, QuantityError> {
+    pub(crate) fn to_bytes(&self) -> Result<u64, QuantityError> {
         Ok(self.value()?.ceil() as u64)
     }
 }

@@ -1,5 +1,6 @@
 //! Parsing and validation end to end: text in, instance or field errors out.
 
+use super::validate::guest_memory;
 use super::*;
 
 const MINIMAL: &str = r#"

@@ -45,7 +45,7 @@ pub enum BlockHostError {
 
 impl BlockHostError {
     /// A CamelCase reason for volume status.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             BlockHostError::Node(_) => "NodeFailed",
             BlockHostError::QemuPid { .. }
@@ -58,7 +58,7 @@ impl BlockHostError {
 }
 
 /// The device cgroups of the QEMU whose pid is in `pid_file`.
-pub fn qemu_device_cgroups(
+pub(crate) fn qemu_device_cgroups(
     pid_file: &Path,
     proc_root: &Path,
     roots: &CgroupRoots,
@@ -81,7 +81,7 @@ pub fn qemu_device_cgroups(
 
 /// Where the host steps happen.
 #[derive(Debug, Clone)]
-pub struct BlockRoots {
+pub(crate) struct BlockRoots {
     /// Where the nodes are made (`<hotplug_dir>/<volume>`).
     pub hotplug_dir: PathBuf,
     /// Owner of the nodes: the user and group QEMU runs as.
@@ -151,7 +151,7 @@ impl HostState {
 /// The owner of the host side of block volumes. Its one lock is taken last: nothing else is
 /// locked while a method runs, and no method calls out while holding it.
 #[derive(Debug)]
-pub struct BlockDevices {
+pub(crate) struct BlockDevices {
     roots: BlockRoots,
     state: Mutex<HostState>,
 }
@@ -160,14 +160,14 @@ pub struct BlockDevices {
 /// then the node), both kept by [`Plugged::keep`] once the attach worked.
 #[derive(Debug)]
 #[must_use = "dropping it revokes the rule and removes the node"]
-pub struct Plugged<'a> {
+pub(crate) struct Plugged<'a> {
     // Field order is drop order: revoke the rule before the node goes.
     rule: RuleGuard<'a>,
     node: NodeGuard,
 }
 
 impl Plugged<'_> {
-    pub fn keep(self) {
+    pub(crate) fn keep(self) {
         let Plugged { rule, node } = self;
         rule.keep();
         node.keep();
@@ -199,7 +199,7 @@ impl Drop for RuleGuard<'_> {
 }
 
 impl BlockDevices {
-    pub fn new(roots: BlockRoots) -> BlockDevices {
+    pub(crate) fn new(roots: BlockRoots) -> BlockDevices {
         BlockDevices {
             roots,
             state: Mutex::new(HostState::default()),
@@ -211,12 +211,12 @@ impl BlockDevices {
     }
 
     /// The devices of the boot disks: always allowed, whatever is hot-plugged.
-    pub fn set_boot(&self, boot: BTreeSet<DevNumber>) {
+    pub(crate) fn set_boot(&self, boot: BTreeSet<DevNumber>) {
         self.lock().boot = boot;
     }
 
     /// The hot-plugged volumes with a node of ours, and their devices.
-    pub fn nodes(&self) -> BTreeMap<String, DevNumber> {
+    pub(crate) fn nodes(&self) -> BTreeMap<String, DevNumber> {
         self.lock()
             .nodes
             .iter()
@@ -226,7 +226,7 @@ impl BlockDevices {
 
     /// Makes the node of `volume` for `dev`, then allows `dev` in every cgroup QEMU is in. A
     /// failure undoes what was done; so does dropping the result.
-    pub fn plug(&self, volume: &str, dev: DevNumber) -> Result<Plugged<'_>, BlockHostError> {
+    pub(crate) fn plug(&self, volume: &str, dev: DevNumber) -> Result<Plugged<'_>, BlockHostError> {
         if !self.roots.missing.is_empty() {
             return Err(BlockHostError::Unavailable {
                 missing: self.roots.missing.clone(),
@@ -260,7 +260,11 @@ impl BlockDevices {
 
     /// A migration target's node for `volume`, made before its QEMU exists: recorded, its rule
     /// applied once QEMU runs ([`BlockDevices::apply_rules`]).
-    pub fn plug_before_qemu(&self, volume: &str, dev: DevNumber) -> Result<(), BlockHostError> {
+    pub(crate) fn plug_before_qemu(
+        &self,
+        volume: &str,
+        dev: DevNumber,
+    ) -> Result<(), BlockHostError> {
         if !self.roots.missing.is_empty() {
             return Err(BlockHostError::Unavailable {
                 missing: self.roots.missing.clone(),
@@ -284,13 +288,13 @@ impl BlockDevices {
     }
 
     /// Applies the allow-list to the cgroups QEMU is in now (a QEMU that came by migration).
-    pub fn apply_rules(&self) -> Result<(), BlockHostError> {
+    pub(crate) fn apply_rules(&self) -> Result<(), BlockHostError> {
         self.apply_device_rules(&mut self.lock())
     }
 
     /// Takes `volume` out of the allow-list (its device stays allowed while another volume or a
     /// boot disk uses it).
-    pub fn forget(&self, volume: &str) -> Result<(), BlockHostError> {
+    pub(crate) fn forget(&self, volume: &str) -> Result<(), BlockHostError> {
         let mut host = self.lock();
         if host.unplug(volume).is_none() {
             return Ok(());
@@ -300,7 +304,7 @@ impl BlockDevices {
 
     /// When the domain is gone for good (the launcher exits): every node unlinked, every rule
     /// revoked, the records emptied — nothing is left for a next launcher to find.
-    pub fn release_all(&self) {
+    pub(crate) fn release_all(&self) {
         let volumes: Vec<String> = self.lock().nodes.keys().cloned().collect();
         for volume in volumes {
             if let Err(e) = self.release(&volume) {
@@ -310,7 +314,7 @@ impl BlockDevices {
     }
 
     /// After a detach: unlinks the node and revokes the rule of a block volume.
-    pub fn release(&self, volume: &str) -> Result<(), BlockHostError> {
+    pub(crate) fn release(&self, volume: &str) -> Result<(), BlockHostError> {
         self.release_locked(&mut self.lock(), volume).map(drop)
     }
 
@@ -328,14 +332,18 @@ impl BlockDevices {
 
     /// Which plug made the node `volume` has now, if it has one: what a detach started now
     /// must release, and nothing plugged after it (see [`BlockDevices::release_plug`]).
-    pub fn generation(&self, volume: &str) -> Option<u64> {
+    pub(crate) fn generation(&self, volume: &str) -> Option<u64> {
         self.lock().generations.get(volume).copied()
     }
 
     /// [`BlockDevices::release`], only if the node of `volume` is still the one plug
     /// `generation` made: a late device-removed event of an old disk must not take the node and
     /// rule of the same name plugged again since. False if it was not.
-    pub fn release_plug(&self, volume: &str, generation: u64) -> Result<bool, BlockHostError> {
+    pub(crate) fn release_plug(
+        &self,
+        volume: &str,
+        generation: u64,
+    ) -> Result<bool, BlockHostError> {
         let mut host = self.lock();
         if host.generations.get(volume) != Some(&generation) {
             return Ok(false);
@@ -378,7 +386,7 @@ impl BlockDevices {
     /// missing or unreadable records are rebuilt from the nodes in the hotplug dir of the volumes
     /// in `live` (what the domain still uses), so their devices stay allowed (KubeVirt #10689).
     /// Nodes of volumes the domain no longer uses are removed.
-    pub fn adopt(&self, live: &BTreeSet<String>) {
+    pub(crate) fn adopt(&self, live: &BTreeSet<String>) {
         let records = match Records::load(&self.roots.records) {
             Ok(r) => r,
             Err(e) => {

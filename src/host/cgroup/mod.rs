@@ -99,7 +99,7 @@ pub enum CgroupError {
 
 /// One mounted cgroup hierarchy, from `/proc/self/mountinfo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupMount {
+pub(crate) struct CgroupMount {
     /// Where it is mounted (`/sys/fs/cgroup/devices`).
     pub mount_point: PathBuf,
     /// Which directory of the hierarchy is mounted there (mountinfo's field 4): `/` on a host,
@@ -112,7 +112,7 @@ pub struct CgroupMount {
 
 impl CgroupMount {
     /// A read-write mount of the whole hierarchy at `mount_point`.
-    pub fn whole(mount_point: impl Into<PathBuf>) -> CgroupMount {
+    pub(crate) fn whole(mount_point: impl Into<PathBuf>) -> CgroupMount {
         CgroupMount {
             mount_point: mount_point.into(),
             root: PathBuf::from("/"),
@@ -146,7 +146,7 @@ impl CgroupMount {
 
 /// Where the cgroup hierarchies that can restrict devices are mounted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CgroupRoots {
+pub(crate) struct CgroupRoots {
     /// The cgroup v1 hierarchy with the `devices` controller (`/sys/fs/cgroup/devices`).
     pub v1_devices: Option<CgroupMount>,
     /// The cgroup2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid host).
@@ -199,7 +199,7 @@ fn unescape(field: &str) -> PathBuf {
 
 impl CgroupRoots {
     /// Reads the mounts from `/proc/self/mountinfo` text.
-    pub fn from_mountinfo(text: &str) -> CgroupRoots {
+    pub(crate) fn from_mountinfo(text: &str) -> CgroupRoots {
         let mut roots = CgroupRoots::default();
         for line in text.lines() {
             // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER
@@ -234,7 +234,7 @@ impl CgroupRoots {
     }
 
     /// This host's hierarchies.
-    pub fn detect() -> Result<CgroupRoots, CgroupError> {
+    pub(crate) fn detect() -> Result<CgroupRoots, CgroupError> {
         let path = Path::new("/proc/self/mountinfo");
         let text = std::fs::read_to_string(path).map_err(|source| CgroupError::Read {
             path: path.into(),
@@ -247,7 +247,7 @@ impl CgroupRoots {
     /// CAP_SYS_ADMIN the devices hierarchy is mounted again, read-write, at `dir` (in this
     /// process's mount namespace only), and used instead. Does nothing when the mount is
     /// writable already.
-    pub fn with_writable_v1(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
+    pub(crate) fn with_writable_v1(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
         if !self.v1_devices.as_ref().is_some_and(|m| m.read_only) {
             return Ok(self);
         }
@@ -270,7 +270,7 @@ impl CgroupRoots {
     /// The unified hierarchy, mounted at `dir` when none is (a container on a hybrid host gets
     /// the v1 hierarchies alone), for the programs the launcher attaches to its own cgroup v2.
     /// Only in a mount namespace that is the launcher's own (a container's PID 1).
-    pub fn with_unified(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
+    pub(crate) fn with_unified(mut self, dir: &Path) -> Result<CgroupRoots, CgroupError> {
         if self.unified.is_some() {
             return Ok(self);
         }
@@ -284,7 +284,7 @@ impl CgroupRoots {
 
     /// The cgroup v2 directory of the process whose `/proc/<pid>/cgroup` is `text`, if the
     /// unified hierarchy is mounted and the process's cgroup lies in the mounted part.
-    pub fn unified_dir_of(&self, text: &str) -> Option<PathBuf> {
+    pub(crate) fn unified_dir_of(&self, text: &str) -> Option<PathBuf> {
         let mount = self.unified.as_ref()?;
         let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
         mount.dir_of(path).ok()
@@ -294,7 +294,7 @@ impl CgroupRoots {
     /// The root of a hierarchy restricts nothing and is left alone; the root of a cgroup
     /// namespace (a container's own cgroup) is not the hierarchy's root, and is kept. A cgroup
     /// outside the mounted part of its hierarchy is an error, never a path outside the mount.
-    pub fn device_cgroups_of(&self, text: &str) -> Result<Vec<DeviceCgroup>, CgroupError> {
+    pub(crate) fn device_cgroups_of(&self, text: &str) -> Result<Vec<DeviceCgroup>, CgroupError> {
         let mut found = Vec::new();
         for line in text.lines() {
             let mut parts = line.splitn(3, ':');
@@ -327,7 +327,7 @@ impl CgroupRoots {
 
 /// Whether `cgroup` restricts devices at all: cgroup v1 `devices.list` is `a *:* rwm`, or no
 /// device program is attached to a cgroup v2 directory. `None` when that cannot be read.
-pub fn restricts_devices(cgroup: &DeviceCgroup) -> Option<bool> {
+pub(crate) fn restricts_devices(cgroup: &DeviceCgroup) -> Option<bool> {
     match cgroup {
         DeviceCgroup::V1(dir) => {
             let list = std::fs::read_to_string(dir.join("devices.list")).ok()?;
@@ -345,7 +345,7 @@ pub enum DeviceCgroup {
 }
 
 impl DeviceCgroup {
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         match self {
             DeviceCgroup::V1(p) | DeviceCgroup::V2(p) => p,
         }
@@ -411,7 +411,7 @@ fn rule(
 
 /// What QEMU needs whatever its disks: mknod of any node (as runc allows), the standard
 /// character devices, ptys, tun/tap, KVM, vhost-net and vhost-vsock.
-pub fn default_rules() -> Vec<LinuxDeviceCgroup> {
+pub(crate) fn default_rules() -> Vec<LinuxDeviceCgroup> {
     use LinuxDeviceType::{B, C};
     let mut rules = vec![rule(C, None, None, "m"), rule(B, None, None, "m")];
     for (major, minor) in [
@@ -435,7 +435,7 @@ pub fn default_rules() -> Vec<LinuxDeviceCgroup> {
 }
 
 /// The complete allow-list for a VM using the block devices `wanted`.
-pub fn rules_for(wanted: &BTreeSet<DevNumber>) -> Vec<LinuxDeviceCgroup> {
+pub(crate) fn rules_for(wanted: &BTreeSet<DevNumber>) -> Vec<LinuxDeviceCgroup> {
     let mut rules = default_rules();
     for dev in wanted {
         rules.push(rule(
@@ -449,7 +449,7 @@ pub fn rules_for(wanted: &BTreeSet<DevNumber>) -> Vec<LinuxDeviceCgroup> {
 }
 
 /// The v2 device program (default deny) for the block devices `wanted`.
-pub fn program_for(wanted: &BTreeSet<DevNumber>) -> Result<Program, CgroupError> {
+pub(crate) fn program_for(wanted: &BTreeSet<DevNumber>) -> Result<Program, CgroupError> {
     let rules = rules_for(wanted);
     Program::from_rules(&rules, false).map_err(|source| CgroupError::Program {
         rules: rules.len(),

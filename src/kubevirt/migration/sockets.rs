@@ -22,7 +22,7 @@ const DIRECT_MIGRATION_PORT: u16 = 49152;
 const BLOCK_MIGRATION_PORT: u16 = 49153;
 
 #[derive(Debug, thiserror::Error)]
-pub enum SocketError {
+pub(crate) enum SocketError {
     #[error("cannot prepare the dir of the incoming migration's sockets")]
     Dir(#[from] crate::host::HostError),
     #[error("cannot show this launcher's libvirt at {link}")]
@@ -39,12 +39,12 @@ pub enum SocketError {
 }
 
 /// `<share>/migrationproxy`: KubeVirt's dir of migration sockets in both pods.
-pub fn proxy_dir(share: &Path) -> PathBuf {
+pub(crate) fn proxy_dir(share: &Path) -> PathBuf {
     share.join("migrationproxy")
 }
 
 /// KubeVirt's `SourceUnixFile(share, ConstructProxyKey(uid, port))`.
-pub fn proxy_socket(share: &Path, vmi_uid: &str, port: Option<u16>) -> PathBuf {
+pub(crate) fn proxy_socket(share: &Path, vmi_uid: &str, port: Option<u16>) -> PathBuf {
     let key = match port {
         Some(port) => format!("{vmi_uid}-{port}"),
         None => vmi_uid.to_string(),
@@ -55,7 +55,7 @@ pub fn proxy_socket(share: &Path, vmi_uid: &str, port: Option<u16>) -> PathBuf {
 /// Where the source sends the guest, by KubeVirt's conventions: the target's libvirt, memory
 /// stream and disk copy through the proxy sockets in `share`; the target pod's paths are this
 /// pod's, so the runtime and hotplug dirs stay as they are.
-pub fn kubevirt_plan(
+pub(crate) fn kubevirt_plan(
     share: &Path,
     vmi_uid: &str,
     runtime_dir: PathBuf,
@@ -79,7 +79,7 @@ pub fn kubevirt_plan(
 
 /// The target's `<share>/migrationproxy`, made QEMU's: its QEMU creates the listening sockets
 /// there (KubeVirt gives the dir to its QEMU user the same way).
-pub fn prepare_proxy_dir(share: &Path, uid: u32, gid: u32) -> Result<PathBuf, SocketError> {
+pub(crate) fn prepare_proxy_dir(share: &Path, uid: u32, gid: u32) -> Result<PathBuf, SocketError> {
     let dir = proxy_dir(share);
     // Opened as itself and given by its descriptor: never a link's target.
     crate::host::private_dirs::qemu_own_dir(&dir, NodeOwner { uid, gid }, 0o755)?;
@@ -90,7 +90,7 @@ pub fn prepare_proxy_dir(share: &Path, uid: u32, gid: u32) -> Result<PathBuf, So
 /// `virtqemud-sock`. A relative link: virt-handler reaches it through `/proc/<pid>/root/...`,
 /// where an absolute one would resolve in virt-handler's own root. A link already there is
 /// replaced (an earlier launcher's in this pod); anything else is left alone, and refused.
-pub fn show_libvirt(link: &Path, socket: &Path) -> Result<(), SocketError> {
+pub(crate) fn show_libvirt(link: &Path, socket: &Path) -> Result<(), SocketError> {
     let err = |source| SocketError::Link {
         link: link.to_path_buf(),
         source,

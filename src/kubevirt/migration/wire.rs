@@ -11,13 +11,13 @@ use crate::spec::Quantity;
 
 /// KubeVirt's `MigrationMode` for a migration that copies memory before the switch-over: the
 /// only mode vmlauncher runs.
-pub const PRE_COPY: &str = "PreCopy";
+pub(crate) const PRE_COPY: &str = "PreCopy";
 /// KubeVirt's `MigrationTransportUnix`: the source's libvirt and QEMU reach the target through
 /// unix sockets at the same paths in both pods.
-pub const UNIX_TRANSPORT: &str = "Unix";
+pub(crate) const UNIX_TRANSPORT: &str = "Unix";
 
 #[derive(Debug, thiserror::Error)]
-pub enum WireError {
+pub(crate) enum WireError {
     #[error("options: not a JSON object (MigrationOptions as virt-handler marshals it)")]
     OptionsShape,
     #[error("options.{field}: {value}: {why}")]
@@ -41,7 +41,7 @@ pub enum WireError {
 
 /// What of `MigrationOptions` vmlauncher honours, and what it was asked for but does not do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MigrationOptions {
+pub(crate) struct MigrationOptions {
     /// MiB/s; `None`: no limit (KubeVirt's `Bandwidth` of 0).
     pub bandwidth_mib: Option<u64>,
     /// `CompletionTimeoutPerGiB`: seconds allowed per GB of the guest's memory; 0 is none.
@@ -53,7 +53,7 @@ pub struct MigrationOptions {
 impl MigrationOptions {
     /// The whole migration's deadline for a guest of `memory_bytes`, as KubeVirt computes its
     /// "acceptable completion time": the per-GB timeout times the memory in GB, rounded up.
-    pub fn completion_timeout(&self, memory_bytes: u64) -> Option<Duration> {
+    pub(crate) fn completion_timeout(&self, memory_bytes: u64) -> Option<Duration> {
         const GB: u64 = 1_000_000_000;
         let gb = memory_bytes.div_ceil(GB).max(1);
         (self.completion_timeout_per_gib > 0)
@@ -63,7 +63,7 @@ impl MigrationOptions {
 
 /// Reads `MigrationRequest.options`. Fields vmlauncher does not know are ignored (KubeVirt adds
 /// options over time); those it knows but does not honour are listed, for one warning.
-pub fn migration_options(bytes: &[u8]) -> Result<MigrationOptions, WireError> {
+pub(crate) fn migration_options(bytes: &[u8]) -> Result<MigrationOptions, WireError> {
     if bytes.is_empty() {
         return Ok(MigrationOptions::default());
     }
@@ -144,7 +144,7 @@ pub fn migration_options(bytes: &[u8]) -> Result<MigrationOptions, WireError> {
 
 /// What the VMI's status says about its migration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmiMigration {
+pub(crate) struct VmiMigration {
     /// `metadata.uid`: KubeVirt names the migration's proxy sockets by it.
     pub vmi_uid: String,
     /// KubeVirt's `MigrationUID(vmi)`: `status.migrationState.sourceState.migrationUID` when
@@ -159,14 +159,14 @@ pub struct VmiMigration {
 
 impl VmiMigration {
     /// The migration's UID, or why there is none yet.
-    pub fn migration_uid(&self) -> Result<&str, WireError> {
+    pub(crate) fn migration_uid(&self) -> Result<&str, WireError> {
         self.migration_uid
             .as_deref()
             .ok_or(WireError::NoMigrationState)
     }
 
     /// A target takes only what it can serve: the unix transport.
-    pub fn check_transport(&self) -> Result<(), WireError> {
+    pub(crate) fn check_transport(&self) -> Result<(), WireError> {
         if self.transport == UNIX_TRANSPORT {
             Ok(())
         } else {
@@ -176,7 +176,7 @@ impl VmiMigration {
 }
 
 /// Reads the migration's part of virt-handler's VMI (the same bytes the Sync reads).
-pub fn vmi_migration(vmi_json: &[u8]) -> Result<VmiMigration, WireError> {
+pub(crate) fn vmi_migration(vmi_json: &[u8]) -> Result<VmiMigration, WireError> {
     let vmi: Value = serde_json::from_slice(vmi_json).map_err(|_| WireError::VmiShape)?;
     if !vmi.is_object() {
         return Err(WireError::VmiShape);

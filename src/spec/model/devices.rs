@@ -46,19 +46,19 @@ pub struct Devices {
 }
 
 impl Devices {
-    pub fn serial_console(&self) -> bool {
+    pub(crate) fn serial_console(&self) -> bool {
         self.autoattach_serial_console.unwrap_or(true)
     }
-    pub fn graphics(&self) -> bool {
+    pub(crate) fn graphics(&self) -> bool {
         self.autoattach_graphics_device.unwrap_or(true)
     }
-    pub fn mem_balloon(&self) -> bool {
+    pub(crate) fn mem_balloon(&self) -> bool {
         self.autoattach_mem_balloon.unwrap_or(true)
     }
-    pub fn pod_interface(&self) -> bool {
+    pub(crate) fn pod_interface(&self) -> bool {
         self.autoattach_pod_interface.unwrap_or(true)
     }
-    pub fn hotplug(&self) -> bool {
+    pub(crate) fn hotplug(&self) -> bool {
         !self.disable_hotplug.unwrap_or(false)
     }
 }
@@ -87,14 +87,14 @@ pub struct Disk {
 
 /// What kind of device a disk is, from which of `disk`, `cdrom`, `lun` is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskKind {
+pub(crate) enum DiskKind {
     Disk,
     Cdrom,
     Lun,
 }
 
 impl DiskKind {
-    pub fn field(self) -> &'static str {
+    pub(crate) fn field(self) -> &'static str {
         match self {
             DiskKind::Disk => "disk",
             DiskKind::Cdrom => "cdrom",
@@ -105,7 +105,7 @@ impl DiskKind {
 
 impl Disk {
     /// The device kind: `disk` when none of `disk`, `cdrom`, `lun` is given (KubeVirt's default).
-    pub fn kind(&self) -> DiskKind {
+    pub(crate) fn kind(&self) -> DiskKind {
         if self.cdrom.is_some() {
             DiskKind::Cdrom
         } else if self.lun.is_some() {
@@ -117,7 +117,7 @@ impl Disk {
 
     /// The bus as written, else KubeVirt's default for the kind (virtio, sata for a cdrom, scsi
     /// for a lun).
-    pub fn bus(&self) -> &str {
+    pub(crate) fn bus(&self) -> &str {
         let written = match self.kind() {
             DiskKind::Disk => self.disk.as_ref().and_then(|d| d.bus.as_deref()),
             DiskKind::Cdrom => self.cdrom.as_ref().and_then(|d| d.bus.as_deref()),
@@ -131,7 +131,7 @@ impl Disk {
     }
 
     /// Read-only as written; a cdrom is read-only unless it says otherwise (KubeVirt's default).
-    pub fn readonly(&self) -> bool {
+    pub(crate) fn readonly(&self) -> bool {
         match self.kind() {
             DiskKind::Disk => self.disk.as_ref().and_then(|d| d.readonly),
             DiskKind::Cdrom => Some(self.cdrom.as_ref().and_then(|d| d.readonly).unwrap_or(true)),
@@ -202,7 +202,7 @@ pub struct Port {
 
 impl Port {
     /// The protocol in libvirt's and QEMU's spelling (`tcp`, `udp`).
-    pub fn protocol_lower(&self) -> String {
+    pub(crate) fn protocol_lower(&self) -> String {
         self.protocol
             .as_deref()
             .unwrap_or("TCP")

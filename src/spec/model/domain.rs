@@ -123,7 +123,7 @@ pub struct Efi {
 }
 
 impl Efi {
-    pub fn secure(&self) -> bool {
+    pub(crate) fn secure(&self) -> bool {
         self.secure_boot.unwrap_or(true)
     }
 }
@@ -155,7 +155,7 @@ pub struct FeatureState {
 }
 
 impl FeatureState {
-    pub fn on(&self) -> bool {
+    pub(crate) fn on(&self) -> bool {
         self.enabled.unwrap_or(true)
     }
 }

@@ -12,10 +12,10 @@ mod domain;
 mod vm;
 mod volumes;
 
-pub use devices::*;
-pub use domain::*;
-pub use vm::*;
-pub use volumes::*;
+pub(crate) use devices::*;
+pub(crate) use domain::*;
+pub(crate) use vm::*;
+pub(crate) use volumes::*;
 
 /// A KubeVirt field that parses but that vmlauncher does not implement: validation names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -30,7 +30,7 @@ impl<'de> Deserialize<'de> for Unsupported {
 
 /// A field accepted and deliberately ignored (scheduling, server-set metadata); the README lists
 /// every one with its reason.
-pub type Ignored = Option<IgnoredAny>;
+pub(crate) type Ignored = Option<IgnoredAny>;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -48,7 +48,7 @@ pub struct VirtualMachineInstance {
 }
 
 /// KubeVirt's run strategies, applied by the lifecycle.
-pub use crate::lifecycle::RunStrategy;
+pub(crate) use crate::lifecycle::RunStrategy;
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

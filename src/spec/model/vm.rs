@@ -9,7 +9,7 @@ use super::{Ignored, ObjectMeta, RunStrategy, Unsupported, VmiSpec};
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VirtualMachine {
+pub(crate) struct VirtualMachine {
     pub(crate) api_version: String,
     #[allow(dead_code)]
     pub(crate) kind: String,
@@ -22,7 +22,7 @@ pub struct VirtualMachine {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VirtualMachineSpec {
+pub(crate) struct VirtualMachineSpec {
     pub(crate) template: VmiTemplate,
     pub(crate) run_strategy: Option<RunStrategy>,
     pub(crate) running: Option<bool>,
@@ -34,14 +34,14 @@ pub struct VirtualMachineSpec {
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VmiTemplate {
+pub(crate) struct VmiTemplate {
     pub(crate) metadata: Option<TemplateMeta>,
     pub(crate) spec: VmiSpec,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TemplateMeta {
+pub(crate) struct TemplateMeta {
     pub(crate) name: Option<String>,
     pub(crate) namespace: Option<String>,
     #[serde(default)]

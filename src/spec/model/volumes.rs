@@ -29,7 +29,7 @@ pub struct Volume {
 
 /// Which source a volume has, once validated (exactly one).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum VolumeSource<'a> {
+pub(crate) enum VolumeSource<'a> {
     HostDisk(&'a HostDisk),
     PersistentVolumeClaim(&'a PvcSource),
     DataVolume(&'a DataVolumeSource),
@@ -103,7 +103,7 @@ impl Volume {
     }
 
     /// The volume's source; `None` only for a volume that failed validation.
-    pub fn source(&self) -> Option<VolumeSource<'_>> {
+    pub(crate) fn source(&self) -> Option<VolumeSource<'_>> {
         match self.sources().as_slice() {
             [(_, Some(source))] => Some(*source),
             _ => None,

@@ -8,14 +8,14 @@ use crate::spec::problem::Problem;
 use crate::spec::quantity::Quantity;
 
 /// QEMU 7.2's q35 machine takes at most 288 vCPUs (`-smp` beyond it is refused at start).
-pub const MAX_VCPUS: u64 = 288;
+pub(crate) const MAX_VCPUS: u64 = 288;
 /// Disks (and volumes): the launcher's SCSI controller addresses 256 units; KubeVirt has no
 /// lower limit, but nothing useful runs with more.
-pub const MAX_DISKS: usize = 256;
-pub const MAX_VOLUMES: usize = 256;
+pub(crate) const MAX_DISKS: usize = 256;
+pub(crate) const MAX_VOLUMES: usize = 256;
 /// The largest image the launcher creates or accepts a capacity for: qcow2 and ext4 stop near
 /// here, and no PVC is larger.
-pub const MAX_CAPACITY: u64 = 2 << 50;
+pub(crate) const MAX_CAPACITY: u64 = 2 << 50;
 const MAX_CAPACITY_TEXT: &str = "2Pi";
 
 /// Refuses more disks or volumes than the launcher handles. Returns false when the spec is over

@@ -11,9 +11,9 @@ use crate::spec::model::{Disk, DiskKind, VirtualMachineInstance, Volume, VolumeS
 use crate::spec::problem::Problem;
 use crate::spec::unsupported;
 
-pub const DISK_BUSES: &[&str] = &["virtio", "scsi", "sata"];
-pub const CDROM_BUSES: &[&str] = &["sata", "scsi"];
-pub const LUN_BUSES: &[&str] = &["scsi"];
+pub(crate) const DISK_BUSES: &[&str] = &["virtio", "scsi", "sata"];
+pub(crate) const CDROM_BUSES: &[&str] = &["sata", "scsi"];
+pub(crate) const LUN_BUSES: &[&str] = &["scsi"];
 
 pub(super) fn validate_disks(
     vmi: &VirtualMachineInstance,

@@ -7,7 +7,7 @@ use crate::spec::problem::Problem;
 use crate::spec::unsupported;
 
 /// The machine types this launcher knows: the q35 and i440fx families of QEMU's x86 machines.
-pub fn is_known_machine(machine: &str) -> bool {
+pub(crate) fn is_known_machine(machine: &str) -> bool {
     machine == "q35"
         || machine == "pc"
         || machine.starts_with("pc-q35-")

@@ -16,9 +16,10 @@ mod tests;
 
 use std::collections::BTreeMap;
 
-pub use bounds::{MAX_CAPACITY, MAX_DISKS, MAX_VCPUS, MAX_VOLUMES};
-pub use firmware::is_known_machine;
-pub use resources::{guest_memory, resource_cpus, HOTPLUG_BLOCK_BYTES};
+pub(crate) use bounds::MAX_CAPACITY;
+#[cfg(test)]
+pub(super) use resources::guest_memory;
+pub(crate) use resources::{resource_cpus, HOTPLUG_BLOCK_BYTES};
 
 use super::checks::check_dns1123_label;
 use super::model::VirtualMachineInstance;
@@ -31,11 +32,6 @@ pub(super) struct Facts {
     pub(super) memory_bytes: u64,
     /// For each disk, the index of its volume in `spec.volumes`.
     pub(super) disk_volumes: Vec<usize>,
-}
-
-/// Checks a spec; returns every problem found.
-pub fn validate(vmi: &VirtualMachineInstance) -> Result<(), SpecErrors> {
-    check(vmi).map(|_| ())
 }
 
 /// Checks what serde cannot: names, references between disks, volumes, interfaces and networks,

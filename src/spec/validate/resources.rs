@@ -80,11 +80,11 @@ pub(super) fn validate_memory(vmi: &VirtualMachineInstance, e: &mut Problems) ->
 }
 
 /// virtio-mem's block size, and the alignment of hot-pluggable memory (KubeVirt's too).
-pub const HOTPLUG_BLOCK_BYTES: u64 = 2 << 20;
+pub(crate) const HOTPLUG_BLOCK_BYTES: u64 = 2 << 20;
 /// The least boot memory that memory hotplug is offered with (KubeVirt's rule).
-pub const HOTPLUG_MIN_GUEST_BYTES: u64 = 1 << 30;
+pub(crate) const HOTPLUG_MIN_GUEST_BYTES: u64 = 1 << 30;
 /// The most guest memory the launcher defines: QEMU's x86 limit.
-pub const MAX_GUEST_BYTES: u64 = 16 << 40;
+pub(crate) const MAX_GUEST_BYTES: u64 = 16 << 40;
 
 /// `memory.maxGuest`, KubeVirt's rules: `guest` given explicitly and at most `maxGuest`, both
 /// aligned to virtio-mem's 2 MiB block, `guest` at least 1Gi; not with hugepages.
@@ -257,7 +257,7 @@ pub(super) fn validate_cpu(domain: &DomainSpec, e: &mut Problems) {
 
 /// Guest memory in bytes: `memory.guest`, else `resources.requests.memory`, else
 /// `resources.limits.memory` (KubeVirt's order).
-pub fn guest_memory(vmi: &VirtualMachineInstance) -> Result<Option<u64>, QuantityError> {
+pub(crate) fn guest_memory(vmi: &VirtualMachineInstance) -> Result<Option<u64>, QuantityError> {
     let domain = &vmi.spec.domain;
     let from_resources = |m: &BTreeMap<String, Quantity>| m.get("memory").cloned();
     let quantity = domain
@@ -281,7 +281,7 @@ pub fn guest_memory(vmi: &VirtualMachineInstance) -> Result<Option<u64>, Quantit
 
 /// vCPUs from `resources.limits.cpu`, else `requests.cpu`, rounded up (KubeVirt's fallback when
 /// the spec gives no topology).
-pub fn resource_cpus(vmi: &VirtualMachineInstance) -> Option<u32> {
+pub(crate) fn resource_cpus(vmi: &VirtualMachineInstance) -> Option<u32> {
     let r = vmi.spec.domain.resources.as_ref()?;
     let q = r.limits.get("cpu").or_else(|| r.requests.get("cpu"))?;
     let cpus = q.value().ok()?.ceil();

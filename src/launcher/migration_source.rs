@@ -1,15 +1,12 @@
-//! Live migration between two launchers. The source runs it as a task (`Migrate`): it hands the
-//! target its last accepted Sync, moves the guest with libvirt's peer-to-peer migration between
-//! the two private libvirtds, and ends its VM's life as "Migrated". The target (`run --incoming`)
-//! prepares its disks from that Sync, waits, and adopts the guest when libvirt has made it its
-//! own (persistent, no longer paused for the migration), as a restarted launcher adopts one.
-//! See `docs/DESIGN.md` §4.
+//! Live migration between two launchers, the source's side. The source runs it as a task
+//! (`Migrate`): it hands the target its last accepted Sync, moves the guest with libvirt's
+//! peer-to-peer migration between the two private libvirtds, and ends its VM's life as
+//! "Migrated"; a launcher restarted mid-migration follows the one its predecessor started. The
+//! target's side is `migration_target`. See `docs/DESIGN.md` §4.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::disks::Ready;
 use super::migration_plan::{pinned_sources, IncomingOffer, PrepareTarget, TargetError};
 use super::tasks::Work;
 
@@ -18,17 +15,16 @@ use super::error::LauncherError;
 use super::migration_part::{left_by_migration, Marker};
 use super::types::{MigrationRole, MigrationState, MigrationStatus};
 use crate::domain::migratable;
-use crate::host::HostError;
 use crate::libvirt::migrate::MigrateTo;
 use crate::libvirt::{Hypervisor, LibvirtError};
-use crate::lifecycle::{Command, DomainState, Observation, VmState};
+use crate::lifecycle::{Command, Observation};
 use tokio::sync::watch;
 
 /// How often the source reads the migration's progress (and the CLI prints it).
 const PROGRESS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// A migration the owner asked for.
-pub struct MigrateRequest {
+pub(crate) struct MigrateRequest {
     /// The target's API socket, as the owner named it.
     pub target: String,
     pub prepare: PrepareTarget,
@@ -62,51 +58,16 @@ impl Work for MigrateRequest {
 }
 
 impl Launcher {
-    /// A migration target: the host side of the domain the source will send (its disks made as
-    /// a start would make them, for the migration to copy into), and nothing defined. Every
-    /// hot-plugged volume the source has must be here too.
-    pub(super) async fn prepare_incoming(&self) -> Result<(), LauncherError> {
-        // Block volumes first: their nodes in this launcher's hotplug dir are what the
-        // definition names; their cgroup rules wait for QEMU (`BlockDevices::apply_rules`).
-        let vmi = self.state.lock().expect("state lock").spec.clone();
-        let input = self.last_sync.get();
-        for (volume, dev) in self.resolve_block_devices(&vmi, &input)? {
-            let dev = dev.map_err(|path| LauncherError::HostDisk {
-                volume: volume.clone(),
-                source: HostError::Missing { path },
-            })?;
-            super::coordinator::host_work(|| self.block.plug_before_qemu(&volume, dev))
-                .map_err(|source| LauncherError::BlockVolume { volume, source })?;
-        }
-        let Ready {
-            not_ready, pins, ..
-        } = self.ready_definition(false).await?;
-        if let Some((disk, source)) = not_ready.into_iter().next() {
-            return Err(LauncherError::HostDisk {
-                volume: disk.volume,
-                source,
-            });
-        }
-        // The incoming guest's QEMU opens them: they stay.
-        pins.keep();
-        Ok(())
-    }
-
     /// Moves the VM to the launcher `request.target`; returns once it runs there.
-    pub async fn migrate(
+    pub(crate) async fn migrate(
         &self,
         request: MigrateRequest,
     ) -> Result<(u64, MigrationStatus), LauncherError> {
         self.run(request).await
     }
 
-    /// A prepared migration target's pins, by volume (see [`IncomingPlan::pins`]).
-    pub(crate) fn incoming_pins(&self) -> std::collections::BTreeMap<String, PathBuf> {
-        self.pins.list()
-    }
-
     /// Cancels the migration in flight; the guest keeps running here.
-    pub fn cancel_migration(&self) -> Result<(), LauncherError> {
+    pub(crate) fn cancel_migration(&self) -> Result<(), LauncherError> {
         let migrating = self
             .state
             .lock()
@@ -397,115 +358,6 @@ impl Launcher {
         let message = crate::error_chain(&e);
         self.update(|s| s.migration.end(state, message));
         e
-    }
-
-    /// libvirt's domain is still a migration's destination: not defined yet, or paused for it.
-    pub(super) fn still_incoming(&self) -> bool {
-        let n = self.domain_name.clone();
-        let persistent = self.call(move |hv| hv.is_persistent(&n)).unwrap_or(false);
-        let paused_for_it = matches!(self.observation(),
-            Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration");
-        !persistent || paused_for_it
-    }
-
-    /// A migration target whose guest has not arrived yet.
-    pub(super) fn is_incoming(&self) -> bool {
-        self.state
-            .lock()
-            .expect("state lock")
-            .migration
-            .is_incoming()
-    }
-
-    /// On the target, while the guest is on its way: whether libvirt has made it ours yet, or
-    /// lost it. Called by the reconciler instead of the run strategy's rules; true while the
-    /// migration still owns the VM.
-    pub(super) async fn reconcile_incoming(&self) -> bool {
-        if !self.is_incoming() {
-            return false;
-        }
-        let observation = self.observation();
-        match observation {
-            Observation::NotCreated | Observation::Unreachable => {}
-            Observation::Domain(p) if p.state == DomainState::Paused && p.reason == "migration" => {
-                self.update(|s| s.migration.migrating());
-            }
-            Observation::Domain(p) if p.state.is_active() => {
-                let n = self.domain_name.clone();
-                if matches!(self.call(move |hv| hv.is_persistent(&n)), Ok(true)) {
-                    self.arrived(p.state == DomainState::Paused).await;
-                } else {
-                    self.update(|s| s.migration.migrating());
-                }
-            }
-            Observation::Domain(_) | Observation::Vanished => {
-                tracing::error!("the incoming migration ended without the guest");
-                self.update(|s| {
-                    s.vm_state = VmState::Error;
-                    s.life = s.life.migration_lost();
-                    s.migration.end(
-                        MigrationState::Failed,
-                        "the source cancelled it or failed; the guest runs there".into(),
-                    );
-                });
-            }
-        }
-        true
-    }
-
-    /// The guest is here: the launcher takes it as it adopts a running one, and publishes its
-    /// ports (the source's QEMU held them until it ended: tried again until it has).
-    async fn arrived(&self, paused: bool) {
-        self.update(|s| {
-            s.vm_state = if paused {
-                VmState::Paused
-            } else {
-                VmState::Active
-            };
-            s.last_started = Some(Instant::now());
-        });
-        // `run` says so by the phase it prints next.
-        tracing::info!("the guest arrived by migration");
-        if let Err(e) = super::coordinator::host_work(|| self.block.apply_rules()) {
-            tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
-        }
-        if let Err(e) = self.rebuild_volumes().await {
-            tracing::warn!(error = %crate::error_chain(&e), "cannot read the migrated domain's volumes");
-        }
-        self.after_switch_over().await;
-    }
-
-    /// What waits for libvirt's end of the migration and the source's QEMU to go, both right
-    /// after the guest is here: the ports (bound by the source's QEMU until it ends) and the
-    /// statistics (libvirt keeps them only after its last step). Tried again every
-    /// `AFTER_SWITCH_OVER_STEP` for at most `AFTER_SWITCH_OVER`: neither has an event.
-    async fn after_switch_over(&self) {
-        const AFTER_SWITCH_OVER: Duration = Duration::from_secs(10);
-        const AFTER_SWITCH_OVER_STEP: Duration = Duration::from_millis(50);
-        let give_up = Instant::now() + AFTER_SWITCH_OVER;
-        let (mut published, mut stats) = (false, None);
-        loop {
-            let n = self.domain_name.clone();
-            if !published {
-                match self.call(move |hv| hv.publish_ports(&n)) {
-                    Ok(()) => published = true,
-                    Err(e) if Instant::now() >= give_up => {
-                        tracing::error!(error = %crate::error_chain(&e), "cannot publish the migrated guest's ports");
-                        published = true;
-                    }
-                    Err(_) => {}
-                }
-            }
-            if stats.is_none() {
-                let n = self.domain_name.clone();
-                stats = self.call(move |hv| hv.completed_job(&n)).ok().flatten();
-            }
-            if published && (stats.is_some() || Instant::now() >= give_up) {
-                break;
-            }
-            tokio::time::sleep(AFTER_SWITCH_OVER_STEP).await;
-        }
-        self.update(|s| s.migration.arrived(stats));
     }
 }
 
