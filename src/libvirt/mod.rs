@@ -415,7 +415,7 @@ impl Hypervisor {
 
     /// How many vCPUs the running guest has enabled now (one small call, where the live XML
     /// formats the whole domain).
-    pub fn vcpus_now(&self, name: &str) -> Result<u32, LibvirtError> {
+    pub(crate) fn vcpus_now(&self, name: &str) -> Result<u32, LibvirtError> {
         self.on_domain(name, "get vCPUs", |d| {
             d.vcpus_flags(sys::VIR_DOMAIN_AFFECT_LIVE)
         })
