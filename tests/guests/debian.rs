@@ -3,9 +3,10 @@
 //! creates the user and runs its command, and sshd answers on the published port — proven by
 //! logging in over SSH with a key the test made and reading cloud-init's own result file; the
 //! image's qemu-guest-agent connects, and the launcher's status shows `AgentConnected`.
-//! One boot, bounded: the getty's banner within 4 minutes. KubeVirt's guest agent calls on the
-//! same image (guest info, users, filesystems, freeze) are in `e2e_kubevirt_node`, through the
-//! real virt-handler.
+//! One boot, bounded: cloud-init's marker within 5 minutes (the node test's bound: on two cores
+//! beside the other test lane, a boot has taken 4). KubeVirt's guest agent calls on the same
+//! image (guest info, users, filesystems, freeze) are in `e2e_kubevirt_node`, through the real
+//! virt-handler.
 
 use crate::common;
 
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::net::free_port;
 use common::{Launched, GUEST_DEADLINE};
 
-const BOOT_BOUND: Duration = Duration::from_secs(240);
+const BOOT_BOUND: Duration = Duration::from_secs(300);
 
 fn image() -> PathBuf {
     let dir = std::env::var_os("VMLAUNCHER_DEBIAN_DIR")
