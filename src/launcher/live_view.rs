@@ -183,6 +183,15 @@ impl LiveView {
         }
     }
 
+    /// The guest has `size_kib` of the virtio-mem device plugged now (its size-change event):
+    /// what is kept says so, under the same key (the event carries the resources over).
+    pub(super) fn guest_plugged(&self, size_kib: u64) {
+        let mut kept = self.resources.lock().expect("live resources lock");
+        if let Some(mem) = kept.as_mut().and_then(|(_, r)| r.virtio_mem.as_mut()) {
+            mem.current_kib = size_kib;
+        }
+    }
+
     /// The launcher is about to resize the domain: what was kept is no longer known.
     pub(super) fn forget_resources(&self) {
         self.own_resizes.fetch_add(1, Ordering::SeqCst);
@@ -401,6 +410,23 @@ mod tests {
             None,
             "a restart"
         );
+    }
+
+    #[test]
+    fn what_the_guest_plugged_is_kept_under_the_same_key() {
+        let view = LiveView::new(true);
+        view.guest_plugged(512);
+        assert_eq!(view.resources(view.resources_key(1), "vm", &no_log), None);
+        let with_mem = LiveResources {
+            virtio_mem: Some(crate::domain::LiveVirtioMem::default()),
+            ..cpus(2)
+        };
+        view.keep_resources(view.resources_key(1), with_mem);
+        view.guest_plugged(512);
+        let kept = view
+            .resources(view.resources_key(1), "vm", &no_log)
+            .unwrap();
+        assert_eq!(kept.virtio_mem.map(|m| m.current_kib), Some(512));
     }
 
     #[test]

@@ -226,10 +226,7 @@ impl Launcher {
                     event: "MemoryDeviceSizeChange".into(),
                     detail: format!("{alias} {size_kib} KiB"),
                 });
-                // The status shows what the guest has now (libvirt's XML has it already).
-                if let Err(e) = self.refresh_live() {
-                    tracing::debug!(error = %crate::error_chain(&e), "cannot read the resources");
-                }
+                self.show_plugged(&alias, size_kib);
                 false
             }
             HypervisorEvent::AgentLifecycle { domain, connected } if ours(&domain) => {

@@ -138,6 +138,30 @@ impl Launcher {
         Ok(LiveResources { vcpus, ..kept })
     }
 
+    /// What the guest has plugged of the launcher's virtio-mem device (`alias`), as QEMU's
+    /// size-change event says, in the status and in what the live-state cache keeps. The event
+    /// says what a read of the live XML would (libvirt updates it from the same event); read
+    /// only while nothing was read yet. A guest plugs block after block, an event a second: a
+    /// read for each made a Sync that came meanwhile wait behind it.
+    pub(super) fn show_plugged(&self, alias: &str, size_kib: u64) {
+        if alias != domain::VirtioMemDef::ALIAS {
+            return;
+        }
+        let mut shown = false;
+        self.update(|s| {
+            if let Some(mem) = s.resources.as_mut().and_then(|r| r.virtio_mem.as_mut()) {
+                mem.current_kib = size_kib;
+                shown = true;
+            }
+        });
+        self.live.guest_plugged(size_kib);
+        if !shown {
+            if let Err(e) = self.refresh_live() {
+                tracing::debug!(error = %crate::error_chain(&e), "cannot read the resources");
+            }
+        }
+    }
+
     /// How many agent events the state has taken: read before a live XML read, for `show_live`.
     pub(super) fn agent_events(&self) -> u64 {
         self.state.lock().expect("state lock").agent_events
