@@ -106,14 +106,7 @@ impl Launcher {
     /// The guest is here: the launcher takes it as it adopts a running one, and publishes its
     /// ports (the source's QEMU held them until it ended: tried again until it has).
     async fn arrived(&self, paused: bool) {
-        self.update(|s| {
-            s.vm_state = if paused {
-                VmState::Paused
-            } else {
-                VmState::Active
-            };
-            s.last_started = Some(Instant::now());
-        });
+        self.show_guest_running(paused);
         // `run` says so by the phase it prints next.
         tracing::info!("the guest arrived by migration");
         if let Err(e) = super::coordinator::host_work(|| self.block.apply_rules()) {

@@ -227,14 +227,7 @@ impl Launcher {
             kind
         } else if exists && active && !still_incoming {
             let paused = matches!(&self.observation(), Observation::Domain(p) if p.state == lifecycle::DomainState::Paused);
-            self.update(|s| {
-                s.vm_state = if paused {
-                    VmState::Paused
-                } else {
-                    VmState::Active
-                };
-                s.last_started = Some(Instant::now());
-            });
+            self.show_guest_running(paused);
             restored = self.restore_last_sync(restorable);
             self.rebuild_volumes().await?;
             StartKind::Adopted {
@@ -461,6 +454,19 @@ impl Launcher {
     ) -> Result<T, LauncherError> {
         let hv = self.hypervisor()?;
         host_work(|| f(&hv)).map_err(LauncherError::from)
+    }
+
+    /// A running guest the launcher did not start itself (adopted, or arrived by migration):
+    /// shown running, or paused, from now.
+    fn show_guest_running(&self, paused: bool) {
+        self.update(|s| {
+            s.vm_state = if paused {
+                VmState::Paused
+            } else {
+                VmState::Active
+            };
+            s.last_started = Some(Instant::now());
+        });
     }
 
     /// Changes the state, publishes the new status, and tells the stream what changed.
