@@ -349,15 +349,12 @@ impl Launcher {
         desired: &DomainDef,
     ) -> Result<ResourcePlan, LauncherError> {
         let resizable = desired.vcpus_enabled.is_some() || desired.virtio_mem.is_some();
-        let shown: Vec<String> = self
-            .status()
-            .interfaces
-            .into_iter()
-            .map(|i| i.name)
-            .collect();
-        let asked: Vec<&String> = desired.interfaces.iter().map(|i| &i.name).collect();
-        let relink =
-            current.interfaces != desired.interfaces || shown.iter().ne(asked.iter().copied());
+        let relink = current.interfaces != desired.interfaces || {
+            // The names shown, read under the lock: not a copy of the whole status per Sync.
+            let s = self.state.lock().expect("state lock");
+            let shown = s.interfaces.iter().map(|i| &i.name);
+            shown.ne(desired.interfaces.iter().map(|i| &i.name))
+        };
         // Without interfaces to relink, the vCPUs and memory as last read or resized, while
         // libvirt's events say they hold; a live vCPU change still reads the count first.
         let kept = (resizable && !relink)
