@@ -293,10 +293,13 @@ impl Started {
         );
     }
 
-    /// A guest that powers itself off with no delete: virt-handler makes the VMI `Succeeded` and
-    /// cleans up, the launcher exits 0.
-    fn powers_itself_off_to_succeeded(&self, cluster: &Cluster) {
-        self.console.wait_for("VMLTEST-SELF-POWEROFF", TINY_BOOT);
+    /// A guest that powers itself off with no delete, once it has also printed each line of
+    /// `also` (in any order: its timer's marker may come before the main loop's reports):
+    /// virt-handler makes the VMI `Succeeded` and cleans up, the launcher exits 0.
+    fn powers_itself_off_to_succeeded(&self, cluster: &Cluster, also: &[&str]) {
+        let mut lines = also.to_vec();
+        lines.push("VMLTEST-SELF-POWEROFF");
+        self.console.wait_for_each(&lines, TINY_BOOT);
         self.ends_succeeded(cluster, Duration::from_secs(60));
         self.ended(cluster);
     }
@@ -636,7 +639,7 @@ fn a_guest_that_powers_itself_off_succeeds(cluster: &Cluster) {
         &tiny_vmi(&name, &["vmltest-poweroff-after: 2"]),
         &tiny_disk(),
     );
-    vm.powers_itself_off_to_succeeded(cluster);
+    vm.powers_itself_off_to_succeeded(cluster, &[]);
 }
 
 /// The launcher SIGKILLed under a running VMI: virt-handler's watchdog finds its socket dead and
@@ -690,8 +693,7 @@ spec:
         network = base64("version: 2\nethernets: {}\n"),
     );
     let vm = start(cluster, &name, &manifest, &tiny_disk());
-    vm.console.wait_for("VMLTEST-CPUS 4", TINY_BOOT);
-    vm.powers_itself_off_to_succeeded(cluster);
+    vm.powers_itself_off_to_succeeded(cluster, &["VMLTEST-CPUS 4"]);
 }
 
 /// A filesystem PVC hot-plugged as KubeVirt does it, through virt-handler's own mount: its

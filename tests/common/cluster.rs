@@ -8,6 +8,7 @@
 //! Everything a test asserts comes from what KubeVirt writes: the VMI as kube-apiserver serves it
 //! (watched, every version kept), virt-handler's log and its REST answers, and the guest's console.
 
+use std::collections::VecDeque;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -726,7 +727,11 @@ spec:
         let path = self.console_log.clone();
         let stopped = stop.clone();
         std::thread::spawn(move || follow_file(&path, &stopped, &tx));
-        Console { lines: rx, stop }
+        Console {
+            lines: rx,
+            stop,
+            recent: Mutex::new(VecDeque::new()),
+        }
     }
 
     /// Waits for the container to exit by itself: its exit code.
@@ -782,7 +787,12 @@ fn uuid() -> String {
 pub struct Console {
     lines: mpsc::Receiver<String>,
     stop: Arc<std::sync::atomic::AtomicBool>,
+    /// The last lines read, for a failed wait to show what the guest did say.
+    recent: Mutex<VecDeque<String>>,
 }
+
+/// How many of the last console lines a failed wait shows.
+const RECENT_LINES: usize = 30;
 
 /// Sends each line of the file at `path` (once it exists) as it is written, until `stop`; woken
 /// by every change in its directory.
@@ -829,22 +839,66 @@ fn follow_file(path: &Path, stop: &std::sync::atomic::AtomicBool, lines: &mpsc::
 }
 
 impl Console {
-    /// Waits for a line containing `text`: the line.
+    /// Waits for a line containing `text`: the line. The lines before it are consumed.
     pub fn wait_for(&self, text: &str, within: Duration) -> String {
+        self.wait_for_each(&[text], within).remove(0)
+    }
+
+    /// Waits until each of `texts` is in a line, in whatever order the guest prints them (its
+    /// reports come from concurrent jobs: a background timer's line may come before or after
+    /// the main loop's): the lines, in the order of `texts`.
+    pub fn wait_for_each(&self, texts: &[&str], within: Duration) -> Vec<String> {
         let deadline = Instant::now() + within;
-        loop {
+        let mut found: Vec<Option<String>> = vec![None; texts.len()];
+        while found.iter().any(Option::is_none) {
             let left = deadline.saturating_duration_since(Instant::now());
+            let missing = || -> Vec<&str> {
+                texts
+                    .iter()
+                    .zip(&found)
+                    .filter(|(_, f)| f.is_none())
+                    .map(|(t, _)| *t)
+                    .collect()
+            };
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return line,
-                Ok(_) => {}
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    panic!("no console line with {text:?} within {within:?}")
+                Ok(line) => {
+                    for (text, slot) in texts.iter().zip(found.iter_mut()) {
+                        if slot.is_none() && line.contains(text) {
+                            *slot = Some(line.clone());
+                        }
+                    }
+                    self.remember(line);
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    panic!("the console ended before a line with {text:?}")
-                }
+                Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                    "no console line with {:?} within {within:?}; the last lines:\n{}",
+                    missing(),
+                    self.recent_lines()
+                ),
+                Err(mpsc::RecvTimeoutError::Disconnected) => panic!(
+                    "the console ended before a line with {:?}; the last lines:\n{}",
+                    missing(),
+                    self.recent_lines()
+                ),
             }
         }
+        found.into_iter().map(Option::unwrap).collect()
+    }
+
+    fn remember(&self, line: String) {
+        let mut recent = self.recent.lock().unwrap();
+        if recent.len() == RECENT_LINES {
+            recent.pop_front();
+        }
+        recent.push_back(line);
+    }
+
+    fn recent_lines(&self) -> String {
+        let recent = self.recent.lock().unwrap();
+        recent
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
