@@ -210,13 +210,16 @@ impl Launcher {
     ) -> Result<(StartKind, bool), LauncherError> {
         self.update(|_| {});
         let n = self.domain_name.clone();
+        let seen = crate::libvirt::delivered::count();
         let exists = self.call(move |hv| hv.exists(&n))?;
         if exists {
             self.refresh().await;
         } else {
-            // Nothing to read: the observation stays NotCreated, as a read would leave it.
+            // Nothing to read: the observation stays NotCreated, as a read would leave it, and
+            // is as current as one (`refresh_if_stale`): the first Start's task asks no more.
             self.absent_at_start
                 .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.live.power_read(Some(seen));
         }
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
         let mut restored = false;

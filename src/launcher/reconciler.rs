@@ -41,7 +41,6 @@ impl Launcher {
             // The launcher removed the domain meanwhile, on purpose.
             return;
         }
-        let observed_at = read.is_ok().then_some(seen);
         let observation = match read {
             Ok(power) => Observation::Domain(power),
             Err(LauncherError::Libvirt(LibvirtError::NoDomain { .. })) => {
@@ -59,6 +58,13 @@ impl Launcher {
                 Observation::Unreachable
             }
         };
+        // A definite answer: the domain's state, or no domain that the launcher ever made or
+        // still means to (its definition comes with a lifecycle event, which makes it stale).
+        let observed_at = matches!(
+            observation,
+            Observation::Domain(_) | Observation::NotCreated
+        )
+        .then_some(seen);
         self.update(|s| {
             if matches!(&observation, Observation::Domain(p) if p.state.is_active()) {
                 s.stop_seen = None;
@@ -72,7 +78,8 @@ impl Launcher {
     }
 
     /// Re-reads the real state unless it is known to be current: read after the last event libvirt
-    /// delivered, or before device events only, and found a domain. Every change of a domain's
+    /// delivered, or before device events only, and found a domain or none yet made (a start's
+    /// first task, admitted without a lookup that `first_start` just made). Every change of a domain's
     /// state comes with an event of its own (a lost connection too), so a state read since the
     /// last other event is still the truth.
     pub(super) async fn refresh_if_stale(&self) {
@@ -80,7 +87,10 @@ impl Launcher {
         let current = self
             .live
             .power_state_current_at(seen, &crate::libvirt::delivered::between)
-            && matches!(self.observation(), Observation::Domain(_));
+            && matches!(
+                self.observation(),
+                Observation::Domain(_) | Observation::NotCreated
+            );
         if !current {
             self.refresh().await;
         }

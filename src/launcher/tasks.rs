@@ -41,11 +41,15 @@ impl Work for Lifecycle {
     /// The state is read again before the task ends: the command that comes next is admitted
     /// against what this one did, not against the state before it (an Unpause followed at once
     /// by a Pause was refused as "the VM is paused" until libvirt's event had been handled).
+    /// A Start that succeeded read the state right after its `create` (`start_domain`), and
+    /// nothing since changed it: not read a second time.
     async fn perform(self, launcher: &Launcher) -> Result<(), LauncherError> {
         let result = launcher
             .perform(self.command, self.grace, self.preempt_generation)
             .await;
-        launcher.refresh().await;
+        if !(self.command == Command::Start && result.is_ok()) {
+            launcher.refresh().await;
+        }
         result
     }
 }

@@ -238,7 +238,10 @@ impl Hypervisor {
             let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("associate a disk's descriptor", name)(e));
         }
-        if let Err(e) = dom.create() {
+        // `virDomainCreateWithFlags`, not `virDomainCreate`: the remote driver answers the
+        // latter with a second round trip (a lookup by UUID, for the new domain id), which the
+        // former's reply carries already.
+        if let Err(e) = dom.create_with_flags(0) {
             let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("start", name)(e));
         }
