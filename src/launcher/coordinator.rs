@@ -158,9 +158,6 @@ pub(crate) struct Launcher {
     pub(super) live: LiveView,
     /// The images pinned for QEMU (`pins`).
     pub(super) pins: ImagePins,
-    /// `start` found no domain of this name just before its first start (which then does not
-    /// ask again); taken by that start.
-    pub(super) absent_at_start: std::sync::atomic::AtomicBool,
     /// The kernel and initrd copied for the first start while libvirtd started (`start`):
     /// the spec's (host) paths and the copies. Taken by that start if the paths are the same.
     pub(super) staged_boot: Mutex<Option<(domain::KernelBootDef, domain::KernelBootDef)>>,

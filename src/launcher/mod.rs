@@ -195,7 +195,6 @@ impl Launcher {
             ),
             pending: watch::channel(BTreeMap::new()).0,
             live: LiveView::new(crate::tricks::enabled(crate::tricks::Trick::LiveStateCache)),
-            absent_at_start: std::sync::atomic::AtomicBool::new(false),
             staged_boot: Mutex::new(staged_boot),
         });
         (launcher, restorable)
@@ -217,8 +216,6 @@ impl Launcher {
         } else {
             // Nothing to read: the observation stays NotCreated, as a read would leave it, and
             // is as current as one (`refresh_if_stale`): the first Start's task asks no more.
-            self.absent_at_start
-                .store(true, std::sync::atomic::Ordering::SeqCst);
             self.live.power_read(Some(seen));
         }
         let active = matches!(&self.observation(), Observation::Domain(p) if p.state.is_active());
@@ -272,8 +269,6 @@ impl Launcher {
     fn settle_first_start(&self, kind: StartKind, boot_devices: BTreeSet<DevNumber>) {
         // What `start` learnt holds for its own first start only: a later one (a restart, a
         // Start call) asks libvirt and opens the host's files again.
-        self.absent_at_start
-            .store(false, std::sync::atomic::Ordering::SeqCst);
         self.staged_boot.lock().expect("staged boot lock").take();
         self.block.set_boot(boot_devices);
         let live: BTreeSet<String> = self.status().volumes.into_iter().map(|v| v.name).collect();

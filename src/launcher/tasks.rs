@@ -41,15 +41,11 @@ impl Work for Lifecycle {
     /// The state is read again before the task ends: the command that comes next is admitted
     /// against what this one did, not against the state before it (an Unpause followed at once
     /// by a Pause was refused as "the VM is paused" until libvirt's event had been handled).
-    /// A Start that succeeded read the state right after its `create` (`start_domain`), and
-    /// nothing since changed it: not read a second time.
     async fn perform(self, launcher: &Launcher) -> Result<(), LauncherError> {
         let result = launcher
             .perform(self.command, self.grace, self.preempt_generation)
             .await;
-        if !(self.command == Command::Start && result.is_ok()) {
-            launcher.refresh().await;
-        }
+        launcher.refresh().await;
         result
     }
 }
@@ -268,12 +264,9 @@ impl Launcher {
     /// (Re)creates the domain from the current spec and starts it. A stopped leftover definition
     /// is replaced, so that a restart boots what the owner last asked for.
     pub(super) async fn start_domain(&self) -> Result<(), LauncherError> {
-        let n = self.domain_name.clone();
-        // Asked already by `Launcher::start`, just before its first start: not again.
-        let absent = self
-            .absent_at_start
-            .swap(false, std::sync::atomic::Ordering::SeqCst);
-        if !absent && self.call(move |hv| hv.exists(&n))? {
+        // The observation is current: the task's admission read it, or knew it current
+        // (`refresh_if_stale`; at the first start, from `first_start`'s own lookup).
+        if matches!(self.observation(), Observation::Domain(_)) {
             let n = self.domain_name.clone();
             self.update(|s| s.undefined_by_us = true);
             // The variables the guest set survive its restart.
@@ -300,7 +293,7 @@ impl Launcher {
             s.io_error = None;
             s.last_started = Some(Instant::now());
         });
-        self.refresh().await;
+        // Its state is read when the task ends (`Lifecycle::perform`), as every command's.
         self.rebuild_volumes().await?;
         for (disk, source) in not_ready {
             tracing::warn!(volume = %disk.volume, error = %crate::error_chain(&source), "hot-plugged volume left out of the start");
