@@ -618,3 +618,39 @@ fn claims_are_refused_through_a_libvirt_the_launcher_does_not_run() {
         ))
     );
 }
+
+/// As many root ports as libvirt 9.0 fills with the test guest's devices on q35
+/// (`domain::resources`' `PLACED`: the NIC, the scsi controller, the USB controller, virtio-serial
+/// for the agent channel, the balloon). In its place an e1000 NIC and a watchdog take none
+/// (libvirt 9.0 adds their pcie-to-pci bridge with a root port of its own), and a virtio disk
+/// one: as libvirt placed that mix, with five ports left empty of the twelve.
+#[test]
+fn counts_the_root_ports_its_devices_take() {
+    let guest = r#"
+apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata: {name: tracevm}
+spec:
+  domain:
+    memory: {guest: 256Mi}
+    firmware:
+      kernelBoot:
+        container: {kernelPath: /k/vmlinuz, initrdPath: /k/initrd.img}
+    devices: {disks: []}
+  volumes: []
+"#;
+    let def = convert(&vmi(guest), &opts()).unwrap();
+    assert_eq!(def.root_port_devices(), 5);
+    let more = guest
+        .replace(
+            "devices: {disks: []}",
+            "devices:\n      disks: [{name: root, disk: {bus: virtio}}]\n      interfaces: [{name: default, masquerade: {}, model: e1000}]\n      watchdog: {name: w, i6300esb: {action: poweroff}}",
+        )
+        .replace(
+            "volumes: []",
+            "volumes: [{name: root, hostDisk: {path: /d/root.img, type: Disk}}]\n  networks: [{name: default, pod: {}}]",
+        );
+    let def = convert(&vmi(&more), &opts()).unwrap();
+    assert_eq!(def.interfaces.len(), 1, "{more}");
+    assert_eq!(def.root_port_devices(), 5);
+}

@@ -22,14 +22,16 @@ pub fn canonical_machines(capabilities: &str) -> Result<BTreeMap<String, String>
         .collect())
 }
 
-/// The `<machine>` of a domain capabilities document (the canonical, versioned name).
-pub(crate) fn domain_capabilities_machine(xml: &str) -> Option<String> {
+/// The machine of a domain definition (`<os><type machine=...>`): after a define, the versioned
+/// name libvirt wrote for an alias such as `q35`.
+pub(crate) fn definition_machine(xml: &str) -> Option<String> {
     let doc = roxmltree::Document::parse(xml).ok()?;
-    let machine = doc
+    let os = doc
         .root_element()
         .children()
-        .find(|n| n.has_tag_name("machine"))?;
-    Some(machine.text()?.trim().to_string())
+        .find(|n| n.has_tag_name("os"))?;
+    let os_type = os.children().find(|n| n.has_tag_name("type"))?;
+    Some(os_type.attribute("machine")?.to_string())
 }
 
 /// A `<disk>` of libvirt's live XML: the facts the hotplug diff needs, and the element's own bytes.
@@ -365,13 +367,15 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_machine_of_domain_capabilities() {
-        let xml = "<domainCapabilities>\n  <path>/usr/bin/qemu-system-x86_64</path>\n  <domain>qemu</domain>\n  <machine>pc-q35-7.2</machine>\n  <arch>x86_64</arch>\n</domainCapabilities>";
+    fn reads_the_machine_of_a_definition() {
+        // As libvirt 9.0 writes a domain defined with `machine='q35'`.
+        let xml = "<domain type='qemu'>\n  <name>default_vm</name>\n  <os>\n    <type arch='x86_64' machine='pc-q35-7.2'>hvm</type>\n    <kernel>/k</kernel>\n  </os>\n</domain>";
+        assert_eq!(definition_machine(xml).as_deref(), Some("pc-q35-7.2"));
         assert_eq!(
-            domain_capabilities_machine(xml).as_deref(),
-            Some("pc-q35-7.2")
+            definition_machine("<domain><os><type>hvm</type></os></domain>"),
+            None
         );
-        assert_eq!(domain_capabilities_machine("<domainCapabilities/>"), None);
+        assert_eq!(definition_machine("<domain/>"), None);
     }
 
     #[test]

@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 pub use live::canonical_machines;
 pub use live::live_disks;
 pub(crate) use live::{
-    agent_connected_in, domain_capabilities_machine, live_interfaces, live_interfaces_in, LiveDisk,
+    agent_connected_in, definition_machine, live_interfaces, live_interfaces_in, LiveDisk,
     LiveInterface, LiveXmlError,
 };
 pub use resources::live_resources;
 pub use resources::LiveVirtioMem;
-pub(crate) use resources::{live_resources_in, with_spare_root_ports, LiveResources};
+pub(crate) use resources::{
+    free_root_ports, live_resources_in, with_spare_root_ports, LiveResources,
+};
 pub use write::target_name;
 
 /// The prefix libvirt requires for user-chosen device aliases.
@@ -85,9 +87,9 @@ pub struct DomainDef {
     /// The virtio-scsi controller that hot-plugged disks go to.
     pub scsi_controller: bool,
     /// Empty PCIe root ports for devices plugged later (a q35 machine's PCIe slots are not
-    /// hot-pluggable otherwise; libvirt leaves one spare). Not in [`DomainDef::to_xml`]:
-    /// libvirt would put the boot devices on them. They are added to the definition libvirt
-    /// made, after its own (`with_spare_root_ports`), as KubeVirt does.
+    /// hot-pluggable otherwise; libvirt leaves one spare). Not in [`DomainDef::to_xml`]: the
+    /// define adds them, with as many more as the boot devices take (`root_port_devices`),
+    /// which libvirt places on the first ones (`Hypervisor::define_and_start`).
     pub spare_pcie_ports: u32,
     /// The guest's serial console; `None` without one.
     pub serial: Option<SerialDef>,

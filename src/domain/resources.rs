@@ -2,7 +2,7 @@
 //! the guest compares against, and what the status reports.
 
 use super::live::LiveXmlError;
-use super::VirtioMemDef;
+use super::{Bus, DomainDef, VirtioMemDef};
 
 /// vCPUs and memory as libvirt runs them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -151,6 +151,69 @@ pub(crate) fn live_resources_in(
     })
 }
 
+/// Conventional PCI network models. On a q35 machine libvirt puts them, and the i6300esb
+/// watchdog, behind a pcie-to-pci bridge, and adds the bridge with a root port of its own.
+const CONVENTIONAL_PCI_NICS: [&str; 4] = ["e1000", "rtl8139", "pcnet", "ne2k_pci"];
+
+impl DomainDef {
+    /// The root ports a q35 machine's libvirt fills with this definition's devices: one for
+    /// each PCIe device (virtio disks, NICs, inputs, the scsi controller, rng, virtio-mem, the
+    /// balloon), and one each for the two controllers libvirt adds itself (USB, and
+    /// virtio-serial for the agent channel). Conventional PCI devices take none of them: libvirt
+    /// adds their bridge with a port of its own. A definition written with this many root ports
+    /// more than it wants spare is placed by libvirt with the spare ones left empty, in one
+    /// define. Only a count of what the writer writes: should libvirt place more, the define
+    /// shows it (`free_root_ports`).
+    pub(crate) fn root_port_devices(&self) -> u32 {
+        let virtio_disks = self.disks.iter().filter(|d| d.bus == Bus::Virtio).count();
+        let pcie_nics = (self.interfaces.iter())
+            .filter(|i| !CONVENTIONAL_PCI_NICS.contains(&i.model.as_str()))
+            .count();
+        let virtio_inputs = self.inputs.iter().filter(|i| i.bus == "virtio").count();
+        let flags = [
+            self.scsi_controller,
+            self.rng,
+            self.virtio_mem.is_some(),
+            self.memballoon,
+            true, // the USB controller
+            true, // virtio-serial, for the agent channel
+        ];
+        let devices =
+            virtio_disks + pcie_nics + virtio_inputs + flags.iter().filter(|f| **f).count();
+        u32::try_from(devices).unwrap_or(u32::MAX)
+    }
+}
+
+/// The PCIe root ports of a definition that nothing is plugged into: those whose bus no PCI
+/// address names.
+pub(crate) fn free_root_ports(xml: &str) -> Result<u32, LiveXmlError> {
+    let doc = roxmltree::Document::parse(xml).map_err(LiveXmlError::Malformed)?;
+    let used: std::collections::BTreeSet<u32> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("address") && n.attribute("type") == Some("pci"))
+        .filter_map(|n| bus_number(n.attribute("bus")?))
+        .collect();
+    let free = doc
+        .descendants()
+        .filter(|n| {
+            n.has_tag_name("controller")
+                && n.attribute("type") == Some("pci")
+                && n.attribute("model") == Some("pcie-root-port")
+        })
+        .filter_map(|n| n.attribute("index")?.parse::<u32>().ok())
+        .filter(|index| !used.contains(index))
+        .count();
+    Ok(u32::try_from(free).unwrap_or(u32::MAX))
+}
+
+/// A PCI address's bus as libvirt writes it (`0x01`), or decimal.
+fn bus_number(text: &str) -> Option<u32> {
+    match text.strip_prefix("0x") {
+        Some(hex) => u32::from_str_radix(hex, 16).ok(),
+        None => text.parse().ok(),
+    }
+}
+
 /// A domain definition (libvirt's, with the addresses it chose) with `count` empty PCIe root
 /// ports added after its PCI controllers: room for interfaces and other PCI devices plugged
 /// later, which libvirt's own placement would have filled with the boot devices.
@@ -276,6 +339,42 @@ mod tests {
             "{spared}"
         );
         assert_eq!(with_spare_root_ports(xml, 0).unwrap(), xml);
+    }
+
+    /// The devices and root ports of the test guest's domain as libvirt 9.0 placed them on a
+    /// q35 machine (the NIC, the scsi controller, the USB controller, virtio-serial and the
+    /// balloon on the ports of buses 1 to 5), with five ports left empty.
+    const PLACED: &str = "<domain type='qemu'><devices>\
+        <controller type='scsi' index='0' model='virtio-scsi'><address type='pci' domain='0x0000' bus='0x02' slot='0x00' function='0x0'/></controller>\
+        <controller type='usb' index='0' model='qemu-xhci'><address type='pci' domain='0x0000' bus='0x03' slot='0x00' function='0x0'/></controller>\
+        <controller type='sata' index='0'><address type='pci' domain='0x0000' bus='0x00' slot='0x1f' function='0x2'/></controller>\
+        <controller type='pci' index='0' model='pcie-root'/>\
+        <controller type='pci' index='1' model='pcie-root-port'><model name='pcie-root-port'/><target chassis='1' port='0x10'/><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x0' multifunction='on'/></controller>\
+        <controller type='pci' index='2' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x1'/></controller>\
+        <controller type='pci' index='3' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x2'/></controller>\
+        <controller type='pci' index='4' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x3'/></controller>\
+        <controller type='pci' index='5' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x4'/></controller>\
+        <controller type='pci' index='6' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x5'/></controller>\
+        <controller type='pci' index='7' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x6'/></controller>\
+        <controller type='pci' index='8' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x7'/></controller>\
+        <controller type='pci' index='9' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x03' function='0x0' multifunction='on'/></controller>\
+        <controller type='pci' index='10' model='pcie-root-port'><address type='pci' domain='0x0000' bus='0x00' slot='0x03' function='0x1'/></controller>\
+        <controller type='virtio-serial' index='0'><address type='pci' domain='0x0000' bus='0x04' slot='0x00' function='0x0'/></controller>\
+        <interface type='user'><model type='virtio'/><address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x0'/></interface>\
+        <video><model type='vga'/><address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x0'/></video>\
+        <memballoon model='virtio'><address type='pci' domain='0x0000' bus='0x05' slot='0x00' function='0x0'/></memballoon>\
+        </devices></domain>";
+
+    #[test]
+    fn root_ports_that_no_address_names_are_free() {
+        assert_eq!(free_root_ports(PLACED).unwrap(), 5);
+        // The spare ports added to it are free too; a definition without ports has none.
+        assert_eq!(
+            free_root_ports(&with_spare_root_ports(PLACED, 2).unwrap()).unwrap(),
+            7
+        );
+        assert_eq!(free_root_ports("<domain><devices/></domain>").unwrap(), 0);
+        assert!(free_root_ports("<domain>").is_err());
     }
 
     #[test]

@@ -161,6 +161,11 @@ pub(crate) struct Launcher {
     /// The kernel and initrd copied for the first start while libvirtd started (`start`):
     /// the spec's (host) paths and the copies. Taken by that start if the paths are the same.
     pub(super) staged_boot: Mutex<Option<(domain::KernelBootDef, domain::KernelBootDef)>>,
+    /// The versioned machine libvirt wrote for each alias the spec named (`q35` →
+    /// `pc-q35-7.2`), learnt from this launcher's first definition: every later definition
+    /// names it, so that a restart boots the machine the guest first saw, whatever QEMU now
+    /// calls the alias.
+    pub(super) machines: Mutex<BTreeMap<String, String>>,
 }
 
 /// Blocking host work (mknod, cgroup and records writes, file I/O) done from a task: the worker

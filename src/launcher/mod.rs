@@ -102,7 +102,7 @@ impl Launcher {
     pub(crate) async fn start(
         connector: Arc<Connector>,
         vmi: Validated,
-        mut options: LaunchOptions,
+        options: LaunchOptions,
         events: mpsc::UnboundedReceiver<HypervisorEvent>,
     ) -> Result<(Arc<Launcher>, StartKind), LauncherError> {
         // Before anything is made or started: a refused path is a bad spec (exit 2).
@@ -117,7 +117,6 @@ impl Launcher {
             Some(staging) => staging.await.ok().and_then(Result::ok),
             None => None,
         };
-        resolve_machine(&hv, &vmi, &mut options);
         let boot_devices: BTreeSet<DevNumber> = def
             .disks
             .iter()
@@ -196,6 +195,7 @@ impl Launcher {
             pending: watch::channel(BTreeMap::new()).0,
             live: LiveView::new(crate::tricks::enabled(crate::tricks::Trick::LiveStateCache)),
             staged_boot: Mutex::new(staged_boot),
+            machines: Mutex::new(BTreeMap::new()),
         });
         (launcher, restorable)
     }
@@ -516,7 +516,19 @@ impl Launcher {
     fn convert_options(&self) -> ConvertOptions {
         let mut opts = self.options.convert.clone();
         opts.block_volumes.extend(self.block.nodes().into_keys());
+        let machines = self.machines.lock().expect("machines lock");
+        opts.machines
+            .extend(machines.iter().map(|(a, m)| (a.clone(), m.clone())));
         opts
+    }
+
+    /// Keeps the versioned machine libvirt defined for the alias `written` named (`machines`):
+    /// libvirt resolves aliases itself, at the define, so the launcher asks nothing for it.
+    fn learn_machine(&self, written: &str, defined: Option<String>) {
+        if let Some(defined) = defined.filter(|d| d != written) {
+            let mut machines = self.machines.lock().expect("machines lock");
+            machines.entry(written.to_string()).or_insert(defined);
+        }
     }
 }
 
@@ -547,28 +559,4 @@ fn stage_boot_copy(
                 disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
             })
         })
-}
-
-/// Machine aliases (`q35`) are resolved once, here, and kept for every later (re)start, so the
-/// guest keeps the machine ABI it started with. Only the one alias the spec uses is asked
-/// about: the host-wide capabilities would probe every QEMU binary (seconds on a fresh daemon),
-/// domain capabilities probe just ours.
-fn resolve_machine(hv: &Hypervisor, vmi: &Validated, options: &mut LaunchOptions) {
-    let alias = vmi
-        .spec
-        .domain
-        .machine
-        .as_ref()
-        .and_then(|m| m.machine_type.clone())
-        .unwrap_or_else(|| convert::DEFAULT_MACHINE.to_string());
-    if options.convert.machines.contains_key(&alias) {
-        return;
-    }
-    match hv.canonical_machine(&alias, options.convert.virt_type) {
-        Ok(Some(canonical)) => {
-            options.convert.machines.insert(alias, canonical);
-        }
-        Ok(None) => {}
-        Err(e) => tracing::warn!(error = %crate::error_chain(&e), "machine types stay as written"),
-    }
 }

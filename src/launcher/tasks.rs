@@ -13,7 +13,7 @@ use super::types::{
     DESTROY_TIMEOUT,
 };
 use crate::host::HostError;
-use crate::libvirt::{LibvirtError, Nvram};
+use crate::libvirt::{LibvirtError, Nvram, RootPorts};
 use crate::lifecycle::{self, Command, Observation};
 
 /// What a task does, once admitted: a lifecycle command, a Sync validated and planned before
@@ -281,8 +281,13 @@ impl Launcher {
         self.clear_tpm_state(&def)?;
         let (n, xml) = (self.domain_name.clone(), def.to_xml());
         self.forget_live_disks();
-        let ports = def.interfaces.iter().any(|i| !i.port_forwards.is_empty());
-        self.call(move |hv| hv.define_and_start(&n, &xml, def.spare_pcie_ports, &fds, ports))?;
+        let ports = RootPorts {
+            spare: def.spare_pcie_ports,
+            for_devices: def.root_port_devices(),
+        };
+        let forwards = def.interfaces.iter().any(|i| !i.port_forwards.is_empty());
+        let machine = self.call(move |hv| hv.define_and_start(&n, &xml, ports, &fds, forwards))?;
+        self.learn_machine(&def.machine, machine);
         // QEMU has them now; on any way out before this line the guard removed them.
         pins.keep();
         self.update(|s| {

@@ -196,12 +196,33 @@ fn copy_files(from: &Path, to: &Path, which: Which) -> Result<usize, CapCacheErr
     Ok(written)
 }
 
-/// Has libvirtd on `conn` load QEMU's capabilities (probing QEMU if its cache has no valid file),
-/// through the domain capabilities every start asks for anyway.
+/// Has libvirtd on `conn` load QEMU's capabilities (probing QEMU if its cache has no valid file)
+/// and nothing else: it compares a CPU every x86 QEMU has (`qemu64`) with what QEMU can run,
+/// which needs those capabilities and no more. The domain capabilities, which the launcher asked
+/// for before (issue 46), load them too, but also run swtpm's and swtpm_setup's capability
+/// probes and read every firmware descriptor: 10–25 ms more on a fresh daemon, on the start's
+/// path, for nothing a start uses (`docs/performance.md`). The comparison's answer is not used.
 pub(crate) fn load_capabilities(conn: &virt::connect::Connect) -> Result<(), virt::error::Error> {
-    // One cache file per QEMU binary, whatever the virt type: "qemu" is always available.
-    conn.domain_capabilities(None, Some("x86_64"), None, Some("qemu"), 0)
-        .map(drop)
+    let (arch, virt_type) = (c"x86_64", c"qemu");
+    let cpu = c"<cpu><model>qemu64</model></cpu>";
+    // SAFETY: `conn` is an open connection for the call's length; the strings are NUL-terminated
+    // and outlive it; a null emulator and machine are libvirt's defaults. The `virt` crate has no
+    // wrapper for this call.
+    let rc = unsafe {
+        virt::sys::virConnectCompareHypervisorCPU(
+            conn.as_ptr(),
+            std::ptr::null(),
+            arch.as_ptr(),
+            std::ptr::null(),
+            virt_type.as_ptr(),
+            cpu.as_ptr(),
+            0,
+        )
+    };
+    if rc < 0 {
+        return Err(virt::error::Error::last_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

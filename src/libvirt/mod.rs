@@ -77,6 +77,18 @@ pub(crate) fn skip_unused_ssh_crypto_setup() {
     });
 }
 
+/// The empty root ports libvirt leaves itself on a q35 machine whose devices it placed on root
+/// ports it added: one, for a device plugged later.
+const LIBVIRT_SPARE_PORTS: u32 = 1;
+
+/// The PCIe root ports of a definition (`Hypervisor::define_and_start`): how many it keeps empty
+/// beyond libvirt's own spare one, and how many its devices take.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RootPorts {
+    pub(crate) spare: u32,
+    pub(crate) for_devices: u32,
+}
+
 /// An open connection with its event subscription.
 #[derive(Debug)]
 pub struct Hypervisor {
@@ -202,33 +214,63 @@ impl Hypervisor {
     /// keeps its state and reason after it stops, so the launcher can read how it ended).
     /// `fds`: the images the XML names by `fdgroup`, opened by the launcher, given to libvirt
     /// for this start.
-    /// With `spare_pcie_ports`, the definition is made twice: once for libvirt to place the
-    /// devices, then again with that many empty root ports after its own (`DomainDef`).
-    /// `ports`: the definition forwards host ports (`hostfwd_add`, which needs the live XML);
-    /// without, that read is skipped.
+    /// `ports.spare`: empty root ports the definition keeps for devices plugged later, beyond
+    /// the one libvirt leaves (`DomainDef::spare_pcie_ports`). The XML goes to libvirt with
+    /// room for its own devices too (`ports.for_devices`), so that one define places them and
+    /// leaves the rest empty; should libvirt fill more than that, the missing ones are added to
+    /// its definition and it is made again.
+    /// `forwards`: the definition forwards host ports (`hostfwd_add`, which needs the live
+    /// XML); without, that read is skipped. Returns the machine of the definition libvirt made:
+    /// the versioned one where the XML named an alias.
     pub(crate) fn define_and_start(
         &self,
         name: &str,
         xml: &str,
-        spare_pcie_ports: u32,
+        ports: RootPorts,
         fds: &[(String, std::fs::File)],
-        ports: bool,
-    ) -> Result<(), LibvirtError> {
+        forwards: bool,
+    ) -> Result<Option<String>, LibvirtError> {
         self.forget_domain();
+        let xml_err = |source| LibvirtError::LiveXml {
+            domain: name.into(),
+            source,
+        };
+        let wanted_free = match ports.spare {
+            0 => 0,
+            spare => spare + LIBVIRT_SPARE_PORTS,
+        };
+        let first = match wanted_free {
+            0 => std::borrow::Cow::Borrowed(xml),
+            free => crate::domain::with_spare_root_ports(xml, ports.for_devices + free)
+                .map_err(xml_err)?
+                .into(),
+        };
         let mut dom = self
             .conn
-            .define_domain_xml(xml)
+            .define_domain_xml(&first)
             .map_err(Self::call_err("define", name))?;
-        if spare_pcie_ports > 0 {
-            let placed = dom
-                .xml_desc(sys::VIR_DOMAIN_XML_INACTIVE)
-                .map_err(Self::call_err("get inactive XML", name))?;
-            let spared = crate::domain::with_spare_root_ports(&placed, spare_pcie_ports).map_err(
-                |source| LibvirtError::LiveXml {
-                    domain: name.into(),
-                    source,
-                },
-            )?;
+        // What libvirt made of it: the addresses it chose, and the versioned machine it wrote
+        // for an alias (`q35` → `pc-q35-7.2`).
+        let placed = match dom.xml_desc(sys::VIR_DOMAIN_XML_INACTIVE) {
+            Ok(placed) => placed,
+            Err(e) => {
+                let _ = dom.undefine_flags(Nvram::Keep.flags());
+                return Err(Self::call_err("get inactive XML", name)(e));
+            }
+        };
+        let machine = crate::domain::definition_machine(&placed);
+        let free = match wanted_free {
+            0 => 0,
+            _ => crate::domain::free_root_ports(&placed).map_err(xml_err)?,
+        };
+        if free < wanted_free {
+            tracing::debug!(
+                free,
+                wanted_free,
+                "libvirt filled more root ports than counted; defining again"
+            );
+            let spared = crate::domain::with_spare_root_ports(&placed, wanted_free - free)
+                .map_err(xml_err)?;
             dom = self
                 .conn
                 .define_domain_xml(&spared)
@@ -245,7 +287,7 @@ impl Hypervisor {
             let _ = dom.undefine_flags(Nvram::Keep.flags());
             return Err(Self::call_err("start", name)(e));
         }
-        if ports {
+        if forwards {
             if let Err(e) = publish_ports(&dom, name, None) {
                 let _ = dom.destroy();
                 let _ = dom.undefine_flags(Nvram::Keep.flags());
@@ -254,7 +296,7 @@ impl Hypervisor {
         }
         // The handle of the domain just made: the next calls on it need no lookup.
         *self.last_domain.lock().expect("domain handle lock") = Some((name.into(), dom));
-        Ok(())
+        Ok(machine)
     }
 
     /// Checks an XML the way a define would, then removes the definition again.
@@ -288,26 +330,6 @@ impl Hypervisor {
         self.conn
             .capabilities()
             .map_err(Self::call_err("getCapabilities", &self.uri))
-    }
-
-    /// The versioned machine an alias such as `q35` stands for on this host (`pc-q35-7.2`), from
-    /// the domain capabilities of the one emulator that would run it.
-    pub(crate) fn canonical_machine(
-        &self,
-        alias: &str,
-        virt_type: crate::domain::VirtType,
-    ) -> Result<Option<String>, LibvirtError> {
-        let xml = self
-            .conn
-            .domain_capabilities(
-                None,
-                Some("x86_64"),
-                Some(alias),
-                Some(virt_type.as_str()),
-                0,
-            )
-            .map_err(Self::call_err("getDomainCapabilities", &self.uri))?;
-        Ok(crate::domain::domain_capabilities_machine(&xml))
     }
 
     pub(crate) fn live_xml(&self, name: &str) -> Result<String, LibvirtError> {
