@@ -108,3 +108,19 @@ fn live_source_of(live: &str, volume: &str, backing: bool) -> Option<String> {
         .attribute("file")
         .map(str::to_string)
 }
+
+/// The PCIe root ports of a domain's XML that nothing is plugged into (no PCI address names their
+/// bus): the room left for devices plugged later.
+pub fn empty_root_ports(xml: &str) -> usize {
+    let doc = roxmltree::Document::parse(xml).unwrap();
+    let bus = |text: &str| u32::from_str_radix(text.trim_start_matches("0x"), 16).unwrap();
+    let used: Vec<u32> = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("address") && n.attribute("type") == Some("pci"))
+        .filter_map(|n| n.attribute("bus").map(bus))
+        .collect();
+    doc.descendants()
+        .filter(|n| n.has_tag_name("controller") && n.attribute("model") == Some("pcie-root-port"))
+        .filter(|n| !used.contains(&n.attribute("index").unwrap().parse().unwrap()))
+        .count()
+}

@@ -179,8 +179,12 @@ async fn boot_hotplug_unplug_and_stop_in_a_real_guest() {
     let uri = vm.libvirt_uri();
     let domain = format!("default_{name}");
     let before = live_xml(&uri, &domain);
-    // The bare `q35` of the spec was resolved once to this host's versioned machine.
+    // The bare `q35` of the spec was resolved, by libvirt at the define, to this host's
+    // versioned machine.
     assert!(before.contains("machine='pc-q35-"), "{before}");
+    // Room for devices plugged later: the launcher's four spare root ports and libvirt's one,
+    // empty, with every boot device placed (the one define counted what they take).
+    assert_eq!(common::libvirt::empty_root_ports(&before), 5, "{before}");
     let status_before = common::status(&mut client).await;
     let reply = sync(&mut client, only_one.clone())
         .await
