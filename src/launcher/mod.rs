@@ -525,9 +525,20 @@ impl Launcher {
     /// Keeps the versioned machine libvirt defined for the alias `written` named (`machines`):
     /// libvirt resolves aliases itself, at the define, so the launcher asks nothing for it.
     fn learn_machine(&self, written: &str, defined: Option<String>) {
-        if let Some(defined) = defined.filter(|d| d != written) {
+        let Some(defined) = defined.filter(|d| d != written) else {
+            return;
+        };
+        let learnt = {
             let mut machines = self.machines.lock().expect("machines lock");
+            let new = !machines.contains_key(written);
             machines.entry(written.to_string()).or_insert(defined);
+            new
+        };
+        if learnt {
+            // A Sync accepted before this define (a VM that waited for its Start) kept its
+            // conversion with the alias: the next Sync would find the machine changed. It is
+            // converted again, with the machine, when next needed.
+            self.update(|s| s.spec_domain = None);
         }
     }
 }

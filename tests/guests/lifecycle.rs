@@ -773,3 +773,41 @@ async fn an_efi_vm_killed_is_started_again_and_its_variables_go_at_the_end() {
     vm.terminate_ok();
     assert!(!nvram.exists(), "the variables outlived the launcher");
 }
+
+/// A launcher that adopted its running VM (no define of its own yet) accepts a Sync, starts the
+/// VM again after a kill (its first define, at which libvirt resolves the spec's `q35`), and is
+/// sent the same spec once more: nothing to change. The machine it learns at that define is not
+/// a frozen field changed against the conversion it kept from the first Sync.
+#[test]
+fn after_adoption_a_new_start_learns_the_machine_and_the_same_spec_changes_nothing() {
+    let name = "adopt-machine";
+    let spec = guest_spec(name, "", &[]);
+    let mut first = Launched::start(&spec, &[]);
+    first.wait_stdout("phase Running", BOOT_DEADLINE);
+    first.kill9();
+    let mut vm = first.successor(&spec, &["--run-strategy", "manual"]);
+    let line = vm.wait_stdout("domain default_", GUEST_DEADLINE);
+    assert!(line.contains("adopted"), "{line}");
+    vm.wait_stdout("api unix:", GUEST_DEADLINE);
+    let file = vm.scratch().join("spec.yaml");
+    std::fs::write(&file, &spec).unwrap();
+    let file = file.to_str().unwrap();
+    let synced = |when: &str| {
+        let (code, stdout, stderr) = verb(&vm.socket(), &["sync", file]);
+        assert_eq!(code, Some(0), "the Sync {when}: {stderr}");
+        let reply: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        for part in ["plan", "resources", "interfaces"] {
+            assert_eq!(
+                reply[part],
+                serde_json::json!([]),
+                "the Sync {when}: {reply}"
+            );
+        }
+    };
+    synced("after the adoption");
+    assert_eq!(vm_state_after(&vm, &["kill"]), "Stopped");
+    assert_eq!(vm_state_after(&vm, &["start"]), "Active");
+    synced("after this launcher's own start");
+    let live = common::live_xml(&vm.libvirt_uri(), &format!("default_{name}"));
+    assert!(live.contains("machine='pc-q35-"), "{live}");
+}
