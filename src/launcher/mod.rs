@@ -523,23 +523,18 @@ impl Launcher {
     }
 
     /// Keeps the versioned machine libvirt defined for the alias `written` named (`machines`):
-    /// libvirt resolves aliases itself, at the define, so the launcher asks nothing for it.
+    /// libvirt resolves aliases itself, at the define, so the launcher asks nothing for it. A
+    /// conversion kept from before is not used again (`SyncedDomain`).
     fn learn_machine(&self, written: &str, defined: Option<String>) {
-        let Some(defined) = defined.filter(|d| d != written) else {
-            return;
-        };
-        let learnt = {
+        if let Some(defined) = defined.filter(|d| d != written) {
             let mut machines = self.machines.lock().expect("machines lock");
-            let new = !machines.contains_key(written);
             machines.entry(written.to_string()).or_insert(defined);
-            new
-        };
-        if learnt {
-            // A Sync accepted before this define (a VM that waited for its Start) kept its
-            // conversion with the alias: the next Sync would find the machine changed. It is
-            // converted again, with the machine, when next needed.
-            self.update(|s| s.spec_domain = None);
         }
+    }
+
+    /// How many machines the launcher has learnt: a conversion's input, which only grows.
+    fn machines_learnt(&self) -> usize {
+        self.machines.lock().expect("machines lock").len()
     }
 }
 

@@ -47,6 +47,8 @@ pub(super) struct PreparedSync {
     desired: Arc<DomainDef>,
     /// The boot memory `desired` was converted for.
     guest_at_boot: Option<u64>,
+    /// The machines the launcher had learnt when `desired` was converted.
+    machines_learnt: usize,
     input: SyncInput,
     devices: BTreeMap<String, BlockResolution>,
     /// The block volumes the launcher held when this was prepared.
@@ -135,6 +137,7 @@ impl Launcher {
         self.options.host_paths.check(&vmi)?;
         let held = self.block.nodes();
         let devices = self.resolve_block_devices(&vmi, &input)?;
+        let machines_learnt = self.machines_learnt();
         let mut opts = self.convert_options();
         opts.block_volumes.extend(devices.keys().cloned());
         opts.guest_at_boot = self.memory_at_boot();
@@ -152,6 +155,7 @@ impl Launcher {
             vmi,
             desired: Arc::new(desired),
             guest_at_boot: opts.guest_at_boot,
+            machines_learnt,
             input,
             devices,
             held,
@@ -226,6 +230,7 @@ impl Launcher {
             vmi,
             desired,
             guest_at_boot,
+            machines_learnt,
             input,
             devices,
             interrupt_generation,
@@ -258,7 +263,7 @@ impl Launcher {
         self.accept(
             input,
             vmi,
-            SyncedDomain::new(*guest_at_boot, Arc::clone(desired)),
+            SyncedDomain::new(*guest_at_boot, *machines_learnt, Arc::clone(desired)),
         )?;
         let resized = self.resize(resizes, &resources);
         let interfaces = self
@@ -455,12 +460,13 @@ impl Launcher {
     /// accepted it made, or a new one (the spec of a start or a restore, another boot's memory).
     fn current_domain(&self) -> Result<Arc<DomainDef>, LauncherError> {
         let guest_at_boot = self.memory_at_boot();
+        let machines_learnt = self.machines_learnt();
         {
             let s = self.state.lock().expect("state lock");
             if let Some(kept) = s
                 .spec_domain
                 .as_ref()
-                .and_then(|d| d.for_boot(guest_at_boot))
+                .and_then(|d| d.for_inputs(guest_at_boot, machines_learnt))
             {
                 return Ok(kept);
             }
