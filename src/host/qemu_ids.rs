@@ -165,11 +165,7 @@ fn take(id: u32, lock: Flock<fs::File>, runtime_dir: &Path, previous: Option<u32
         tracing::warn!(dir = %runtime_dir.display(), error = %e, "cannot record the QEMU id");
     }
     QemuId {
-        user: QemuUser {
-            name: id.to_string(),
-            uid: id,
-            gid: id,
-        },
+        user: QemuUser::new(id.to_string(), id, id),
         previous: previous.filter(|p| *p != id),
         _lock: lock,
     }

@@ -21,6 +21,10 @@ pub struct QemuUser {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
+    /// Its primary and supplementary groups, looked up once with the user: libvirt gives QEMU
+    /// both, as they are when it starts QEMU, and a launcher's QEMU lives as long as it does.
+    /// Looked up for every check, they cost each Sync two reads of `/etc/group` through NSS.
+    groups: Vec<u32>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -43,10 +47,22 @@ impl Default for QemuUser {
 
 impl QemuUser {
     pub fn root() -> QemuUser {
+        QemuUser::new("root".into(), 0, 0)
+    }
+
+    /// The user `name` of `uid` and primary group `gid`, its supplementary groups looked up
+    /// now (none for a name without an account).
+    pub(crate) fn new(name: String, uid: u32, gid: u32) -> QemuUser {
+        let mut groups = vec![gid];
+        // Root reaches everything: its groups are never asked.
+        if uid != 0 {
+            groups.extend(supplementary_groups(&name, gid));
+        }
         QemuUser {
-            name: "root".into(),
-            uid: 0,
-            gid: 0,
+            name,
+            uid,
+            gid,
+            groups,
         }
     }
 
@@ -108,7 +124,7 @@ impl QemuUser {
         dirs.reverse();
         dirs.into_iter().find_map(|dir| {
             let meta = fs::metadata(dir).ok()?;
-            (!self.permits(&meta, &groups, 0o1)).then(|| Blocked {
+            (!self.permits(&meta, groups, 0o1)).then(|| Blocked {
                 dir: dir.into(),
                 mode: meta.mode() & 0o7777,
                 owner: meta.uid(),
@@ -125,16 +141,22 @@ impl QemuUser {
     }
 
     /// Its primary and supplementary groups (libvirt gives QEMU both).
-    pub(crate) fn groups(&self) -> Vec<u32> {
-        let mut groups = vec![self.gid];
-        if let Ok(name) = std::ffi::CString::new(self.name.as_str()) {
-            if let Ok(more) = nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(self.gid))
-            {
-                groups.extend(more.iter().map(|g| g.as_raw()));
-            }
-        }
-        groups
+    pub(crate) fn groups(&self) -> &[u32] {
+        &self.groups
     }
+}
+
+/// The groups `/etc/group` (or NSS) lists `name` in besides `gid`; none if it cannot tell.
+fn supplementary_groups(name: &str, gid: u32) -> Vec<u32> {
+    let Ok(c_name) = std::ffi::CString::new(name) else {
+        return Vec::new();
+    };
+    let all = nix::unistd::getgrouplist(&c_name, nix::unistd::Gid::from_raw(gid));
+    all.unwrap_or_default()
+        .iter()
+        .map(|g| g.as_raw())
+        .filter(|g| *g != gid)
+        .collect()
 }
 
 fn lookup(name: &str) -> Result<Option<QemuUser>, QemuUserError> {
@@ -147,25 +169,13 @@ fn lookup(name: &str) -> Result<Option<QemuUser>, QemuUserError> {
         let user =
             nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).map_err(lookup_error)?;
         return Ok(Some(match user {
-            Some(user) => QemuUser {
-                name: user.name,
-                uid,
-                gid: user.gid.as_raw(),
-            },
-            None => QemuUser {
-                name: uid.to_string(),
-                uid,
-                gid: uid,
-            },
+            Some(user) => QemuUser::new(user.name, uid, user.gid.as_raw()),
+            None => QemuUser::new(uid.to_string(), uid, uid),
         }));
     }
     Ok(nix::unistd::User::from_name(name)
         .map_err(lookup_error)?
-        .map(|user| QemuUser {
-            name: user.name,
-            uid: user.uid.as_raw(),
-            gid: user.gid.as_raw(),
-        }))
+        .map(|user| QemuUser::new(user.name, user.uid.as_raw(), user.gid.as_raw())))
 }
 
 #[cfg(test)]
@@ -195,6 +205,28 @@ mod tests {
     }
 
     #[test]
+    fn its_groups_are_the_ones_id_lists() {
+        // Debian's libvirt-daemon-system makes the account, in the `kvm` group besides its own.
+        let user = QemuUser::resolve(Some("libvirt-qemu")).unwrap().unwrap();
+        let id = std::process::Command::new("id")
+            .args(["-G", "libvirt-qemu"])
+            .output()
+            .unwrap();
+        assert!(id.status.success());
+        let mut listed: Vec<u32> = String::from_utf8(id.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(|g| g.parse().unwrap())
+            .collect();
+        assert!(listed.len() > 1, "libvirt-qemu has supplementary groups");
+        let mut groups = user.groups().to_vec();
+        assert_eq!(groups[0], user.gid, "its own group first");
+        groups.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(groups, listed);
+    }
+
+    #[test]
     fn a_uid_without_an_account_runs_with_its_own_group() {
         // No account has this uid on any machine this runs on.
         let user = QemuUser::resolve(Some("3999999")).unwrap().unwrap();
@@ -209,11 +241,7 @@ mod tests {
         fs::create_dir_all(&open).unwrap();
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
         fs::set_permissions(&closed, fs::Permissions::from_mode(0o750)).unwrap();
-        let qemu = QemuUser {
-            name: "no-such-user-vmltest".into(),
-            uid: 3_999_999,
-            gid: 3_999_999,
-        };
+        let qemu = QemuUser::new("no-such-user-vmltest".into(), 3_999_999, 3_999_999);
         let disk = open.join("not-yet/disk.img");
         assert_eq!(
             qemu.blocked_on_the_way(&disk),

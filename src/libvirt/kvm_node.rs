@@ -68,7 +68,7 @@ pub(super) fn for_qemu(runtime: &Path, qemu: &QemuUser) -> Option<KvmNode> {
     let meta = fs::metadata(KVM_DEVICE).ok()?;
     if qemu.is_root()
         || !meta.file_type().is_char_device()
-        || qemu.permits(&meta, &qemu.groups(), 0o6)
+        || qemu.permits(&meta, qemu.groups(), 0o6)
     {
         return None;
     }
