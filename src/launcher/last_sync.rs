@@ -29,6 +29,12 @@ impl LastSync {
         self.input.lock().expect("input lock").clone()
     }
 
+    /// Whether `input` is the request kept already (a no-op Sync, a retry): then accepting it
+    /// does nothing, and needs no file I/O.
+    pub(super) fn holds(&self, input: &SyncInput) -> bool {
+        self.input.lock().expect("input lock").same_request(input)
+    }
+
     /// `input` becomes the last one (never a dry run), with the disk sequences of its devices
     /// given by number (`disk_sequences`): saved first, unless it is the same request again (a
     /// no-op Sync, a retry), which is saved already and is neither copied nor looked up again.
@@ -37,7 +43,7 @@ impl LastSync {
         input: &SyncInput,
         disk_sequences: impl FnOnce(&SyncInput) -> BTreeMap<String, u64>,
     ) -> Result<(), SavedSyncError> {
-        if self.input.lock().expect("input lock").same_request(input) {
+        if self.holds(input) {
             return Ok(());
         }
         let input = SyncInput {
