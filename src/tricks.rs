@@ -37,7 +37,8 @@ pub(crate) enum Trick {
     /// The live disks, vCPUs, memory and power state kept between libvirt's events instead of
     /// read again by every Sync (`launcher::live_view`, `libvirt::delivered`): a Sync that
     /// changes nothing (1.77 → 0.89 ms when it came); one right after the launcher's own vCPU
-    /// add, 9.05 → 0.95–1.67 ms (2026-11-28).
+    /// add, 9.05 → 0.95–1.67 ms (2026-11-28). And the last spec text a Sync parsed, kept with
+    /// its parse (`launcher::kept_parse`).
     LiveStateCache,
     /// A start's independent steps run side by side instead of one after the other
     /// (`launcher::Launcher::start`, `libvirt::daemon`): the kernel and initrd copied while

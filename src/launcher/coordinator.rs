@@ -15,6 +15,7 @@ use crate::lifecycle::{self, Observation, VmState};
 use crate::spec::Validated;
 
 use super::detaches::Detaches;
+use super::kept_parse::KeptParse;
 use super::last_sync::LastSync;
 use super::life::Life;
 use super::link::Link;
@@ -156,6 +157,8 @@ pub(crate) struct Launcher {
     /// attached as soon as it appears.
     pub(super) pending: watch::Sender<BTreeMap<String, PathBuf>>,
     pub(super) live: LiveView,
+    /// The last spec text a Sync parsed, and its parse.
+    pub(super) kept_parse: KeptParse,
     /// The images pinned for QEMU (`pins`).
     pub(super) pins: ImagePins,
     /// The kernel and initrd copied for the first start while libvirtd started (`start`):

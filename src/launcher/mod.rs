@@ -23,6 +23,7 @@ mod disks;
 mod error;
 mod in_flight;
 mod io_errors;
+mod kept_parse;
 mod last_sync;
 mod life;
 mod link;
@@ -194,6 +195,9 @@ impl Launcher {
             ),
             pending: watch::channel(BTreeMap::new()).0,
             live: LiveView::new(crate::tricks::enabled(crate::tricks::Trick::LiveStateCache)),
+            kept_parse: kept_parse::KeptParse::new(crate::tricks::enabled(
+                crate::tricks::Trick::LiveStateCache,
+            )),
             staged_boot: Mutex::new(staged_boot),
             machines: Mutex::new(BTreeMap::new()),
         });

@@ -11,7 +11,7 @@ use crate::domain::{self, DiskDef, DomainDef, LiveResources};
 use crate::host::devnode::{self, DevNodeError, DevNumber};
 use crate::hotplug::{self, Plan};
 use crate::lifecycle::Command;
-use crate::spec::{self, Validated, VirtualMachineInstance};
+use crate::spec::{Validated, VirtualMachineInstance};
 
 use super::coordinator::Launcher;
 use super::error::LauncherError;
@@ -123,7 +123,7 @@ impl Launcher {
     /// Everything about a Sync that needs no task: parse and validate, check the block
     /// devices, convert, and make sure it is this launcher's instance.
     pub(super) fn prepare_sync(&self, input: SyncInput) -> Result<PreparedSync, LauncherError> {
-        let vmi = spec::parse_bytes(input.spec.as_bytes())?;
+        let vmi = self.kept_parse.parse(&input.spec)?;
         self.prepare_parsed(input, vmi)
     }
 
