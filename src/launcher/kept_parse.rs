@@ -7,6 +7,11 @@
 //! devices) is checked again by every Sync all the same. A switch of `tricks`
 //! (`live-state-cache`) turns it off with the other state kept between Syncs. The lock is a
 //! leaf.
+//!
+//! This is the launcher's own `Sync` (and its retries). KubeVirt's `SyncVirtualMachine` is not
+//! kept: virt-handler sends the VMI of its informer, whose status and resource version move
+//! between Syncs, so the same text seldom comes twice. A Sync of another text (a dry run, one
+//! refused) takes the place of the kept one: the next Sync of the first text parses it again.
 
 use std::sync::Mutex;
 
@@ -17,6 +22,9 @@ pub(super) struct KeptParse {
     /// Off: every Sync parses its text.
     enabled: bool,
     last: Mutex<Option<(String, Validated)>>,
+    /// Parses made, for the tests.
+    #[cfg(test)]
+    parses: std::sync::atomic::AtomicUsize,
 }
 
 impl KeptParse {
@@ -24,6 +32,8 @@ impl KeptParse {
         KeptParse {
             enabled,
             last: Mutex::new(None),
+            #[cfg(test)]
+            parses: Default::default(),
         }
     }
 
@@ -38,6 +48,9 @@ impl KeptParse {
                 }
             }
         }
+        #[cfg(test)]
+        self.parses
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let vmi = spec::parse_bytes(text.as_bytes())?;
         if self.enabled {
             *self.last.lock().expect("kept parse lock") = Some((text.to_owned(), vmi.clone()));
@@ -52,12 +65,17 @@ mod tests {
 
     const SPEC: &str = "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: kept\nspec:\n  domain:\n    memory:\n      guest: 128Mi\n    devices: {}\n";
 
+    fn parses(kept: &KeptParse) -> usize {
+        kept.parses.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     #[test]
     fn the_same_text_gives_what_a_parse_gives_and_another_text_is_parsed() {
         let kept = KeptParse::new(true);
         let first = kept.parse(SPEC).unwrap();
         assert_eq!(first, spec::parse_bytes(SPEC.as_bytes()).unwrap());
         assert_eq!(kept.parse(SPEC).unwrap(), first);
+        assert_eq!(parses(&kept), 1, "the same text is not parsed again");
         let other = SPEC.replace("128Mi", "256Mi");
         let second = kept.parse(&other).unwrap();
         assert_ne!(
@@ -65,6 +83,14 @@ mod tests {
             "another text is parsed, not the kept one returned"
         );
         assert_eq!(second, spec::parse_bytes(other.as_bytes()).unwrap());
+        assert_eq!(parses(&kept), 2);
+    }
+
+    #[test]
+    fn switched_off_every_text_is_parsed() {
+        let kept = KeptParse::new(false);
+        assert_eq!(kept.parse(SPEC).unwrap(), kept.parse(SPEC).unwrap());
+        assert_eq!(parses(&kept), 2);
     }
 
     #[test]
@@ -75,10 +101,12 @@ mod tests {
         let first = kept.parse(&bad).unwrap_err().to_string();
         assert!(first.contains("spec.domain.memory.guest"), "{first}");
         assert_eq!(kept.parse(&bad).unwrap_err().to_string(), first);
-        // The good text kept before is still what it gives.
+        // The good text kept before is still kept, and still what it gives.
+        let parsed = parses(&kept);
         assert_eq!(
             kept.parse(SPEC).unwrap(),
             spec::parse_bytes(SPEC.as_bytes()).unwrap()
         );
+        assert_eq!(parses(&kept), parsed, "a refused text replaces nothing");
     }
 }
