@@ -658,6 +658,48 @@ fn lay_out_raw_dir(vm: &Launched, raw_dir: &Path) -> u32 {
     qemu_id
 }
 
+/// Batches of Syncs that change nothing, one after the other.
+const NOOP_CPU_BATCHES: usize = 5;
+/// Syncs per batch: the process's CPU time counts in clock ticks (10 ms here), so a batch runs
+/// long enough for a tick to be a small part of it.
+const NOOP_CPU_SYNCS: u32 = 2_000;
+
+/// The launcher's CPU time (`/proc/PID/stat` utime + stime: every thread, exited ones too) per
+/// Sync of `spec`, which changes nothing, one sample per batch. Its latency rows include the
+/// machine's scheduling; this is its own work alone (and whatever it does in the background
+/// meanwhile: its reconciler, its allocator's trim), what a node of many VMs pays for every
+/// node daemon's periodic Sync.
+fn noop_cpu(rt: &Runtime, client: &mut Client, spec: &str, pid: i32) -> Vec<Duration> {
+    // SAFETY: sysconf reads a constant of the system.
+    let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).expect("CLK_TCK");
+    let cpu = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        // Past the command name, which may hold spaces: fields 14 and 15, utime and stime.
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let fields: Vec<u64> = after_name
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|f| f.parse().unwrap())
+            .collect();
+        Duration::from_nanos((fields[0] + fields[1]) * 1_000_000_000 / ticks)
+    };
+    (0..NOOP_CPU_BATCHES)
+        .map(|_| {
+            let before = cpu();
+            for _ in 0..NOOP_CPU_SYNCS {
+                let reply = sync(rt, client, spec);
+                assert!(
+                    reply.plan.is_empty(),
+                    "a no-op Sync planned {:?}",
+                    reply.plan
+                );
+            }
+            (cpu() - before) / NOOP_CPU_SYNCS
+        })
+        .collect()
+}
+
 fn sparse_files(dir: &Path, prefix: &str, n: usize) -> Vec<PathBuf> {
     (0..n)
         .map(|k| {
@@ -1110,6 +1152,12 @@ fn first_vm_rows(
     rows.push(Row {
         what: "gRPC round trip to a handler that does nothing (`grpc.health.v1` Check)",
         launcher: round_trip,
+        raw: None,
+    });
+    rows.push(Row {
+        what:
+            "launcher CPU (user + system, all its threads) per Sync that changes nothing, in a row",
+        launcher: noop_cpu(rt, &mut client, &base, vm.child.id() as i32),
         raw: None,
     });
 
