@@ -660,7 +660,7 @@ fn a_launcher_killed_fails_its_vmi(cluster: &Cluster) {
 }
 
 /// A VMI written otherwise, passed on by virt-handler with nothing defaulted (no virt-api here
-/// to fill in buses or a machine type): two sockets of one core with two threads, memory from
+/// to fill in buses or a machine type): one socket of one core with two threads, memory from
 /// the resources' request, a disk without a bus, cloud-init on a SCSI CD-ROM (the cloud
 /// kernel has no AHCI for KubeVirt's default SATA) as base64 user data with network data. The guest reads its seed and powers itself off; the VMI ends `Succeeded`.
 fn another_topology_and_cloud_init(cluster: &Cluster) {
@@ -675,7 +675,7 @@ metadata:
   finalizers: [kubevirt.io/virtualMachineControllerFinalize]
 spec:
   domain:
-    cpu: {{sockets: 2, cores: 1, threads: 2}}
+    cpu: {{sockets: 1, cores: 1, threads: 2}}
     resources: {{requests: {{memory: 320Mi}}}}
     devices:
       disks:
@@ -693,7 +693,9 @@ spec:
         network = base64("version: 2\nethernets: {}\n"),
     );
     let vm = start(cluster, &name, &manifest, &tiny_disk());
-    vm.powers_itself_off_to_succeeded(cluster, &["VMLTEST-CPUS 4"]);
+    // Two vCPUs, not four: a TCG guest of four on this two-core machine, beside the guests
+    // lane's own, once soft-locked at boot ("CPU#3 stuck for 71s") and never reached its seed.
+    vm.powers_itself_off_to_succeeded(cluster, &["VMLTEST-CPUS 2"]);
 }
 
 /// A filesystem PVC hot-plugged as KubeVirt does it, through virt-handler's own mount: its
