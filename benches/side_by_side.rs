@@ -291,12 +291,24 @@ fn parents() -> BTreeMap<i32, i32> {
         .flatten()
         .filter_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let after = &stat[stat.rfind(')')? + 1..];
-            let ppid = after.split_whitespace().nth(1)?.parse().ok()?;
+            let ppid = stat_field(pid, 4)?.parse().ok()?;
             Some((pid, ppid))
         })
         .collect()
+}
+
+/// Field `n` (counted from 1, as proc(5) does) of `/proc/PID/stat`: read past the command
+/// name, which may hold spaces and parentheses.
+fn stat_field(pid: i32, n: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // The fields after the name start with the third.
+    Some(
+        after_name
+            .split_whitespace()
+            .nth(n.checked_sub(3)?)?
+            .to_string(),
+    )
 }
 
 fn is_qemu(pid: i32) -> bool {
@@ -673,16 +685,12 @@ fn noop_cpu(rt: &Runtime, client: &mut Client, spec: &str, pid: i32) -> Vec<Dura
     // SAFETY: sysconf reads a constant of the system.
     let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).expect("CLK_TCK");
     let cpu = || {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-        // Past the command name, which may hold spaces: fields 14 and 15, utime and stime.
-        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
-        let fields: Vec<u64> = after_name
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .map(|f| f.parse().unwrap())
-            .collect();
-        Duration::from_nanos((fields[0] + fields[1]) * 1_000_000_000 / ticks)
+        // utime and stime.
+        let ticks_used: u64 = [14, 15]
+            .map(|n| stat_field(pid, n).unwrap().parse::<u64>().unwrap())
+            .iter()
+            .sum();
+        Duration::from_nanos(ticks_used * 1_000_000_000 / ticks)
     };
     (0..NOOP_CPU_BATCHES)
         .map(|_| {

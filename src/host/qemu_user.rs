@@ -121,12 +121,11 @@ impl QemuUser {
         if self.is_root() {
             return None;
         }
-        let groups = self.groups();
         let mut dirs: Vec<&Path> = path.ancestors().skip(1).collect();
         dirs.reverse();
         dirs.into_iter().find_map(|dir| {
             let meta = fs::metadata(dir).ok()?;
-            (!self.permits(&meta, groups, 0o1)).then(|| Blocked {
+            (!self.permits(&meta, 0o1)).then(|| Blocked {
                 dir: dir.into(),
                 mode: meta.mode() & 0o7777,
                 owner: meta.uid(),
@@ -136,15 +135,10 @@ impl QemuUser {
     }
 
     /// Whether the file's mode gives this user all of `wanted` (`0o4` read, `0o2` write, `0o1`
-    /// search or execute), by the class the kernel picks: owner, else group (`groups`, from
-    /// [`Self::groups`]), else others.
-    pub(crate) fn permits(&self, meta: &fs::Metadata, groups: &[u32], wanted: u32) -> bool {
-        mode_permits(meta, self.uid, groups, wanted)
-    }
-
-    /// Its primary and supplementary groups (libvirt gives QEMU both).
-    pub(crate) fn groups(&self) -> &[u32] {
-        &self.groups
+    /// search or execute), by the class the kernel picks: owner, else one of its groups, else
+    /// others.
+    pub(crate) fn permits(&self, meta: &fs::Metadata, wanted: u32) -> bool {
+        mode_permits(meta, self.uid, &self.groups, wanted)
     }
 }
 
@@ -224,7 +218,7 @@ mod tests {
             .map(|g| g.parse().unwrap())
             .collect();
         assert!(listed.len() > 1, "{} has supplementary groups", user.name);
-        let mut groups = user.groups().to_vec();
+        let mut groups = user.groups.clone();
         assert_eq!(groups[0], user.gid, "its own group first");
         for list in [&mut groups, &mut listed] {
             list.sort_unstable();

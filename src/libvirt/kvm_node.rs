@@ -66,10 +66,7 @@ impl KvmNode {
 /// that user, discards the probe and probes again, forever.
 pub(super) fn for_qemu(runtime: &Path, qemu: &QemuUser) -> Option<KvmNode> {
     let meta = fs::metadata(KVM_DEVICE).ok()?;
-    if qemu.is_root()
-        || !meta.file_type().is_char_device()
-        || qemu.permits(&meta, qemu.groups(), 0o6)
-    {
+    if qemu.is_root() || !meta.file_type().is_char_device() || qemu.permits(&meta, 0o6) {
         return None;
     }
     let effective = |cap| caps::has_cap(None, caps::CapSet::Effective, cap).unwrap_or(false);
