@@ -17,10 +17,11 @@
 //!   64 serials; and the 64 detaches;
 //! - memory with 16 disks attached: RSS, RssAnon and PSS of the launcher and of every other
 //!   non-QEMU process of the VM (its descendants and the daemons whose pid files it keeps).
-//! - on a second VM with room to resize (1 GiB, 512 MiB more through virtio-mem, 17 sockets),
-//!   booted once the first is gone: a vCPU added (one socket more each time: Sync reply /
-//!   `setVcpusFlags`, and until the guest has it online); 512 MiB added (Sync reply /
-//!   `updateDeviceFlags`, and until the guest's MemTotal has it) and given back (the reply).
+//! - on a second VM with room to resize (1 GiB, 512 MiB more through virtio-mem, 25 sockets),
+//!   booted once the first is gone: 512 MiB added (Sync reply / `updateDeviceFlags`, and until
+//!   the guest's MemTotal has it) and given back (the reply) while the guest has one vCPU; a
+//!   vCPU added (one socket more each time: Sync reply / `setVcpusFlags`, and until the guest
+//!   has it online); then the memory rows again, beside the 25 vCPUs.
 //! - live migration of an idle guest of 256 MiB, then of 1 GiB, each booted once the VM before it
 //!   is gone: `Migrate` from launcher to launcher / `virDomainMigrateToURI3` between two private
 //!   libvirtds of the same kind, and the downtime libvirt reports on the target
@@ -765,8 +766,9 @@ fn guest_says(console: &mut ConsoleLog, what: &str, value: u64) {
     console.line(&line, GUEST_DEADLINE, |l| l.trim() == line);
 }
 
-/// The rows of the resize VM: vCPUs added, then memory added and given back, each side in turn
-/// (the side that goes first swaps every pair or cycle).
+/// The rows of the resize VM: memory added and given back on the guest of one vCPU, then vCPUs
+/// added, then memory again beside all of them; each side in turn (the side that goes first
+/// swaps every pair or cycle).
 fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
     let mut vm = Launched::start(
         &resize_spec(1, BOOT_MIB),
@@ -782,6 +784,13 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
         .unwrap();
     let mut client = Client::new(rt.block_on(api::channel(&vm.socket())).unwrap());
     let raw = Raw::open(&vm.libvirt_uri(), &format!("default_{RESIZE_NAME}"));
+    let memory = |client: &mut Client, console: &mut ConsoleLog, vcpus: u32| {
+        memory_cycles(rt, client, &raw, console, vcpus, booted_kb)
+    };
+
+    // Memory on the guest of one vCPU first: the guest with all 25 keeps most of a core busy
+    // while it idles (TCG), and every thread wake-up on either side then waits behind it.
+    let [one_added, one_added_seen, one_given_back] = memory(&mut client, &mut console, 1);
 
     eprintln!("side_by_side: {CPU_ADDS} vCPUs added per side, alternating");
     let (mut cpu, mut cpu_seen) = (Sides::default(), Sides::default());
@@ -814,7 +823,41 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
         }
     }
 
-    eprintln!("side_by_side: {MEMORY_CYCLES} memory cycles per side, alternating");
+    let [added, added_seen, given_back] = memory(&mut client, &mut console, vcpus);
+
+    drop(raw);
+    drop(client);
+    vm.signal(nix::sys::signal::Signal::SIGTERM);
+    vm.wait_exit(Duration::from_secs(120));
+    vec![
+        cpu.row("add 1 vCPU (a socket): Sync reply / `setVcpusFlags`"),
+        cpu_seen.row("add 1 vCPU until the guest has it online"),
+        one_added
+            .row("add 512 MiB (virtio-mem), guest of 1 vCPU: Sync reply / `updateDeviceFlags`"),
+        one_added_seen.row("add 512 MiB until the guest's MemTotal has it, guest of 1 vCPU"),
+        one_given_back.row("give back 512 MiB, guest of 1 vCPU: Sync reply / `updateDeviceFlags`"),
+        added.row("add 512 MiB (virtio-mem): Sync reply / `updateDeviceFlags`"),
+        added_seen.row("add 512 MiB until the guest's MemTotal has it"),
+        given_back.row("give back 512 MiB: Sync reply / `updateDeviceFlags`"),
+        Row {
+            what: "Sync that changes nothing, right after the launcher's own vCPU add",
+            launcher: noop_after_resize,
+            raw: None,
+        },
+    ]
+}
+
+/// `MEMORY_CYCLES` per side on the guest of `vcpus`: 512 MiB added (the reply, and until the
+/// guest's MemTotal has it), then given back (the reply).
+fn memory_cycles(
+    rt: &Runtime,
+    client: &mut Client,
+    raw: &Raw,
+    console: &mut ConsoleLog,
+    vcpus: u32,
+    booted_kb: u64,
+) -> [Sides; 3] {
+    eprintln!("side_by_side: {MEMORY_CYCLES} memory cycles per side, alternating, {vcpus} vCPUs");
     let (mut added, mut added_seen, mut given_back) =
         (Sides::default(), Sides::default(), Sides::default());
     for cycle in 0..MEMORY_CYCLES {
@@ -828,11 +871,11 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
                 let device = (!launcher_turn).then(|| raw.virtio_mem());
                 let t = Instant::now();
                 match &device {
-                    None => sync_resize(rt, &mut client, &resize_spec(vcpus, guest_mib), "memory"),
+                    None => sync_resize(rt, client, &resize_spec(vcpus, guest_mib), "memory"),
                     Some(device) => raw.update_device(&device.asking(virtio_kib)),
                 }
                 let took = t.elapsed();
-                guest_says(&mut console, "VMLTEST-MEMORY", booted_kb + virtio_kib);
+                guest_says(console, "VMLTEST-MEMORY", booted_kb + virtio_kib);
                 if add {
                     added.push(launcher_turn, took);
                     added_seen.push(launcher_turn, t.elapsed());
@@ -843,23 +886,7 @@ fn resize_rows(rt: &Runtime, caps: &Path) -> Vec<Row> {
             }
         }
     }
-
-    drop(raw);
-    drop(client);
-    vm.signal(nix::sys::signal::Signal::SIGTERM);
-    vm.wait_exit(Duration::from_secs(120));
-    vec![
-        cpu.row("add 1 vCPU (a socket): Sync reply / `setVcpusFlags`"),
-        cpu_seen.row("add 1 vCPU until the guest has it online"),
-        added.row("add 512 MiB (virtio-mem): Sync reply / `updateDeviceFlags`"),
-        added_seen.row("add 512 MiB until the guest's MemTotal has it"),
-        given_back.row("give back 512 MiB: Sync reply / `updateDeviceFlags`"),
-        Row {
-            what: "Sync that changes nothing, right after the launcher's own vCPU add",
-            launcher: noop_after_resize,
-            raw: None,
-        },
-    ]
+    [added, added_seen, given_back]
 }
 
 /// Launchers (and raw domains) started at once in a storm.
