@@ -230,11 +230,10 @@ impl Launcher {
     pub(super) fn finish_detach(&self, volume: &str) {
         let generation = self.detaches.finish(volume);
         // QEMU closed the image with the device: its pin goes (a file volume's; a no-op else).
-        super::coordinator::host_work(|| self.unpin(volume));
+        super::blocking::host_work(|| self.unpin(volume));
         let released = match generation {
             Some(generation) => {
-                super::coordinator::host_work(|| self.block.release_plug(volume, generation))
-                    .map(drop)
+                super::blocking::host_work(|| self.block.release_plug(volume, generation)).map(drop)
             }
             None => Ok(()),
         };

@@ -99,7 +99,7 @@ impl Launcher {
             .map(|(name, _)| name.strip_suffix(".backing").unwrap_or(name).to_owned())
             .collect();
         let namespace_of = self.link.connector().daemon_pid();
-        let (pins, failed) = super::coordinator::host_work(|| {
+        let (pins, failed) = super::blocking::host_work(|| {
             self.pins.keep_only(&pinned);
             self.pins
                 .pin_images(&mut def.disks, opened.to_pin, namespace_of)

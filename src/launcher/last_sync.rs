@@ -29,31 +29,30 @@ impl LastSync {
         self.input.lock().expect("input lock").clone()
     }
 
-    /// Whether `input` is the request kept already (a no-op Sync, a retry): then accepting it
-    /// does nothing, and needs no file I/O.
-    pub(super) fn holds(&self, input: &SyncInput) -> bool {
-        self.input.lock().expect("input lock").same_request(input)
-    }
-
     /// `input` becomes the last one (never a dry run), with the disk sequences of its devices
     /// given by number (`disk_sequences`): saved first, unless it is the same request again (a
     /// no-op Sync, a retry), which is saved already and is neither copied nor looked up again.
+    /// Only a request that is written pays for handing the async worker's other tasks over to
+    /// another thread (`host_work`: a thread wake and a switch) for the sysfs reads and the
+    /// write.
     pub(super) fn accept(
         &self,
         input: &SyncInput,
         disk_sequences: impl FnOnce(&SyncInput) -> BTreeMap<String, u64>,
     ) -> Result<(), SavedSyncError> {
-        if self.holds(input) {
+        if self.input.lock().expect("input lock").same_request(input) {
             return Ok(());
         }
-        let input = SyncInput {
-            dry_run: false,
-            block_identities: disk_sequences(input),
-            ..input.clone()
-        };
-        self.saved.save(&input)?;
-        *self.input.lock().expect("input lock") = input;
-        Ok(())
+        super::blocking::host_work(|| {
+            let input = SyncInput {
+                dry_run: false,
+                block_identities: disk_sequences(input),
+                ..input.clone()
+            };
+            self.saved.save(&input)?;
+            *self.input.lock().expect("input lock") = input;
+            Ok(())
+        })
     }
 
     /// Saves the one kept now (a new domain's start spec replaces a Sync saved for an earlier
@@ -168,5 +167,26 @@ mod tests {
         last.restored(input("restored"));
         assert_eq!(last.get(), input("restored"));
         assert_eq!(SavedSyncs::read(&base), Some(input("first")));
+    }
+
+    #[test]
+    fn the_same_request_again_is_not_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("last-sync");
+        let slots = || [0, 1].map(|i| std::fs::read(base.with_extension(format!("{i}.json"))).ok());
+        let last = LastSync::new(SavedSyncs::open(&base).0, input("start"));
+        last.accept(&input("first"), |_| BTreeMap::new()).unwrap();
+        let written = slots();
+        let mut looked_up = false;
+        last.accept(&input("first"), |_| {
+            looked_up = true;
+            BTreeMap::new()
+        })
+        .unwrap();
+        assert_eq!(slots(), written);
+        assert!(!looked_up, "the disk sequences were looked up again");
+        last.accept(&input("second"), |_| BTreeMap::new()).unwrap();
+        assert_ne!(slots(), written);
+        assert_eq!(SavedSyncs::read(&base), Some(input("second")));
     }
 }

@@ -113,7 +113,7 @@ impl Launcher {
             return Err(self.migration_failed(e, true));
         }
         let marker = self.migration_marker();
-        if let Err(e) = super::coordinator::host_work(|| marker.write(&request.target)) {
+        if let Err(e) = super::blocking::host_work(|| marker.write(&request.target)) {
             return Err(self.migration_failed(TargetError::Marker(e).into(), false));
         }
         self.update(|s| s.migration.migrating());

@@ -27,7 +27,7 @@ impl Launcher {
                 volume: volume.clone(),
                 source: HostError::Missing { path },
             })?;
-            super::coordinator::host_work(|| self.block.plug_before_qemu(&volume, dev))
+            super::blocking::host_work(|| self.block.plug_before_qemu(&volume, dev))
                 .map_err(|source| LauncherError::BlockVolume { volume, source })?;
         }
         let Ready {
@@ -109,7 +109,7 @@ impl Launcher {
         self.show_guest_running(paused);
         // `run` says so by the phase it prints next.
         tracing::info!("the guest arrived by migration");
-        if let Err(e) = super::coordinator::host_work(|| self.block.apply_rules()) {
+        if let Err(e) = super::blocking::host_work(|| self.block.apply_rules()) {
             tracing::error!(error = %crate::error_chain(&e), "cannot allow the block volumes' devices to the migrated QEMU");
         }
         if let Err(e) = self.rebuild_volumes().await {

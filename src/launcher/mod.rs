@@ -16,6 +16,7 @@
 //! [`crate::host::block::BlockDevices`].
 
 mod attach_detach;
+mod blocking;
 mod coordinator;
 mod daemon_restart;
 mod detaches;
@@ -64,7 +65,8 @@ use crate::libvirt::{Connector, DomainStats, Hypervisor, LibvirtError};
 use crate::lifecycle::{self, Command, Observation, VmState};
 use crate::spec::Validated;
 
-use coordinator::{host_work, State};
+use blocking::host_work;
+use coordinator::State;
 use detaches::Detaches;
 use last_sync::LastSync;
 use link::Link;

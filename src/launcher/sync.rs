@@ -331,7 +331,7 @@ impl Launcher {
         // Not for a Sync with nothing to attach (a no-op, a detach): `host_work` hands the async
         // worker's other tasks to another thread, a wake-up for nothing.
         if !plan.attach.is_empty() {
-            super::coordinator::host_work(|| {
+            super::blocking::host_work(|| {
                 in_flight(&plan.attach, ATTACHES_IN_FLIGHT, &interrupted, attach_one)
             })?;
         }
@@ -450,11 +450,7 @@ impl Launcher {
                 })
                 .collect()
         };
-        // Handing the worker's other tasks over to another thread (`host_work`) costs a thread
-        // wake and a switch: only for a request that is written.
-        if !self.last_sync.holds(input) {
-            super::coordinator::host_work(|| self.last_sync.accept(input, disk_sequences))?;
-        }
+        self.last_sync.accept(input, disk_sequences)?;
         let vmi = vmi.clone();
         self.update(|s| s.set_spec(vmi, Some(converted)));
         Ok(())
