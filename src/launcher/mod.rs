@@ -62,7 +62,7 @@ use crate::host::block::{BlockDevices, BlockRoots};
 use crate::host::devnode::{self, DevNumber};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::{Connector, DomainStats, Hypervisor, LibvirtError};
-use crate::lifecycle::{self, Command, Observation, VmState};
+use crate::lifecycle::{self, Command, DomainState, Observation, VmState};
 use crate::spec::Validated;
 
 use blocking::host_work;
@@ -387,12 +387,14 @@ impl Launcher {
     /// it every few seconds, then kills); a guest that powers off is seen stopping by itself.
     /// A guest that powered itself off between the owner's look and the press (libvirt answers
     /// "domain is not running" before its stop event reaches the status) is what the press
-    /// asked for: libvirt's own state, read after the refusal, decides.
+    /// asked for: libvirt's own state, read after the refusal, decides. So is one already on
+    /// its way down: libvirt refuses the press from QEMU's shutdown until QEMU has exited
+    /// (state `shutdown`), the window an owner's resent press can fall in.
     pub(crate) async fn press_power_button(&self) -> Result<(), LauncherError> {
         let n = self.domain_name.clone();
         self.call(move |hv| match hv.shutdown_acpi(&n) {
             Err(refused) => match hv.power_state(&n) {
-                Ok(now) if !now.state.is_active() => Ok(()),
+                Ok(now) if going_or_gone(now.state) => Ok(()),
                 _ => Err(refused),
             },
             pressed => pressed,
@@ -571,4 +573,9 @@ fn stage_boot_copy(
                 disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
             })
         })
+}
+
+/// A guest that a power button press has nothing left to do for: off, or being shut down.
+fn going_or_gone(state: DomainState) -> bool {
+    !state.is_active() || state == DomainState::ShuttingDown
 }
