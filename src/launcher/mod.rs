@@ -62,7 +62,7 @@ use crate::host::block::{BlockDevices, BlockRoots};
 use crate::host::devnode::{self, DevNumber};
 use crate::libvirt::events::HypervisorEvent;
 use crate::libvirt::{Connector, DomainStats, Hypervisor, LibvirtError};
-use crate::lifecycle::{self, Command, DomainState, Observation, VmState};
+use crate::lifecycle::{self, Command, Observation, VmState};
 use crate::spec::Validated;
 
 use blocking::host_work;
@@ -394,7 +394,7 @@ impl Launcher {
         let n = self.domain_name.clone();
         self.call(move |hv| match hv.shutdown_acpi(&n) {
             Err(refused) => match hv.power_state(&n) {
-                Ok(now) if going_or_gone(now.state) => Ok(()),
+                Ok(now) if now.state.is_off_or_going_off() => Ok(()),
                 _ => Err(refused),
             },
             pressed => pressed,
@@ -573,9 +573,4 @@ fn stage_boot_copy(
                 disks::copy_boot_files(&mut copied, &private_dir, owner).map(|()| (kb, copied))
             })
         })
-}
-
-/// A guest that a power button press has nothing left to do for: off, or being shut down.
-fn going_or_gone(state: DomainState) -> bool {
-    !state.is_active() || state == DomainState::ShuttingDown
 }

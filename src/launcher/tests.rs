@@ -398,15 +398,3 @@ async fn a_start_after_the_vm_migrated_away_is_refused_and_starts_nothing() {
     );
     assert!(!hv.power_state(l.domain_name()).unwrap().state.is_active());
 }
-
-#[test]
-fn a_press_refused_by_a_guest_off_or_on_its_way_down_did_what_it_asked() {
-    use crate::lifecycle::DomainState as S;
-    for done in [S::Shutoff, S::Crashed, S::NoState, S::ShuttingDown] {
-        assert!(super::going_or_gone(done), "{done:?}");
-    }
-    // A paused guest cannot see the button: its refusal stays an error.
-    for running in [S::Running, S::Blocked, S::Paused, S::PmSuspended] {
-        assert!(!super::going_or_gone(running), "{running:?}");
-    }
-}

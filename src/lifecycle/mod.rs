@@ -58,6 +58,12 @@ impl DomainState {
             DomainState::Shutoff | DomainState::Crashed | DomainState::NoState
         )
     }
+
+    /// Off, or on its way off: QEMU reported the guest's shutdown and is exiting. A power
+    /// button press has nothing left to do for it (libvirt refuses one in either case).
+    pub(crate) fn is_off_or_going_off(self) -> bool {
+        !self.is_active() || self == DomainState::ShuttingDown
+    }
 }
 
 /// What the hypervisor reports: state and reason, e.g. `shutoff (destroyed)`.
@@ -509,6 +515,18 @@ pub(crate) mod tests {
         ];
         for (libvirt, kubevirt) in table {
             assert_eq!(pause_reason(libvirt), kubevirt, "{libvirt}");
+        }
+    }
+
+    #[test]
+    fn a_press_refused_by_a_guest_off_or_on_its_way_down_did_what_it_asked() {
+        use super::DomainState as S;
+        for done in [S::Shutoff, S::Crashed, S::NoState, S::ShuttingDown] {
+            assert!(done.is_off_or_going_off(), "{done:?}");
+        }
+        // A paused guest cannot see the button: its refusal stays an error.
+        for running in [S::Running, S::Blocked, S::Paused, S::PmSuspended] {
+            assert!(!running.is_off_or_going_off(), "{running:?}");
         }
     }
 }
