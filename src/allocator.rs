@@ -13,6 +13,8 @@
 //! caches turned off as well, by a second exec with `GLIBC_TUNABLES`, added nothing on top of
 //! these two: removed.)
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use crate::tricks::{enabled, Trick};
 
 /// One arena for all threads. Call first, before any thread exists.
@@ -33,13 +35,30 @@ const FREE_MEMORY_KEPT: usize = 512 << 10;
 /// moment: not after every change, or the next Sync would fault the pages in again (a trim
 /// costs 40–100 µs on the bench machine, and the look at the free lists tens of µs).
 pub(crate) fn give_back_free_memory() {
+    give_back_beyond(FREE_MEMORY_KEPT);
+}
+
+/// [`give_back_free_memory`] once a domain runs, all of it the first time: what the start freed
+/// (the spec's conversion, libvirt's replies, the mappings `resident` read) is not what a later
+/// Sync needs, and keeping `FREE_MEMORY_KEPT` of it kept 120–440 KiB resident in every launcher
+/// (`docs/performance.md`).
+pub(crate) fn give_back_free_memory_after_start() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::Relaxed) {
+        give_back_beyond(FREE_MEMORY_KEPT);
+    } else {
+        give_back_beyond(0);
+    }
+}
+
+fn give_back_beyond(kept: usize) {
     if !enabled(Trick::SmallHeap) {
         return;
     }
     // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only returns its free
     // memory to the kernel.
     unsafe {
-        if libc::mallinfo2().fordblks > FREE_MEMORY_KEPT {
+        if libc::mallinfo2().fordblks > kept {
             libc::malloc_trim(0);
         }
     }
