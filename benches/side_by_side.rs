@@ -298,18 +298,23 @@ fn parents() -> BTreeMap<i32, i32> {
         .collect()
 }
 
-/// Field `n` (counted from 1, as proc(5) does) of `/proc/PID/stat`: read past the command
-/// name, which may hold spaces and parentheses.
+/// Field `n` (counted from 1, as proc(5) does) of `/proc/PID/stat`.
 fn stat_field(pid: i32, n: usize) -> Option<String> {
+    stat_fields(pid, [n]).map(|[field]| field)
+}
+
+/// Fields `ns` (counted from 1, as proc(5) does) of one read of `/proc/PID/stat`, so that they
+/// are one snapshot: read past the command name, which may hold spaces and parentheses.
+fn stat_fields<const N: usize>(pid: i32, ns: [usize; N]) -> Option<[String; N]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = &stat[stat.rfind(')')? + 1..];
     // The fields after the name start with the third.
-    Some(
-        after_name
-            .split_whitespace()
-            .nth(n.checked_sub(3)?)?
-            .to_string(),
-    )
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let mut found = ns.map(|_| String::new());
+    for (slot, n) in found.iter_mut().zip(ns) {
+        *slot = (*fields.get(n.checked_sub(3)?)?).to_string();
+    }
+    Some(found)
 }
 
 fn is_qemu(pid: i32) -> bool {
@@ -687,9 +692,10 @@ fn noop_cpu(rt: &Runtime, client: &mut Client, spec: &str, pid: i32) -> Vec<Dura
     let ticks = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).expect("CLK_TCK");
     let cpu = || {
         // utime and stime.
-        let ticks_used: u64 = [14, 15]
-            .map(|n| stat_field(pid, n).unwrap().parse::<u64>().unwrap())
+        let ticks_used: u64 = stat_fields(pid, [14, 15])
+            .unwrap()
             .iter()
+            .map(|field| field.parse::<u64>().unwrap())
             .sum();
         Duration::from_nanos(ticks_used * 1_000_000_000 / ticks)
     };
