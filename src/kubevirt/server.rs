@@ -71,6 +71,8 @@ impl CmdService {
     where
         F: std::future::Future<Output = Result<(), FrontError>> + Send + 'static,
     {
+        // Boxed before the spawn, as `api::detached` says why: frames of 36–90 KiB otherwise.
+        let work = Box::pin(work);
         let mut task = tokio::spawn(async move {
             let result = work.await;
             if let Err(e) = &result {

@@ -438,7 +438,8 @@ impl Served {
         closed: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let stopped = Self::stopped(&self.stop);
-        self.servers.push(tokio::spawn(async move {
+        // Boxed before the spawn (`api::detached` says why): a 40 KiB frame otherwise.
+        self.servers.push(tokio::spawn(Box::pin(async move {
             let ended = std::sync::atomic::AtomicBool::new(false);
             let until = async {
                 tokio::select! {
@@ -453,7 +454,7 @@ impl Served {
                 ));
             }
             served
-        }));
+        })));
     }
 
     fn stopped(stop: &tokio::sync::watch::Sender<bool>) -> impl std::future::Future<Output = ()> {
