@@ -38,17 +38,17 @@ pub(crate) fn give_back_free_memory() {
     give_back_beyond(FREE_MEMORY_KEPT);
 }
 
-/// [`give_back_free_memory`] once a domain runs, all of it the first time: what the start freed
+/// [`give_back_free_memory`] once a domain exists, all of it the first time: what the start freed
 /// (the spec's conversion, libvirt's replies, the mappings `resident` read) is not what a later
 /// Sync needs, and keeping `FREE_MEMORY_KEPT` of it kept 120–440 KiB resident in every launcher
 /// (`docs/performance.md`).
 pub(crate) fn give_back_free_memory_after_start() {
     static STARTED: AtomicBool = AtomicBool::new(false);
-    if STARTED.swap(true, Ordering::Relaxed) {
-        give_back_beyond(FREE_MEMORY_KEPT);
+    give_back_beyond(if STARTED.swap(true, Ordering::Relaxed) {
+        FREE_MEMORY_KEPT
     } else {
-        give_back_beyond(0);
-    }
+        0
+    });
 }
 
 fn give_back_beyond(kept: usize) {

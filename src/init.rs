@@ -34,8 +34,8 @@ pub fn become_init_if_pid1() {
         eprintln!("vmlauncher: cannot block signals as PID 1: {e}; orphans will not be reaped");
         return;
     }
-    // SAFETY: no other thread exists yet (this runs first thing in main), so the child is a
-    // complete copy of the process.
+    // SAFETY: no other thread exists (main calls this before it starts any, and the argument
+    // parser's thread has been joined), so the child is a complete copy of the process.
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             let _ = signals.thread_unblock();

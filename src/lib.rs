@@ -84,6 +84,7 @@ pub(crate) mod owned_dir;
 pub(crate) mod resident;
 pub mod run;
 pub mod runtime_dir;
+pub(crate) mod spawn;
 pub mod spec;
 #[cfg(test)]
 mod testing;

@@ -80,11 +80,23 @@ fn mode() -> Result<Mode, MainError> {
     // On a thread of its own: clap's derived builder takes ~80 KiB of stack to build the
     // command's definition, and main's stack keeps every page it ever touched for the VM's life,
     // while a thread's is given back when it ends (glibc drops the pages of a finished thread's
-    // stack).
-    std::thread::scope(|scope| scope.spawn(Cli::try_parse).join())
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        .map(Mode::Cli)
-        .map_err(MainError::CommandLine)
+    // stack). Where no thread can be made (a pod at its pid limit), on main's.
+    std::thread::scope(|scope| {
+        // The default stack size, as the runtime's threads have: glibc caches the ended
+        // thread's stack and the next thread of that size takes it over (one of another size
+        // stayed mapped with 16 KiB resident).
+        match std::thread::Builder::new()
+            .name("parse-args".into())
+            .spawn_scoped(scope, Cli::try_parse)
+        {
+            Ok(parser) => parser
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => Cli::try_parse(),
+        }
+    })
+    .map(Mode::Cli)
+    .map_err(MainError::CommandLine)
 }
 
 /// Says why a command failed, once: `vmlauncher: <what>: <why>`, except where the message names
@@ -155,7 +167,7 @@ fn launch(runtime: &mut Option<tokio::runtime::Runtime>) -> Result<Ended, MainEr
             },
         ),
     };
-    // Before any thread exists too: as PID 1, fork a reaper that stays PID 1.
+    // While no other thread exists too: as PID 1, fork a reaper that stays PID 1.
     vmlauncher::init::become_init_if_pid1();
     init_logging(log_format);
     if runs_a_vm {

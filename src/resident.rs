@@ -56,10 +56,22 @@ pub(crate) fn drop_start_pages() {
 
 /// The mappings of `smaps` (the text of `/proc/PID/smaps`) whose pages can be dropped: backed
 /// by a file (a path, not a device node), private, neither writable nor holding anonymous pages.
-fn droppable(smaps: impl std::io::BufRead) -> Vec<Droppable> {
+fn droppable(mut smaps: impl std::io::BufRead) -> Vec<Droppable> {
     let mut found = Vec::new();
     let mut current: Option<Droppable> = None;
-    for line in smaps.lines().map_while(Result::ok) {
+    // One buffer for every line: the text has thousands.
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match smaps.read_line(&mut line) {
+            Ok(0) => break,
+            Ok(_) => {}
+            // What was found so far is whole mappings, each safe to drop.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read all the mappings");
+                break;
+            }
+        }
         let mut fields = line.split_whitespace();
         let Some(first) = fields.next() else {
             continue;

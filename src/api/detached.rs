@@ -10,10 +10,7 @@ use crate::launcher::LauncherError;
 pub(super) async fn detached<T: Send + 'static>(
     call: impl std::future::Future<Output = Result<T, LauncherError>> + Send + 'static,
 ) -> Result<T, tonic::Status> {
-    // Boxed before the spawn: tokio builds the task's cell on the stack before it moves it to
-    // the heap, and a Sync's future (tens of KiB) copied that way made this handler's frame
-    // 60 KiB, stack that the worker thread keeps resident from its first Sync on.
-    tokio::spawn(Box::pin(call))
+    crate::spawn::spawn_boxed(call)
         .await
         .map_err(|e| {
             let panic = match e.try_into_panic() {

@@ -71,7 +71,8 @@ impl CmdService {
     where
         F: std::future::Future<Output = Result<(), FrontError>> + Send + 'static,
     {
-        // Boxed before the spawn, as `api::detached` says why: frames of 36–90 KiB otherwise.
+        // `work` boxed before it is wrapped: a wrapper around it unboxed is built on this
+        // frame, tens of KiB (`spawn::spawn_boxed` says why that matters).
         let work = Box::pin(work);
         let mut task = tokio::spawn(async move {
             let result = work.await;

@@ -141,10 +141,8 @@ impl Launcher {
         // Following libvirt's events before the restored Sync runs: its detaches end on the
         // DEVICE_REMOVED the reconciler hands them (without it each waited the whole detach
         // timeout, and the launcher's API with it).
-        // Boxed: tokio builds a task's cell on the stack before moving it to the heap, and the
-        // reconciler's future is large (each such copy deepens the caller's stack for good).
-        tokio::spawn(Box::pin(reconciler(Arc::downgrade(&launcher), events)));
-        tokio::spawn(Box::pin(pending_watcher(Arc::downgrade(&launcher))));
+        crate::spawn::spawn_boxed(reconciler(Arc::downgrade(&launcher), events));
+        crate::spawn::spawn_boxed(pending_watcher(Arc::downgrade(&launcher)));
         if restored {
             // The request may have been cut off half-way (a launcher killed during a Sync):
             // apply it again; Sync is idempotent, only what is missing is done.

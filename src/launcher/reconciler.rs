@@ -114,7 +114,7 @@ impl Launcher {
     }
 
     /// Gives the allocator's free memory back while no task runs (`allocator` says why; all of
-    /// it the first time a domain runs), after the pages only the start used (`resident`).
+    /// it the first time a domain exists), after the pages only the start used (`resident`).
     /// Called once the reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that
     /// looked, or at the latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {

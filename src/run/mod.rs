@@ -438,8 +438,7 @@ impl Served {
         closed: impl std::future::Future<Output = ()> + Send + 'static,
     ) {
         let stopped = Self::stopped(&self.stop);
-        // Boxed before the spawn (`api::detached` says why): a 40 KiB frame otherwise.
-        self.servers.push(tokio::spawn(Box::pin(async move {
+        self.servers.push(crate::spawn::spawn_boxed(async move {
             let ended = std::sync::atomic::AtomicBool::new(false);
             let until = async {
                 tokio::select! {
@@ -454,7 +453,7 @@ impl Served {
                 ));
             }
             served
-        })));
+        }));
     }
 
     fn stopped(stop: &tokio::sync::watch::Sender<bool>) -> impl std::future::Future<Output = ()> {
