@@ -13,8 +13,6 @@
 //! caches turned off as well, by a second exec with `GLIBC_TUNABLES`, added nothing on top of
 //! these two: removed.)
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use crate::tricks::{enabled, Trick};
 
 /// One arena for all threads. Call first, before any thread exists.
@@ -38,17 +36,10 @@ pub(crate) fn give_back_free_memory() {
     give_back_beyond(FREE_MEMORY_KEPT);
 }
 
-/// [`give_back_free_memory`] once a domain exists, all of it the first time: what the start freed
-/// (the spec's conversion, libvirt's replies, the mappings `resident` read) is not what a later
-/// Sync needs, and keeping `FREE_MEMORY_KEPT` of it kept 120–440 KiB resident in every launcher
-/// (`docs/performance.md`).
-pub(crate) fn give_back_free_memory_after_start() {
-    static STARTED: AtomicBool = AtomicBool::new(false);
-    give_back_beyond(if STARTED.swap(true, Ordering::Relaxed) {
-        FREE_MEMORY_KEPT
-    } else {
-        0
-    });
+/// Gives all the allocator's free memory back, none kept (`resident::give_back_start_memory`
+/// says when).
+pub(crate) fn give_back_all_free_memory() {
+    give_back_beyond(0);
 }
 
 fn give_back_beyond(kept: usize) {

@@ -1,5 +1,6 @@
 //! The pages a launcher touched only to start, given back once it has started
-//! ([`Trick::StartPagesDropped`]), as the kernel frees its `__init` memory after boot.
+//! ([`Trick::StartPagesDropped`]), as the kernel frees its `__init` memory after boot; with
+//! them, the heap the start freed (`give_back_start_memory`).
 //!
 //! A launcher maps its own binary and the 58 shared libraries libvirt's client links (GnuTLS,
 //! GLib, ICU, libxml2, curl, libssh, OpenSSL, Kerberos, ...), and starting runs the
@@ -25,33 +26,44 @@ struct Droppable {
     len: usize,
 }
 
-/// Drops the pages of every read-only private file mapping that holds no page of its own;
-/// once per process (later calls do nothing). For a quiet moment after the start: the next
-/// calls fault back what they use (a few hundred minor faults, once).
-pub(crate) fn drop_start_pages() {
+/// Gives back what only the start used, once per process; whether this call was the one. For a
+/// quiet moment once a domain exists: the pages only the start touched (`drop_start_pages`),
+/// then all the allocator's free memory (`allocator::give_back_all_free_memory`: what the start
+/// freed is not what a later Sync needs; keeping 512 KiB of it, as later releases do, kept
+/// 120–440 KiB resident in every launcher, `docs/performance.md`). The drop first: reading the
+/// mappings allocates, and what it frees is given back too.
+pub(crate) fn give_back_start_memory() -> bool {
     static DONE: std::sync::Once = std::sync::Once::new();
+    let mut first = false;
+    DONE.call_once(|| {
+        first = true;
+        drop_start_pages();
+        crate::allocator::give_back_all_free_memory();
+    });
+    first
+}
+
+/// Drops the pages of every read-only private file mapping that holds no page of its own: the
+/// next calls fault back what they use (a few hundred minor faults, once).
+fn drop_start_pages() {
     if !enabled(Trick::StartPagesDropped) {
         return;
     }
-    DONE.call_once(|| {
-        // Read a line at a time: the whole text is ~270 KiB for a launcher's 58 libraries, and
-        // a buffer that size would be freed heap just when the launcher gives its heap back.
-        let Ok(smaps) = std::fs::File::open("/proc/self/smaps") else {
-            return;
-        };
-        let mut dropped = 0;
-        for m in droppable(std::io::BufReader::new(smaps)) {
-            // SAFETY: a whole mapping of this process that is private, not writable and holds
-            // no anonymous page: dropping its pages loses nothing, each is read again from the
-            // page cache on its next use.
-            if unsafe { libc::madvise(m.start as *mut libc::c_void, m.len, libc::MADV_DONTNEED) }
-                == 0
-            {
-                dropped += m.len;
-            }
+    // Read a line at a time: the whole text is ~270 KiB for a launcher's 58 libraries, and
+    // a buffer that size would be freed heap just when the launcher gives its heap back.
+    let Ok(smaps) = std::fs::File::open("/proc/self/smaps") else {
+        return;
+    };
+    let mut dropped = 0;
+    for m in droppable(std::io::BufReader::new(smaps)) {
+        // SAFETY: a whole mapping of this process that is private, not writable and holds
+        // no anonymous page: dropping its pages loses nothing, each is read again from the
+        // page cache on its next use.
+        if unsafe { libc::madvise(m.start as *mut libc::c_void, m.len, libc::MADV_DONTNEED) } == 0 {
+            dropped += m.len;
         }
-        tracing::debug!(mapped_kib = dropped >> 10, "start-up pages given back");
-    });
+    }
+    tracing::debug!(mapped_kib = dropped >> 10, "start-up pages given back");
 }
 
 /// The mappings of `smaps` (the text of `/proc/PID/smaps`) whose pages can be dropped: backed

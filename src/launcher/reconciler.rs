@@ -113,19 +113,17 @@ impl Launcher {
         }
     }
 
-    /// Gives the allocator's free memory back while no task runs (`allocator` says why; all of
-    /// it the first time a domain exists), after the pages only the start used (`resident`).
-    /// Called once the reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that
-    /// looked, or at the latest `LONGEST_BEFORE_RELEASE` after the first such pass.
+    /// Gives the allocator's free memory back while no task runs (`allocator` says why), and the
+    /// first time a domain exists, what only the start used (`resident`). Called once the
+    /// reconciler has been quiet for `QUIET_BEFORE_RELEASE` after a pass that looked, or at the
+    /// latest `LONGEST_BEFORE_RELEASE` after the first such pass.
     fn release_free_memory_while_idle(&self) {
         let Some(_slot) = self.tasks.try_take() else {
             return;
         };
-        // The drop first: reading the mappings allocates, and what it frees is given back too.
-        if matches!(self.observation(), Observation::Domain(_)) {
-            crate::resident::drop_start_pages();
-            crate::allocator::give_back_free_memory_after_start();
-        } else {
+        let started = matches!(self.observation(), Observation::Domain(_))
+            && crate::resident::give_back_start_memory();
+        if !started {
             crate::allocator::give_back_free_memory();
         }
     }
