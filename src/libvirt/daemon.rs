@@ -602,7 +602,8 @@ impl PrivateDaemon {
     /// So a connection made as soon as the socket appears is answered the moment the daemon is
     /// ready, without polling: the socket's appearance is waited for on inotify, and that first
     /// connection is returned (the launcher's own from then on). The daemon's death is checked
-    /// between waits.
+    /// between waits. The watch is closed aside: its close would hold the start up for an RCU
+    /// grace period.
     fn wait_ready(&self) -> Result<virt::connect::Connect, DaemonError> {
         use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let name = LIBVIRTD;
@@ -622,7 +623,8 @@ impl PrivateDaemon {
             .inspect_err(
                 |e| tracing::debug!(error = %e, "no inotify: waiting for libvirtd by polling"),
             )
-            .ok();
+            .ok()
+            .map(crate::host::watch::ClosedAside::new);
         let mut backoff = Duration::from_millis(10);
         loop {
             if !process.is_some_and(DaemonProcess::is_alive) {
@@ -649,7 +651,7 @@ impl PrivateDaemon {
                 // Woken by the socket's creation; at the latest after a while, to see whether
                 // the daemon died before it made its socket.
                 Some(inotify) => {
-                    let fd = std::os::fd::AsFd::as_fd(inotify);
+                    let fd = std::os::fd::AsFd::as_fd(&**inotify);
                     let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
                     let slice = (deadline - now).min(Duration::from_millis(250));
                     let _ = nix::poll::poll(
