@@ -247,8 +247,7 @@ impl PrivateDaemon {
             self.libvirtd = Some(process);
             let conn = self.wait_ready()?;
             start_pin::release(pid);
-            self.publish_capabilities(&conn);
-            self.answered = Some(conn);
+            self.answered = self.publish_capabilities(conn);
         }
         Ok(())
     }
@@ -293,16 +292,23 @@ impl PrivateDaemon {
     /// or stale) on `conn`, then publishes what changed for the next launcher. With the
     /// `parallel-start` trick, on a thread of its own: the load takes libvirtd 0.1–0.2 s, in
     /// which the launcher registers for events and readies its disks, and asks libvirt for the
-    /// same capabilities (its call waits for this load, never repeats it).
-    fn publish_capabilities(&mut self, conn: &virt::connect::Connect) {
+    /// same capabilities (its call waits for this load, never repeats it). Returns `conn` when
+    /// the load is over, and nothing when the thread took it: libvirt's client held the
+    /// launcher's event registrations back while a call of this length was outstanding on the
+    /// same connection (traced: five to ten went out, the rest only once the load had ended, 5 ms
+    /// on the start's path), so the launcher makes a connection of its own meanwhile.
+    fn publish_capabilities(
+        &mut self,
+        conn: virt::connect::Connect,
+    ) -> Option<virt::connect::Connect> {
         self.wait_capabilities();
         let Some(shared) = self.shared_capabilities().cloned() else {
-            return;
+            return Some(conn);
         };
-        let (conn, private) = (conn.clone(), self.dir.join(capcache::PRIVATE_SUBDIR));
-        let publish = move || {
+        let private = self.dir.join(capcache::PRIVATE_SUBDIR);
+        let publish = move |conn: &virt::connect::Connect| {
             let started = Instant::now();
-            if let Err(e) = capcache::load_capabilities(&conn) {
+            if let Err(e) = capcache::load_capabilities(conn) {
                 tracing::warn!(error = %e, "cannot load QEMU's capabilities");
                 return;
             }
@@ -317,16 +323,17 @@ impl PrivateDaemon {
             }
         };
         if !enabled(Trick::ParallelStart) {
-            publish();
-            return;
+            publish(&conn);
+            return Some(conn);
         }
         match std::thread::Builder::new()
             .name("capabilities".into())
-            .spawn(publish)
+            .spawn(move || publish(&conn))
         {
             Ok(handle) => self.publishing = Some(handle),
             Err(e) => tracing::warn!(error = %e, "cannot publish QEMU's capability cache"),
         }
+        None
     }
 
     pub fn uri(&self) -> &str {

@@ -654,8 +654,8 @@ impl Connector {
     /// then connects; every domain event of the new connection goes to the connector's channel.
     pub(crate) fn connect(&self) -> Result<Hypervisor, ConnectError> {
         self.ensure_daemons()?;
-        // The connection that saw a daemon just started answer, if there is one: no second
-        // handshake.
+        // The connection that saw a daemon just started answer, if the capability load did not
+        // take it (`PrivateDaemon::publish_capabilities`): no second handshake then.
         let answered = (self.daemon.lock().expect("daemon lock").as_mut())
             .and_then(daemon::PrivateDaemon::take_connection);
         Ok(Hypervisor::open_on(
