@@ -41,7 +41,8 @@ impl AsRawFd for OwnedInotify {
 /// that had watches waits until the kernel has destroyed their marks, which waits for an SRCU
 /// grace period: 5–13 ms on this project's test host, the closing thread asleep (D state) and
 /// both CPUs idle meanwhile, traced in a start right after libvirtd answered
-/// (`docs/performance.md`). Whoever waited on a path goes on at once; a thread costs ~0.1 ms.
+/// (`docs/performance.md`). Whoever waited on a path goes on at once; a thread costs ~0.1 ms
+/// and ends with the close (the runtime's blocking pool would keep one for seconds).
 #[derive(Debug)]
 pub(crate) struct ClosedAside(Option<Inotify>);
 

@@ -150,8 +150,9 @@ pub struct PrivateDaemon {
     /// Shared with the watching threads, so that `stop` can silence them before it kills.
     on_exit: Arc<Mutex<Option<ExitNotifier>>>,
     /// The connection that found the daemon this struct started answering, kept for the
-    /// launcher ([`PrivateDaemon::take_connection`]): opening another costs its handshake again
-    /// (five round trips, each 10–25 ms on a loaded machine).
+    /// launcher ([`PrivateDaemon::take_connection`]) unless the capability load took it:
+    /// opening another costs its handshake again (five round trips, each 10–25 ms on a loaded
+    /// machine).
     answered: Option<virt::connect::Connect>,
     /// Loads QEMU's capabilities and publishes them (`publish_capabilities`), beside the
     /// launcher's own first calls; joined before the daemon stops.
@@ -292,11 +293,10 @@ impl PrivateDaemon {
     /// or stale) on `conn`, then publishes what changed for the next launcher. With the
     /// `parallel-start` trick, on a thread of its own: the load takes libvirtd 0.1–0.2 s, in
     /// which the launcher registers for events and readies its disks, and asks libvirt for the
-    /// same capabilities (its call waits for this load, never repeats it). Returns `conn` when
-    /// the load is over, and nothing when the thread took it: libvirt's client held the
-    /// launcher's event registrations back while a call of this length was outstanding on the
-    /// same connection (traced: five to ten went out, the rest only once the load had ended, 5 ms
-    /// on the start's path), so the launcher makes a connection of its own meanwhile.
+    /// same capabilities (its call waits for this load, never repeats it). Returns `conn` unless
+    /// the thread took it: libvirt's client held the launcher's calls on the same connection back
+    /// while the load's one long call was outstanding (`docs/performance.md`), so the launcher
+    /// opens its own meanwhile.
     fn publish_capabilities(
         &mut self,
         conn: virt::connect::Connect,
@@ -307,6 +307,9 @@ impl PrivateDaemon {
         };
         let private = self.dir.join(capcache::PRIVATE_SUBDIR);
         let publish = move |conn: &virt::connect::Connect| {
+            // As the launcher's own has (`Hypervisor::open_on`): a daemon that stops answering
+            // mid-load fails the call within seconds, and `stop`, which joins this, goes on.
+            let _ = conn.set_keep_alive(5, 3);
             let started = Instant::now();
             if let Err(e) = capcache::load_capabilities(conn) {
                 tracing::warn!(error = %e, "cannot load QEMU's capabilities");
@@ -326,14 +329,21 @@ impl PrivateDaemon {
             publish(&conn);
             return Some(conn);
         }
+        // A reference, no call: kept should the thread not start.
+        let kept = conn.clone();
         match std::thread::Builder::new()
             .name("capabilities".into())
             .spawn(move || publish(&conn))
         {
-            Ok(handle) => self.publishing = Some(handle),
-            Err(e) => tracing::warn!(error = %e, "cannot publish QEMU's capability cache"),
+            Ok(handle) => {
+                self.publishing = Some(handle);
+                None
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot publish QEMU's capability cache");
+                Some(kept)
+            }
         }
-        None
     }
 
     pub fn uri(&self) -> &str {
@@ -608,9 +618,9 @@ impl PrivateDaemon {
     /// before its drivers are up, and accepts the connections waiting there only once they are.
     /// So a connection made as soon as the socket appears is answered the moment the daemon is
     /// ready, without polling: the socket's appearance is waited for on inotify, and that first
-    /// connection is returned (the launcher's own from then on). The daemon's death is checked
-    /// between waits. The watch is closed aside: its close would hold the start up for an RCU
-    /// grace period.
+    /// connection is returned (for the capability load, or as the launcher's own). The daemon's
+    /// death is checked between waits. The watch is closed aside: its close would hold the start
+    /// up for an RCU grace period.
     fn wait_ready(&self) -> Result<virt::connect::Connect, DaemonError> {
         use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
         let name = LIBVIRTD;
