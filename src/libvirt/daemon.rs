@@ -668,15 +668,8 @@ impl PrivateDaemon {
                 // Woken by the socket's creation; at the latest after a while, to see whether
                 // the daemon died before it made its socket.
                 Some(inotify) => {
-                    let fd = std::os::fd::AsFd::as_fd(&**inotify);
-                    let mut fds = [nix::poll::PollFd::new(fd, nix::poll::PollFlags::POLLIN)];
                     let slice = (deadline - now).min(Duration::from_millis(250));
-                    let _ = nix::poll::poll(
-                        &mut fds,
-                        nix::poll::PollTimeout::try_from(slice)
-                            .unwrap_or(nix::poll::PollTimeout::MAX),
-                    );
-                    let _ = inotify.read_events();
+                    let _ = crate::host::watch::wait_and_drain(inotify, now + slice);
                 }
                 None => {
                     std::thread::sleep(backoff);
